@@ -1,0 +1,33 @@
+"""jaxgraph: PyTorch's CUDA-graph API for JAX, on cuda-python.
+
+Write a CUDA C++ kernel, launch it on device arrays, capture launches into a
+CUDA graph with the API PyTorch users know (``CUDAGraph``, ``graph()``, pools,
+hooks), and replay the graph inside ``jax.jit`` on XLA's own stream.
+
+``import jaxgraph`` works without a GPU and without the native extension;
+CUDA is initialised on first use.
+"""
+
+from ._array import DeviceArray as DeviceArray
+from ._array import asarray as asarray
+from ._array import empty as empty
+from ._array import to_host as to_host
+from ._array import zeros as zeros
+from ._compile import CompileError as CompileError
+from ._compile import compile_kernel as compile_kernel
+from ._driver import CudaError as CudaError
+from ._driver import CudaUnavailableError as CudaUnavailableError
+from ._driver import current_device as current_device
+from ._driver import device_count as device_count
+from ._driver import set_device as set_device
+from ._kernel import Kernel as Kernel
+from ._memory import MemPool as MemPool
+from ._memory import graph_pool_handle as graph_pool_handle
+from ._signature import Param as Param
+from ._stream import Event as Event
+from ._stream import Stream as Stream
+from ._stream import current_stream as current_stream
+from ._stream import stream as stream
+from ._stream import synchronize as synchronize
+
+__version__ = "0.1.0"

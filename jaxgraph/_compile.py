@@ -1,0 +1,193 @@
+"""CUDA C++ to cubin through NVRTC (cuda.core's ``Program``), with a disk cache.
+
+Compiling needs NVRTC but no GPU: with ``arch`` given (e.g. ``"sm_90"``) it
+works on a CPU-only machine. Cubins are cached on disk under
+``$JAXGRAPH_CACHE_DIR`` (default ``~/.cache/jaxgraph/kernels``), keyed by the
+source, the kernel name, the options, the architecture and NVRTC's version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._driver import CudaUnavailableError
+
+__all__ = ["CompiledKernel", "CompileError", "compile_kernel", "default_arch", "nvrtc_version"]
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source; the message holds NVRTC's log."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled kernel: its cubin and the symbol to look up in it."""
+
+    cubin: bytes
+    name: str            # as the user named it, e.g. "axpy<float>"
+    lowered_name: str    # the symbol in the cubin, e.g. "_Z4axpyIfEvPT_PKS0_S0_i"
+    arch: str
+    cache_path: Path | None
+    cache_hit: bool
+
+
+def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> CompiledKernel:
+    """Compile kernel ``name`` of ``source`` to a cubin, or load it from the disk cache.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source.
+    name : str
+        Kernel name, or a template instance such as ``"axpy<float>"``.
+    options : cuda.core.ProgramOptions, dict or None
+        NVRTC options (``std``, ``define_macro``, ``use_fast_math``, ...), as a
+        ``ProgramOptions`` or a dict of its fields. ``arch`` is filled in.
+    arch : str, optional
+        Target such as ``"sm_90"``; default: the current device's.
+    cache_dir : path, optional
+        Where cubins are kept; ``False``-y env ``JAXGRAPH_CACHE_DIR=""`` disables.
+    """
+    from cuda.core import ProgramOptions
+
+    if not isinstance(source, str) or not source.strip():
+        raise TypeError("source must be a non-empty string of CUDA C++")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be the kernel's name as a string, got {name!r}")
+    if arch is None:
+        given = options.get("arch") if isinstance(options, dict) else getattr(options, "arch", None)
+        arch = given or default_arch()
+    # ProgramOptions asks the current device for a default arch: give it ours.
+    opts = _check_or_create_options(options, ProgramOptions, arch)
+    key = _cache_key(source, name, opts, arch)
+    directory = _cache_directory(cache_dir)
+    if directory is not None:
+        cached = _read_cache(directory, key, name, arch)
+        if cached is not None:
+            return cached
+    cubin, lowered = _nvrtc_compile(source, name, opts)
+    path = _write_cache(directory, key, cubin, lowered) if directory is not None else None
+    return CompiledKernel(cubin, name, lowered, arch, path, False)
+
+
+def default_arch() -> str:
+    """``"sm_XY"`` of the current device; raises :class:`CudaUnavailableError` without one."""
+    from . import _driver
+
+    try:
+        major, minor = _driver.compute_capability()
+    except CudaUnavailableError as exc:
+        raise CudaUnavailableError(
+            f"{exc}; pass arch='sm_90' (or another target) to compile without a device"
+        ) from None
+    return f"sm_{major}{minor}"
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC library's ``(major, minor)``."""
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _check_or_create_options(options: Any, cls: type, arch: str) -> Any:
+    if isinstance(options, cls):
+        return dataclasses.replace(options, arch=arch)
+    if options is None:
+        options = {}
+    if isinstance(options, dict):
+        defaults = {"std": "c++17"}
+        headers = _cuda_include_dir()
+        if headers and "include_path" not in options:
+            defaults["include_path"] = [headers]  # so <cuda_fp16.h> and friends resolve
+        try:
+            return cls(**{**defaults, **options, "arch": arch})
+        except TypeError as exc:
+            raise TypeError(f"invalid kernel option: {exc}") from None
+    raise TypeError(f"options must be a cuda.core.ProgramOptions or a dict, got {type(options).__name__}")
+
+
+def _cuda_include_dir() -> str | None:
+    """The CUDA toolkit's include directory (CUDA_HOME, /usr/local/cuda or NVIDIA's wheels)."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        return find_nvidia_header_directory("cudart")
+    except Exception:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        path = os.path.join(home, "include")
+        return path if os.path.isfile(os.path.join(path, "cuda_fp16.h")) else None
+
+
+def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
+    from cuda.core import Program
+
+    try:
+        program = Program(source, "c++", options=opts)
+        obj = program.compile("cubin", name_expressions=(name,))
+    except Exception as exc:
+        if type(exc).__name__ == "NVRTCError" or "NVRTC" in str(exc):
+            raise CompileError(f"NVRTC could not compile kernel {name!r}:\n{exc}") from None
+        raise
+    mapping = obj.symbol_mapping or {}
+    lowered = mapping.get(name, name)
+    if isinstance(lowered, bytes):
+        lowered = lowered.decode()
+    return bytes(obj.code), lowered
+
+
+def _cache_key(source: str, name: str, opts: Any, arch: str) -> str:
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    text = json.dumps(
+        {"source": source, "name": name, "options": fields, "arch": arch, "nvrtc": nvrtc_version()},
+        sort_keys=True, default=repr,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_directory(cache_dir: Any) -> Path | None:
+    if cache_dir is None:
+        env = os.environ.get("JAXGRAPH_CACHE_DIR")
+        if env == "":
+            return None
+        cache_dir = env or Path.home() / ".cache" / "jaxgraph" / "kernels"
+    return Path(cache_dir)
+
+
+def _read_cache(directory: Path, key: str, name: str, arch: str) -> CompiledKernel | None:
+    cubin_path = directory / f"{key}.cubin"
+    meta_path = directory / f"{key}.json"
+    try:
+        cubin = cubin_path.read_bytes()
+        lowered = json.loads(meta_path.read_text())["lowered_name"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return CompiledKernel(cubin, name, lowered, arch, cubin_path, True)
+
+
+def _write_cache(directory: Path, key: str, cubin: bytes, lowered: str) -> Path | None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Write-then-rename, so concurrent processes never read half a file.
+        for suffix, data in ((".json", json.dumps({"lowered_name": lowered}).encode()), (".cubin", cubin)):
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, directory / f"{key}{suffix}")
+    except OSError:
+        return None  # an unwritable cache only costs a recompile
+    return directory / f"{key}.cubin"

@@ -1,0 +1,224 @@
+"""Checked calls into the CUDA driver, devices and their primary contexts.
+
+Every driver call in jaxgraph goes through :func:`check` (or :func:`call`),
+which turns a failing ``CUresult`` into a :class:`CudaError` naming the call and
+the result. A machine without a driver or without a device raises one
+:class:`CudaUnavailableError` with a single clear line.
+
+jaxgraph works in each device's *primary* context, the same one XLA (and the
+CUDA runtime, PyTorch and CuPy) use, so memory and streams are shared freely.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = [
+    "CudaError",
+    "CudaUnavailableError",
+    "call",
+    "check",
+    "compute_capability",
+    "current_device",
+    "device_count",
+    "driver",
+    "ensure_context",
+    "set_device",
+]
+
+
+# ----------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed.
+
+    Attributes
+    ----------
+    call : str
+        The driver function that failed, e.g. ``"cuGraphLaunch"``.
+    result : cuda.bindings.driver.CUresult
+        The result it returned; ``result.name`` is e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
+    """
+
+    def __init__(self, call: str, result: Any, detail: str = ""):
+        self.call = call
+        self.result = result
+        name = getattr(result, "name", str(result))
+        explanation = _error_string(result)
+        message = f"{call} failed with {name}"
+        if explanation:
+            message += f": {explanation}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+class CudaUnavailableError(RuntimeError):
+    """CUDA cannot be used here: no driver, no device, or no cuda-bindings."""
+
+
+# ----------------------------------------------------------------------------
+# Checked calls
+# ----------------------------------------------------------------------------
+
+_driver_module = None
+_SUCCESS = None
+
+
+def driver():
+    """Return ``cuda.bindings.driver``, imported on first use."""
+    global _driver_module, _SUCCESS
+    if _driver_module is None:
+        try:
+            from cuda.bindings import driver as module
+        except ImportError as exc:  # pragma: no cover - dependency missing
+            raise CudaUnavailableError(
+                "cuda-bindings is not installed: pip install cuda-bindings"
+            ) from exc
+        _SUCCESS = module.CUresult.CUDA_SUCCESS
+        _driver_module = module
+    return _driver_module
+
+
+def check(result: tuple, call: str) -> Any:
+    """Raise :class:`CudaError` unless ``result[0]`` is ``CUDA_SUCCESS``.
+
+    ``result`` is what a ``cuda.bindings`` call returns, ``(err, *values)``.
+    Returns ``None``, the single value, or the tuple of values.
+    """
+    err = result[0]
+    if err != _SUCCESS:
+        raise CudaError(call, err)
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def call(name: str, *args: Any) -> Any:
+    """Call ``cuda.bindings.driver.<name>(*args)`` after initialising CUDA, checked."""
+    _init()
+    return check(getattr(_driver_module, name)(*args), name)
+
+
+def _error_string(result: Any) -> str:
+    try:
+        err, text = _driver_module.cuGetErrorString(result)
+    except Exception:
+        return ""
+    if err != _SUCCESS or text is None:
+        return ""
+    return text.decode() if isinstance(text, bytes) else str(text)
+
+
+# ----------------------------------------------------------------------------
+# Initialisation, devices and primary contexts
+# ----------------------------------------------------------------------------
+
+_init_lock = threading.Lock()
+_initialized = False
+_device_count = 0
+_primary_contexts: dict[int, Any] = {}
+_local = threading.local()
+
+
+def _init() -> None:
+    """Initialise the driver once; raise :class:`CudaUnavailableError` without one."""
+    global _initialized, _device_count
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        drv = driver()
+        try:
+            err, = drv.cuInit(0)
+        except Exception as exc:  # cuda.pathfinder: DynamicLibNotFoundError
+            if type(exc).__name__ == "DynamicLibNotFoundError" or isinstance(exc, OSError):
+                raise CudaUnavailableError(
+                    "no CUDA driver found: CUDA work needs an NVIDIA GPU and its driver"
+                ) from None
+            raise
+        if err == drv.CUresult.CUDA_ERROR_NO_DEVICE:
+            raise CudaUnavailableError("no CUDA device: the CUDA driver found no GPU")
+        if err != _SUCCESS:
+            raise CudaUnavailableError(f"CUDA is not available: cuInit failed with {err.name}")
+        count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if count == 0:
+            raise CudaUnavailableError("no CUDA device: the CUDA driver found no GPU")
+        _device_count = count
+        _initialized = True
+
+
+def device_count() -> int:
+    """Number of CUDA devices; 0 where CUDA is unavailable (never raises)."""
+    try:
+        _init()
+    except CudaUnavailableError:
+        return 0
+    return _device_count
+
+
+def current_device() -> int:
+    """The calling thread's current device ordinal (0 unless :func:`set_device` changed it)."""
+    return getattr(_local, "device", 0)
+
+
+def set_device(device: int) -> None:
+    """Make ``device`` current for the calling thread, like ``torch.cuda.set_device``."""
+    _init()
+    device = _check_ordinal(device)
+    _local.device = device
+    ensure_context(device)
+
+
+def ensure_context(device: int | None = None) -> int:
+    """Make ``device``'s primary context current on this thread; return the ordinal.
+
+    Cheap after the first call per thread and device.
+    """
+    if device is None:
+        device = getattr(_local, "device", 0)
+    if getattr(_local, "context_device", None) == device:
+        return device
+    _init()
+    device = _check_ordinal(device)
+    ctx = _primary_contexts.get(device)
+    if ctx is None:
+        with _init_lock:
+            ctx = _primary_contexts.get(device)
+            if ctx is None:
+                dev = check(_driver_module.cuDeviceGet(device), "cuDeviceGet")
+                # Retained for the life of the process, as the CUDA runtime does.
+                ctx = check(_driver_module.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+                _primary_contexts[device] = ctx
+    check(_driver_module.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _local.context_device = device
+    return device
+
+
+def compute_capability(device: int | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of ``device`` (default: the current device)."""
+    _init()
+    device = _check_ordinal(current_device() if device is None else device)
+    drv = _driver_module
+    attr = drv.CUdevice_attribute
+    dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
+    major = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                  "cuDeviceGetAttribute")
+    minor = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                  "cuDeviceGetAttribute")
+    return int(major), int(minor)
+
+
+def _check_ordinal(device: Any) -> int:
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"device must be an int ordinal, got {type(device).__name__}")
+    if not 0 <= device < _device_count:
+        raise ValueError(f"device {device} does not exist: this machine has {_device_count} CUDA device(s)")
+    return device

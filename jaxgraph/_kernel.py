@@ -1,0 +1,305 @@
+"""Custom CUDA C++ kernels: compile once, launch on the current stream.
+
+>>> k = jaxgraph.Kernel(SRC, "axpy")            # NVRTC -> cubin (disk-cached)
+>>> k[blocks, 256](y, x, 2.0, n)                 # launch on the current stream
+>>> k.launch(y, x, 2.0, n, grid=blocks, block=256, shared_mem=0)
+
+Arguments are checked against the kernel's parameter list before anything
+reaches the GPU: the count, arrays for pointers (with the element type when
+the pointer has one), numbers for scalars, converted to the declared C type.
+A wrong call is a ``TypeError``, never a launch with garbage.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _driver
+from ._array import DeviceArray, asarray
+from ._compile import CompiledKernel, compile_kernel
+from ._driver import check
+from ._signature import Param, find_signature, parse_signature
+from ._stream import Stream, current_stream
+
+__all__ = ["Kernel"]
+
+_SLOT = 8  # bytes per parameter slot in the packed argument buffer
+_DEFAULT_SHARED_LIMIT = 48 * 1024
+
+
+# ----------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------
+
+
+class Kernel:
+    """A CUDA C++ kernel compiled with NVRTC for the current device's architecture.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source holding a ``__global__`` function.
+    name : str
+        The kernel's name; a template instance like ``"axpy<float>"`` works.
+    options : cuda.core.ProgramOptions or dict, optional
+        NVRTC options, e.g. ``{"std": "c++17", "use_fast_math": True}``.
+    signature : str, optional
+        The parameter list, e.g. ``"float* y, const float* x, float a, int n"``,
+        when it cannot be read from ``source`` (macros, typedefs).
+    arch : str, optional
+        Compile for this target (``"sm_90"``) instead of the current device's;
+        this is how to compile on a machine without a GPU.
+    cache_dir : path, optional
+        Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR`` or ``~/.cache/jaxgraph``).
+
+    Raises
+    ------
+    jaxgraph.CompileError
+        NVRTC rejected the source; the message contains NVRTC's log.
+    ValueError
+        The parameter list could not be read; pass ``signature=``.
+    """
+
+    def __init__(self, source: str, name: str, options: Any = None, *, signature: str | None = None,
+                 arch: str | None = None, cache_dir: str | os.PathLike | None = None):
+        params = parse_signature(signature if signature is not None else find_signature(source, name))
+        self._compiled: CompiledKernel = compile_kernel(source, name, options, arch=arch, cache_dir=cache_dir)
+        self.name = name
+        self.params: tuple[Param, ...] = params
+        self._fmt = "<" + "".join(p.pack_format for p in params)
+        self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
+        self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
+        self._shared_limit = _DEFAULT_SHARED_LIMIT
+        self._lock = threading.Lock()
+        nslots = max(len(params), 1)
+        # One persistent argument buffer and the void* array pointing into it:
+        # a launch packs its arguments with a single struct.pack_into call.
+        self._args_buffer = ctypes.create_string_buffer(nslots * _SLOT)
+        base = ctypes.addressof(self._args_buffer)
+        self._param_ptrs = (ctypes.c_void_p * nslots)(*[base + i * _SLOT for i in range(nslots)])
+        self._param_ptrs_addr = ctypes.addressof(self._param_ptrs)
+
+    # -- introspection ----------------------------------------------------------
+
+    @property
+    def cubin(self) -> bytes:
+        """The compiled machine code."""
+        return self._compiled.cubin
+
+    @property
+    def arch(self) -> str:
+        return self._compiled.arch
+
+    @property
+    def lowered_name(self) -> str:
+        """The kernel's symbol in the cubin (mangled unless ``extern "C"``)."""
+        return self._compiled.lowered_name
+
+    @property
+    def cache_hit(self) -> bool:
+        """Whether the cubin came from the disk cache instead of NVRTC."""
+        return self._compiled.cache_hit
+
+    @property
+    def cache_path(self):
+        """Path of the cached cubin, or ``None`` when caching is off."""
+        return self._compiled.cache_path
+
+    @property
+    def handle(self) -> Any:
+        """The loaded ``CUkernel`` (as a ``CUfunction``); loads the cubin on first use.
+
+        .. caution:: A raw handle: valid while this Kernel lives.
+        """
+        with self._lock:
+            return self._h_kernel if self._h_kernel is not None else self._load_locked()
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
+        return f"<jaxgraph.Kernel {self.name}({sig}) {self.arch}>"
+
+    # -- launching --------------------------------------------------------------
+
+    def __getitem__(self, config: tuple) -> "_BoundLaunch":
+        """``kernel[grid, block]``, ``[grid, block, shared_mem]`` or ``[grid, block, shared_mem, stream]``."""
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] "
+                            "or kernel[grid, block, shared_mem, stream]")
+        return _BoundLaunch(self, *config)
+
+    def launch(self, *args: Any, grid: int | Sequence[int], block: int | Sequence[int],
+               shared_mem: int = 0, stream: Stream | None = None) -> None:
+        """Launch on ``stream`` (default: the current stream) with checked arguments.
+
+        Parameters
+        ----------
+        *args
+            One per kernel parameter: device arrays (:class:`DeviceArray`,
+            jax.Array, CuPy, torch) for pointers, numbers for scalars.
+        grid, block : int or tuple of up to 3 ints
+        shared_mem : int
+            Dynamic shared memory in bytes.
+        stream : Stream, optional
+        """
+        self._launch(_dim3(grid, "grid"), _dim3(block, "block"), int(shared_mem), stream, args)
+
+    def _launch(self, grid: tuple, block: tuple, shared_mem: int, stream: Stream | None, args: tuple) -> None:
+        values = self._values(args)  # every argument check happens before the driver is touched
+        with self._lock:  # the argument buffer is shared; cuLaunchKernel copies it
+            try:
+                struct.pack_into(self._fmt, self._args_buffer, 0, *values)
+            except (struct.error, OverflowError) as exc:
+                raise self._pack_error(values, exc) from None
+            if stream is None:
+                stream = current_stream()
+            device = _driver.ensure_context(stream._device)
+            h_kernel = self._h_kernel if self._h_kernel is not None else self._load_locked()
+            if shared_mem > self._shared_limit:
+                self._raise_shared_limit(shared_mem, device)
+            err, = _driver.driver().cuLaunchKernel(
+                h_kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                shared_mem, stream._h_stream, self._param_ptrs_addr, 0)
+        if err != 0:
+            raise _driver.CudaError("cuLaunchKernel", err, f"kernel {self.name}")
+
+    def _values(self, args: tuple) -> list:
+        params = self.params
+        if len(args) != len(params):
+            raise TypeError(f"kernel {self.name} takes {len(params)} arguments "
+                            f"({', '.join(p.name for p in params)}), got {len(args)}")
+        values = []
+        for p, a in zip(params, args):
+            if p.is_pointer:
+                if type(a) is not DeviceArray:
+                    a = _device_operand(a, p, self.name)
+                if p.dtype is not None and a.dtype != p.dtype:
+                    raise TypeError(f"kernel {self.name}: parameter {p.name} is {p.ctype}, "
+                                    f"got an array of {a.dtype}")
+                values.append(a.ptr)
+            elif isinstance(a, np.generic) or hasattr(a, "shape"):
+                values.append(_typed_scalar(a, p, self.name))
+            elif p.dtype.kind == "V":  # bfloat16 travels as its bit pattern
+                values.append(_bfloat16_bits(a, p, self.name))
+            else:
+                values.append(a)
+        return values
+
+    def _pack_error(self, values: list, exc: Exception) -> TypeError:
+        for p, v in zip(self.params, values):
+            try:
+                struct.pack("<" + p.pack_format, v)
+            except (struct.error, OverflowError):
+                return TypeError(f"kernel {self.name}: parameter {p.name} is {p.ctype}, "
+                                 f"got {type(v).__name__} {v!r} ({exc})")
+        return TypeError(f"kernel {self.name}: could not pack arguments: {exc}")
+
+    # -- loading ----------------------------------------------------------------
+
+    def _load_locked(self) -> Any:
+        """Load the cubin (once per process); the caller holds ``self._lock``."""
+        from cuda.core import ObjectCode
+
+        _driver.ensure_context()
+        c = self._compiled
+        library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name})
+        handle = library.get_kernel(c.name).handle
+        self._check_param_sizes(handle)
+        self._library = library
+        self._h_kernel = _driver.driver().CUfunction(int(handle))
+        return self._h_kernel
+
+    def _check_param_sizes(self, handle: Any) -> None:
+        """Compare the parsed parameter list with what the cubin declares."""
+        drv = _driver.driver()
+        if not hasattr(drv, "cuKernelGetParamInfo"):
+            return
+        sizes = []
+        while True:
+            err, _offset, size = drv.cuKernelGetParamInfo(handle, len(sizes))
+            if err != 0:
+                break
+            sizes.append(int(size))
+        expected = [8 if p.is_pointer else p.dtype.itemsize for p in self.params]
+        if sizes != expected:
+            raise TypeError(
+                f"kernel {self.name}: the cubin's parameters have sizes {sizes} bytes, but the "
+                f"signature read from the source ({', '.join(p.ctype for p in self.params)}) implies "
+                f"{expected}; pass signature= with the real parameter types"
+            )
+
+    def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
+        drv = _driver.driver()
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
+        check(drv.cuKernelSetAttribute(attr, shared_mem, drv.CUkernel(int(self._h_kernel)), dev),
+              "cuKernelSetAttribute")
+        self._shared_limit = shared_mem
+
+
+class _BoundLaunch:
+    """``kernel[grid, block, ...]``: a launch configuration waiting for its arguments."""
+
+    __slots__ = ("_kernel", "_grid", "_block", "_shared_mem", "_stream")
+
+    def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0, stream: Stream | None = None):
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
+        self._kernel = kernel
+        self._grid = _dim3(grid, "grid")
+        self._block = _dim3(block, "block")
+        self._shared_mem = int(shared_mem)
+        self._stream = stream
+
+    def __call__(self, *args: Any) -> None:
+        self._kernel._launch(self._grid, self._block, self._shared_mem, self._stream, args)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _dim3(value: Any, what: str) -> tuple[int, int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        dims = (int(value),)
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        dims = tuple(int(v) for v in value)
+    else:
+        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+    if any(d < 1 for d in dims):
+        raise ValueError(f"{what} dimensions must be >= 1, got {dims}")
+    return dims + (1,) * (3 - len(dims))
+
+
+def _device_operand(value: Any, p: Param, kernel: str) -> DeviceArray:
+    if isinstance(value, np.ndarray):
+        raise TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) needs device memory, got a "
+                        "host numpy array; copy it with jaxgraph.asarray(x) first")
+    if not hasattr(value, "__cuda_array_interface__"):
+        raise TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) needs a device array, "
+                        f"got {type(value).__name__}")
+    return asarray(value)
+
+
+def _typed_scalar(value: Any, p: Param, kernel: str) -> Any:
+    if not isinstance(value, np.generic):
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is the scalar {p.ctype}, "
+                        f"got {type(value).__name__}")
+    if value.dtype != p.dtype:
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype} ({p.dtype}), got a "
+                        f"numpy {value.dtype} scalar; pass {p.dtype}(...) or a Python number")
+    if p.dtype.kind == "V":
+        return int(np.asarray(value).view(np.uint16))
+    return value.item()
+
+
+def _bfloat16_bits(value: Any, p: Param, kernel: str) -> int:
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__}")
+    return int(np.asarray(value, dtype=p.dtype).view(np.uint16))

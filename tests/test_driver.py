@@ -1,0 +1,95 @@
+"""The CUDA layer and the native library: what works with and without a driver."""
+
+import importlib
+
+import numpy as np
+import pytest
+
+import jaxgraph
+from jaxgraph import _driver
+from conftest import HAS_GPU
+
+
+def test_import_needs_no_device():
+    assert jaxgraph.__version__
+    assert isinstance(jaxgraph.device_count(), int)
+
+
+@pytest.mark.parametrize("module", ["jaxgraph._launch", "jaxgraph._replay"])
+def test_native_library_loads_and_registers_with_xla(module):
+    """The extension loads without a driver (no link to libcuda) and XLA accepts its handlers."""
+    import jax
+
+    ext = importlib.import_module(module)
+    registrations = ext.registrations()
+    assert registrations, f"{module} exposes no FFI handler"
+    for name, capsule in registrations.items():
+        assert name.startswith("jaxgraph_")
+        assert type(capsule).__name__ == "PyCapsule"
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+
+
+def test_native_library_has_no_driver_dependency():
+    """ldd must not list libcuda: the library has to load on CPU-only machines."""
+    import shutil
+    import subprocess
+
+    import jaxgraph._launch as ext
+
+    if shutil.which("ldd") is None:
+        pytest.skip("ldd not available")
+    out = subprocess.run(["ldd", ext.__file__], capture_output=True, text=True).stdout
+    assert "libcuda.so" not in out and "libcudart.so" not in out, out
+
+
+@pytest.mark.skipif(HAS_GPU, reason="CUDA is available here")
+def test_unavailable_is_one_clear_error():
+    with pytest.raises(jaxgraph.CudaUnavailableError, match="no CUDA (driver found|device)") as info:
+        jaxgraph.empty(4)
+    # One clear error, not a chain of driver-loader exceptions.
+    assert info.value.__cause__ is None
+    with pytest.raises(jaxgraph.CudaUnavailableError):
+        jaxgraph.Stream()
+    with pytest.raises(jaxgraph.CudaUnavailableError, match="arch="):
+        jaxgraph.Kernel("__global__ void f(float* x) {}", "f")
+    assert jaxgraph.device_count() == 0
+
+
+def test_check_raises_cuda_error_naming_call_and_result():
+    from cuda.bindings import driver
+
+    _driver.driver()
+    assert _driver.check((driver.CUresult.CUDA_SUCCESS, 7), "cuFoo") == 7
+    assert _driver.check((driver.CUresult.CUDA_SUCCESS,), "cuFoo") is None
+    with pytest.raises(jaxgraph.CudaError, match="cuGraphLaunch failed with CUDA_ERROR_INVALID_VALUE") as info:
+        _driver.check((driver.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuGraphLaunch")
+    assert info.value.call == "cuGraphLaunch"
+    assert info.value.result == driver.CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+@pytest.mark.gpu
+def test_primary_context_is_the_one_xla_uses():
+    """Memory from XLA is addressable in our context: jax writes, we read the same pointer."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.device_put(jnp.arange(16, dtype=jnp.float32), jax.devices("gpu")[0])
+    wrapped = jaxgraph.asarray(x)
+    ctx = _driver.check(_driver.driver().cuCtxGetCurrent(), "cuCtxGetCurrent")
+    dev = _driver.check(_driver.driver().cuDeviceGet(0), "cuDeviceGet")
+    primary = _driver.check(_driver.driver().cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _driver.driver().cuDevicePrimaryCtxRelease(dev)
+    assert int(ctx) == int(primary)
+    np.testing.assert_array_equal(wrapped.numpy(), np.arange(16, dtype=np.float32))
+
+
+@pytest.mark.gpu
+def test_device_queries():
+    assert jaxgraph.device_count() >= 1
+    assert jaxgraph.current_device() == 0
+    major, minor = _driver.compute_capability(0)
+    assert major >= 7
+    with pytest.raises(ValueError, match="does not exist"):
+        jaxgraph.set_device(jaxgraph.device_count())
+    with pytest.raises(TypeError):
+        jaxgraph.set_device("0")
