@@ -207,7 +207,7 @@ class Kernel:
 
         _driver.ensure_context()
         c = self._compiled
-        library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name})
+        library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
         handle = library.get_kernel(c.name).handle
         self._check_param_sizes(handle)
         self._library = library
