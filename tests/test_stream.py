@@ -64,8 +64,9 @@ def test_wait_stream_orders_two_streams(rng):
     value = float(rng.standard_normal())
     buf = jaxgraph.asarray(np.full(32, np.nan, np.float32))
     out = jaxgraph.asarray(np.full(32, np.nan, np.float32))
+    slow.handle, add.handle  # load both modules now: a first launch's module load may block
     jaxgraph.synchronize()
-    slow[1, 32, 0, producer](buf, value, 50_000_000)
+    slow[1, 32, 0, producer](buf, value, 200_000_000)
     consumer.wait_stream(producer)
     add[1, 32, 0, consumer](out, buf, 32)
     assert not producer.query()  # the slow kernel is still running: the wait did not block the host
