@@ -42,7 +42,14 @@ status=${PIPESTATUS[0]}
   cat "$dest/env.txt"
   echo "command: bash tests/gpu_check.sh $*"
   grep -E "^(FAILED|ERROR)" "$dest/pytest.log" || true
-  tail -1 "$dest/pytest.log"
+  python3 - "$dest/junit.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+suite = ET.parse(sys.argv[1]).getroot()
+suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+total, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+print(f"counts: {total - failed - errors - skipped} passed, {failed} failed, {errors} errors, "
+      f"{skipped} skipped, in {float(suite.get('time', 0)):.1f} s")
+PY
 } > "$dest/summary.txt"
 echo "pytest exit status: $status"
 exit "$status"
