@@ -13,6 +13,9 @@ from ._array import asarray as asarray
 from ._array import empty as empty
 from ._array import to_host as to_host
 from ._array import zeros as zeros
+from ._capture import Graph as Graph
+from ._capture import graph as graph
+from ._capture import is_current_stream_capturing as is_current_stream_capturing
 from ._compile import CompileError as CompileError
 from ._compile import compile_kernel as compile_kernel
 from ._driver import CudaError as CudaError
@@ -20,6 +23,9 @@ from ._driver import CudaUnavailableError as CudaUnavailableError
 from ._driver import current_device as current_device
 from ._driver import device_count as device_count
 from ._driver import set_device as set_device
+from ._generator import Generator as Generator
+from ._graphs import CUDAGraph as CUDAGraph
+from ._hooks import RemovableHandle as RemovableHandle
 from ._kernel import Kernel as Kernel
 from ._memory import MemPool as MemPool
 from ._memory import graph_pool_handle as graph_pool_handle

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _driver
+from . import _driver, _memory
 from ._array import DeviceArray, asarray
 from ._compile import CompiledKernel, compile_kernel
 from ._driver import check
@@ -159,6 +159,8 @@ class Kernel:
             if stream is None:
                 stream = current_stream()
             device = _driver.ensure_context(stream._device)
+            if _memory._capture_trackers:  # a capture is underway: tell it what this launch uses
+                self._note_operands(stream, args)
             h_kernel = self._h_kernel if self._h_kernel is not None else self._load_locked()
             if shared_mem > self._shared_limit:
                 self._raise_shared_limit(shared_mem, device)
@@ -167,6 +169,11 @@ class Kernel:
                 shared_mem, stream._h_stream, self._param_ptrs_addr, 0)
         if err != 0:
             raise _driver.CudaError("cuLaunchKernel", err, f"kernel {self.name}")
+
+    def _note_operands(self, stream: Stream, args: tuple) -> None:
+        """Report this launch's array operands to a graph capturing on ``stream``."""
+        operands = [(p.name, a) for p, a in zip(self.params, args) if p.is_pointer]
+        _memory.note_capture_operands(stream, operands, f"kernel {self.name}")
 
     def _values(self, args: tuple) -> list:
         params = self.params

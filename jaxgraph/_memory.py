@@ -23,9 +23,13 @@ from ._driver import check
 
 __all__ = [
     "Allocation",
+    "CaptureTracker",
     "MemPool",
     "allocate",
+    "capturing_on",
+    "check_watched",
     "graph_pool_handle",
+    "note_capture_operands",
     "pool_from_token",
 ]
 
@@ -72,9 +76,14 @@ def allocate(nbytes: int, stream: Any) -> Allocation:
     """
     device = stream.device
     _driver.ensure_context(device)
-    pool = _capture_pools.get((int(stream), device))
+    key = (int(stream), device)
+    pool = _capture_pools.get(key)
     if pool is not None:
-        return Allocation(pool._acquire(nbytes), nbytes, device, stream, pool)
+        alloc = Allocation(pool._acquire(nbytes), nbytes, device, stream, pool)
+        tracker = _capture_trackers.get(key)
+        if tracker is not None:
+            tracker.allocated.add(alloc)
+        return alloc
     drv = _driver.driver()
     if int(stream) != 0 and _is_capturing(stream):
         raise RuntimeError(
@@ -218,25 +227,91 @@ def pool_from_token(token: Any) -> MemPool:
 # Capture bookkeeping
 # ----------------------------------------------------------------------------
 
+class CaptureTracker:
+    """What one capture touched: the operands of its work and the blocks it allocated.
+
+    A graph bakes the addresses of every array its work reads or writes. Those
+    allocated from the graph's pool *during* the capture live as long as the
+    pool; any other operand (an *external input*) must be kept alive by the
+    graph, or checked before each replay. Kernel launches, ``copy_`` and
+    ``fill_`` report their operands here through :func:`note_capture_operands`.
+
+    Attributes
+    ----------
+    operands : list of (label, where, array)
+        External operands in first-use order: the parameter name, what used it
+        (``"kernel axpy"``), and the array as passed (a DeviceArray or a foreign
+        array such as a ``jax.Array``).
+    allocated : weakref.WeakSet of Allocation
+        Blocks this capture allocated from its pool.
+    """
+
+    __slots__ = ("operands", "allocated", "_seen")
+
+    def __init__(self) -> None:
+        self.operands: list[tuple[str, str, Any]] = []
+        self.allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
+        self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
+
+    def note(self, label: str, where: str, array: Any) -> None:
+        """Record ``array`` unless it was allocated by this capture or already recorded."""
+        owner = _owner_of(array)
+        if isinstance(owner, Allocation) and owner in self.allocated:
+            return  # lives in the graph's pool: valid as long as the graph
+        key = id(owner)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.operands.append((label, where, array))
+
+    def settle(self, watch: bool) -> tuple[list, list]:
+        """Turn the external inputs into what a captured graph holds on to.
+
+        Returns the owners to keep alive, and with ``watch`` (the graph's
+        ``check_input_liveness``) the ``(label, where, description, weakref)``
+        entries to check before each replay instead. An owner that cannot be
+        weakly referenced is kept alive even when watching.
+        """
+        keep, watched = [], []
+        for label, where, array in self.operands:
+            owner = _owner_of(array)
+            if watch:
+                try:
+                    watched.append((label, where, _describe(array), weakref.ref(owner)))
+                    continue
+                except TypeError:
+                    pass
+            keep.append(owner)
+        return keep, watched
+
+
 _capture_lock = threading.Lock()
 _capture_pools: dict[tuple[int, int], MemPool] = {}   # (stream handle, device) -> pool
+_capture_trackers: dict[tuple[int, int], CaptureTracker] = {}  # empty unless a capture is underway
 _captures_underway = 0
 _deferred_frees: list[tuple[int, int, Any]] = []
 
 
-def begin_capture_allocations(stream: Any, pool: MemPool) -> None:
-    """Route allocations on ``stream`` to ``pool`` and defer frees until capture ends."""
+def begin_capture_allocations(stream: Any, pool: MemPool, tracker: CaptureTracker | None = None) -> None:
+    """Route allocations on ``stream`` to ``pool`` and defer frees until capture ends.
+
+    With ``tracker``, the capture's operands and allocations are recorded into it.
+    """
     global _captures_underway
+    key = (int(stream), stream.device)
     with _capture_lock:
-        _capture_pools[(int(stream), stream.device)] = pool
+        _capture_pools[key] = pool
+        if tracker is not None:
+            _capture_trackers[key] = tracker
         _captures_underway += 1
 
 
 def end_capture_allocations(stream: Any) -> None:
     """Undo :func:`begin_capture_allocations`; run deferred frees after the last capture."""
     global _captures_underway
+    key = (int(stream), stream.device)
     with _capture_lock:
-        _capture_pools.pop((int(stream), stream.device), None)
+        _capture_pools.pop(key, None)
+        _capture_trackers.pop(key, None)
         _captures_underway -= 1
         pending = []
         if _captures_underway == 0:
@@ -246,6 +321,48 @@ def end_capture_allocations(stream: Any) -> None:
             _free_async(ptr, device, s) if s is not None else _free_sync(ptr, device)
         except Exception:
             pass
+
+
+def capturing_on(stream: Any) -> bool:
+    """Whether a jaxgraph capture is underway on ``stream`` (no driver call)."""
+    return (int(stream), stream.device) in _capture_pools
+
+
+def note_capture_operands(stream: Any, operands: Any, where: str) -> None:
+    """Tell the capture underway on ``stream`` (if any) which arrays some work uses.
+
+    ``operands`` is an iterable of ``(label, array)``. Callers test
+    ``_memory._capture_trackers`` first, so eager work pays one dict check.
+    """
+    tracker = _capture_trackers.get((int(stream), stream.device))
+    if tracker is None:
+        return
+    for label, array in operands:
+        tracker.note(label, where, array)
+
+
+def check_watched(watched: list) -> None:
+    """Raise naming the first watched input (see :meth:`CaptureTracker.settle`) that was freed."""
+    for label, where, description, ref in watched:
+        if ref() is None:
+            raise RuntimeError(
+                f"input '{label}' ({description}, used by {where}) used in the capture was freed "
+                "before replay; keep it alive as long as the graph replays, or capture again")
+
+
+def _describe(array: Any) -> str:
+    """``"DeviceArray shape (4096,) float32 at 0x7f..."``, for error messages."""
+    shape = tuple(getattr(array, "shape", ()))
+    text = f"{type(array).__name__} shape {shape} {getattr(array, 'dtype', '')}"
+    ptr = getattr(array, "ptr", None)
+    return f"{text} at {ptr:#x}" if isinstance(ptr, int) else text
+
+
+def _owner_of(array: Any) -> Any:
+    """The object keeping ``array``'s memory alive: a DeviceArray's owner, else the array."""
+    from ._array import DeviceArray  # _array imports this module
+
+    return array.owner if isinstance(array, DeviceArray) else array
 
 
 def _free_async(ptr: int, device: int, stream: Any) -> None:

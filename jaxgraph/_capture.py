@@ -1,0 +1,254 @@
+"""Capture contexts: :class:`graph` (``torch.cuda.graph``), :class:`Graph`
+(``torch.accelerator.Graph``) and :func:`is_current_stream_capturing`.
+
+``graph`` captures on a side stream it makes current for the body::
+
+    with jaxgraph.graph(g):
+        kernel[grid, block](y, x, n)
+
+``Graph`` captures on whatever stream is current, and pairs with one::
+
+    with s, g:
+        kernel[grid, block](y, x, n)
+
+Both discard the capture cleanly when the body raises, leaving the graph
+ready to capture again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from . import _driver, _memory, _stream
+from ._driver import check
+from ._graphs import _CAPTURE_MODES, CUDAGraph, _capture_mode
+from ._hooks import RemovableHandle
+from ._memory import PoolHandle
+from ._stream import Stream, current_stream
+
+__all__ = ["Graph", "graph", "is_current_stream_capturing"]
+
+
+# ----------------------------------------------------------------------------
+# graph: the capture context manager
+# ----------------------------------------------------------------------------
+
+
+class graph:
+    """Context manager that captures CUDA work into a :class:`CUDAGraph` for later replay.
+
+    On entry it synchronizes the device, makes the capture stream current
+    (after waiting for the previously current stream) and begins capture; on
+    exit it ends the capture and restores the previous stream. If the body
+    raises, the capture is discarded, the previous stream restored and the
+    graph left recapturable, and the exception propagates.
+
+    Parameters
+    ----------
+    cuda_graph : CUDAGraph
+        Graph object used for capture.
+    pool : optional
+        Opaque token (from :func:`~jaxgraph.graph_pool_handle` or
+        ``other_graph.pool()``) hinting this capture may share memory with
+        that pool. Graphs sharing a pool must be replayed in capture order.
+    stream : Stream, optional
+        If given, the stream made current and captured on. If not, a side
+        stream of the device, made once and shared by such captures.
+    capture_error_mode : {"global", "thread_local", "relaxed"}
+        The ``cudaStreamCaptureMode``; see :meth:`CUDAGraph.capture_begin`.
+
+    Notes
+    -----
+    For effective memory sharing, if you pass a ``pool`` used by a previous
+    capture and the previous capture used an explicit ``stream``, pass the
+    same ``stream`` to this capture.
+
+    .. warning:: This API is in beta and may change in future releases.
+
+    Examples
+    --------
+    >>> g = jaxgraph.CUDAGraph()
+    >>> with jaxgraph.graph(g):
+    ...     axpy[blocks, 256](y, x, np.float32(2.0), n)
+    >>> g.replay()
+    """
+
+    def __init__(self, cuda_graph: CUDAGraph, pool: Any = None, stream: Stream | None = None,
+                 capture_error_mode: str = "global"):
+        if not isinstance(cuda_graph, CUDAGraph):
+            raise TypeError(f"graph() captures into a jaxgraph.CUDAGraph, got {type(cuda_graph).__name__}")
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a jaxgraph.Stream or None, got {type(stream).__name__}")
+        _capture_mode(capture_error_mode)
+        self.cuda_graph = cuda_graph
+        self.pool: tuple = () if pool is None else (_memory.pool_from_token(pool),)
+        self.capture_stream = stream
+        self.capture_error_mode = capture_error_mode
+        self._stream_ctx: _stream.stream | None = None
+
+    def __enter__(self) -> None:
+        device = self.capture_stream.device if self.capture_stream is not None else _driver.current_device()
+        # Start from a quiet device, as PyTorch does, so no earlier work races the capture.
+        _stream.synchronize(device)
+        capture_stream = self.capture_stream if self.capture_stream is not None else _side_stream(device)
+        capture_stream.wait_stream(current_stream(device))
+        self._stream_ctx = _stream.stream(capture_stream)
+        self._stream_ctx.__enter__()
+        try:
+            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+        except BaseException:
+            self._stream_ctx.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self.cuda_graph.capture_end()
+            else:
+                self.cuda_graph._abort_capture()
+        finally:
+            self._stream_ctx.__exit__(exc_type, exc, tb)
+        # Returning None lets exceptions from the body or capture_end propagate.
+
+
+# ----------------------------------------------------------------------------
+# Graph: torch.accelerator.Graph
+# ----------------------------------------------------------------------------
+
+
+class Graph:
+    """A graph that captures on the *current* stream, as ``torch.accelerator.Graph``.
+
+    Use it as a context manager together with a stream, ``with s, g: ...``:
+    the work queued on ``s`` inside is captured, and ``g.replay()`` runs it
+    again. Unlike :class:`graph` it does not synchronize or switch streams.
+
+    Parameters
+    ----------
+    keep_graph : bool, optional
+        As for :class:`CUDAGraph`: keep the captured graph after
+        :meth:`capture_end` and instantiate on demand.
+    pool : tuple[int, int], optional
+        Pool token (``other.pool()`` or :func:`~jaxgraph.graph_pool_handle`)
+        to share memory with; graphs sharing a pool are replayed in capture order.
+    capture_error_mode : {"default", "global", "thread_local", "relaxed"}
+        Capture mode; ``"default"`` is ``"global"`` on CUDA.
+
+    Examples
+    --------
+    >>> s = jaxgraph.Stream()
+    >>> g = jaxgraph.Graph()
+    >>> with s, g:
+    ...     add_one[blocks, 256](x, x, n)
+    >>> g.replay()
+    """
+
+    def __init__(self, keep_graph: bool = False, *, pool: Any = None, capture_error_mode: str = "default"):
+        self._mode = "global" if capture_error_mode == "default" else _capture_mode(
+            capture_error_mode, valid=("default",) + _CAPTURE_MODES)
+        self._pool = None if pool is None else _memory.pool_from_token(pool)
+        self._cuda_graph = CUDAGraph(keep_graph)
+
+    def __repr__(self) -> str:
+        return f"<jaxgraph.Graph {self._cuda_graph._state.value} device={self._cuda_graph.device}>"
+
+    def capture_begin(self) -> None:
+        """Begin graph capture on the current stream, with the pool and mode given at construction."""
+        self._cuda_graph.capture_begin(pool=self._pool, capture_error_mode=self._mode)
+
+    def capture_end(self) -> None:
+        """End graph capture on the current stream; the graph can then be replayed."""
+        self._cuda_graph.capture_end()
+
+    def instantiate(self) -> None:
+        """Instantiate the graph (done by :meth:`capture_end` unless ``keep_graph=True``)."""
+        self._cuda_graph.instantiate()
+
+    def replay(self) -> None:
+        """Replay the captured work on the current stream."""
+        self._cuda_graph.replay()
+
+    def reset(self) -> None:
+        """Delete the captured graph; the object can capture again."""
+        self._cuda_graph.reset()
+
+    def pool(self) -> PoolHandle:
+        """Return an opaque token naming this graph's memory pool, for sharing."""
+        return self._cuda_graph.pool()
+
+    def enable_debug_mode(self) -> None:
+        """Keep the captured graph so :meth:`debug_dump` works (call before capture ends)."""
+        self._cuda_graph.enable_debug_mode()
+
+    def debug_dump(self, path: Any) -> None:
+        """Dump the captured graph to ``path`` (Graphviz DOT); needs :meth:`enable_debug_mode`."""
+        self._cuda_graph.debug_dump(path)
+
+    def __enter__(self) -> "Graph":
+        self.capture_begin()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.capture_end()
+        else:
+            self._cuda_graph._abort_capture()
+
+    # For replay inside jax.jit: the same private interface as CUDAGraph.
+
+    @property
+    def device(self) -> int:
+        """The device this graph was (or will be) captured on."""
+        return self._cuda_graph.device
+
+    @property
+    def _capture_stream(self) -> Stream | None:
+        return self._cuda_graph._capture_stream
+
+    def _replay_template(self) -> int:
+        return self._cuda_graph._replay_template()
+
+    def register_destroy_callback(self, callback: Callable[[], None]) -> RemovableHandle:
+        """See :meth:`CUDAGraph.register_destroy_callback`."""
+        return self._cuda_graph.register_destroy_callback(callback)
+
+
+# ----------------------------------------------------------------------------
+# is_current_stream_capturing
+# ----------------------------------------------------------------------------
+
+
+def is_current_stream_capturing() -> bool:
+    """Return True if CUDA graph capture is underway on the current stream, False otherwise.
+
+    Makes no driver call (and creates no CUDA context) when the current
+    stream is the legacy default stream, which never captures.
+    """
+    streams = getattr(_stream._local, "streams", None) or {}
+    s = streams.get(_driver.current_device())
+    if s is None or s.is_legacy_default:
+        return False
+    if _memory.capturing_on(s):
+        return True
+    _driver.ensure_context(s.device)
+    drv = _driver.driver()
+    status = check(drv.cuStreamIsCapturing(s.handle), "cuStreamIsCapturing")
+    return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+_side_streams: dict[int, Stream] = {}
+_side_streams_lock = threading.Lock()
+
+
+def _side_stream(device: int) -> Stream:
+    """The side stream :class:`graph` captures on by default, one per device."""
+    with _side_streams_lock:
+        s = _side_streams.get(device)
+        if s is None:
+            s = _side_streams[device] = Stream(device)
+        return s

@@ -1,0 +1,122 @@
+"""Kernels, references and helpers shared by the graph and generator tests."""
+
+import types
+
+import numpy as np
+
+import jaxgraph
+
+BLOCK = 256
+
+GRAPH_KERNELS = r"""
+extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + b;
+}
+
+extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i];
+}
+
+extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = x[i] + y[i];
+}
+
+// out[0] += sum(x): out must be zeroed first (a memset in the same graph).
+extern "C" __global__ void block_sum(float* out, const float* x, int n) {
+  __shared__ float partial[256];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  partial[threadIdx.x] = i < n ? x[i] : 0.0f;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+}
+"""
+
+KERNEL_NAMES = ("axpb", "scale", "add", "block_sum")
+
+
+def load_kernels():
+    """Compile and load the test kernels (loading before capture keeps it out of the graph)."""
+    ks = {name: jaxgraph.Kernel(GRAPH_KERNELS, name) for name in KERNEL_NAMES}
+    for k in ks.values():
+        k.handle  # noqa: B018 - loads the library now
+    return types.SimpleNamespace(**ks)
+
+
+def blocks(n):
+    return (n + BLOCK - 1) // BLOCK
+
+
+def poison(array):
+    """Fill with NaN so an output the graph failed to write is caught."""
+    array.fill_(np.float32(np.nan))
+
+
+def free_device_bytes():
+    """Free device memory (after all work finished), from cuMemGetInfo."""
+    jaxgraph.synchronize()
+    free, _total = jaxgraph._driver.check(jaxgraph._driver.driver().cuMemGetInfo(), "cuMemGetInfo")
+    return int(free)
+
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------------------
+# Philox-4x32-10 in numpy: the reference for jaxgraph.Generator
+# ---------------------------------------------------------------------------
+
+_MASK = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(ctr, key):
+    """Philox-4x32-10 of counters ``ctr`` (..., 4) under ``key`` (2,), as uint32 (..., 4)."""
+    ctr = np.asarray(ctr, dtype=np.uint64).reshape(-1, 4)
+    c0, c1, c2, c3 = (ctr[:, i].copy() for i in range(4))
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(10):
+        if r:
+            k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK
+            k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK,
+                          (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _MASK)
+    return np.stack([c0, c1, c2, c3], axis=1).astype(np.uint32)
+
+
+def philox_words(seed, offset, n):
+    """The 32-bit word behind element ``i < n`` of draw ``offset`` with ``seed``."""
+    nblocks = (n + 3) // 4
+    j = np.arange(nblocks, dtype=np.uint64)
+    ctr = np.stack([j & _MASK, j >> np.uint64(32),
+                    np.full(nblocks, offset & 0xFFFFFFFF, np.uint64),
+                    np.full(nblocks, offset >> 32, np.uint64)], axis=1)
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    return philox4x32_10(ctr, key)
+
+
+def ref_uniform(seed, offset, n):
+    """What ``Generator.uniform`` writes at draw ``offset`` (exactly)."""
+    words = philox_words(seed, offset, n).reshape(-1)[:n]
+    return (words >> 8).astype(np.float32) * np.float32(2.0 ** -24)
+
+
+def ref_normal(seed, offset, n):
+    """What ``Generator.normal`` writes at draw ``offset`` (to float32 rounding)."""
+    words = philox_words(seed, offset, n)                    # (blocks, 4)
+    i = np.arange(n)
+    block, c = i >> 2, i & 3
+    pair = c >> 1
+    a = words[block, 2 * pair].astype(np.float64)
+    b = words[block, 2 * pair + 1].astype(np.float64)
+    u1 = (np.floor(a / 256) + 1) * 2.0 ** -24
+    u2 = np.floor(b / 256) * 2.0 ** -24
+    radius = np.sqrt(-2.0 * np.log(u1))
+    return np.where(c & 1, radius * np.sin(2 * np.pi * u2), radius * np.cos(2 * np.pi * u2))
