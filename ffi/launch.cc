@@ -7,13 +7,16 @@
 
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "nanobind/nanobind.h"
+#include "nanobind/stl/string.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -44,6 +47,24 @@ LaunchKernelFn GetLaunchKernel() {
   return fn;
 }
 
+using GetErrorNameFn = CUresult (*)(CUresult, const char**);
+
+std::string ErrorName(CUresult result) {
+  static GetErrorNameFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &ptr, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      ptr = nullptr;
+    }
+    return reinterpret_cast<GetErrorNameFn>(ptr);
+  }();
+  const char* name = nullptr;
+  if (fn != nullptr && fn(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
+  return "CUresult " + std::to_string(static_cast<int>(result));
+}
+
 // ---------------------------------------------------------------------------
 // Kernel table
 // ---------------------------------------------------------------------------
@@ -51,19 +72,57 @@ LaunchKernelFn GetLaunchKernel() {
 // A CUkernel (from cuLibraryLoadData) is context-independent: the driver loads
 // it into whichever context is current at launch, so one entry serves every
 // device of the same architecture.
-std::mutex table_mutex;
-std::vector<CUkernel> kernel_table;
+//
+// Ids are chosen by Python when a kernel is first traced (they must be baked
+// into HLO even where no GPU exists to load the kernel); the handle is added
+// when the kernel is loaded. A kernel whose Python object was collected stays
+// as a tombstone (null handle) so the handler can say what happened.
+struct KernelEntry {
+  CUkernel handle = nullptr;
+  std::string name;
+};
 
-int64_t RegisterKernel(uintptr_t handle) {
+std::mutex table_mutex;
+std::unordered_map<int64_t, KernelEntry> kernel_table;
+
+void RegisterKernel(int64_t id, uintptr_t handle, const std::string& name) {
+  if (id <= 0) throw std::invalid_argument("kernel id must be positive");
+  if (handle == 0) throw std::invalid_argument("kernel handle must not be null");
   std::lock_guard<std::mutex> lock(table_mutex);
-  kernel_table.push_back(reinterpret_cast<CUkernel>(handle));
-  return static_cast<int64_t>(kernel_table.size() - 1);
+  kernel_table[id] = KernelEntry{reinterpret_cast<CUkernel>(handle), name};
 }
 
-CUkernel LookupKernel(int64_t id) {
+void UnregisterKernel(int64_t id) {
   std::lock_guard<std::mutex> lock(table_mutex);
-  if (id < 0 || id >= static_cast<int64_t>(kernel_table.size())) return nullptr;
-  return kernel_table[id];
+  auto it = kernel_table.find(id);
+  if (it != kernel_table.end()) it->second.handle = nullptr;
+}
+
+size_t LiveKernels() {
+  std::lock_guard<std::mutex> lock(table_mutex);
+  size_t n = 0;
+  for (const auto& [id, entry] : kernel_table) n += entry.handle != nullptr ? 1 : 0;
+  return n;
+}
+
+// Sets `*kernel`, or returns an error saying why there is none. The caller
+// holds table_mutex.
+ffi::Error LookupKernel(int64_t id, CUkernel* kernel) {
+  auto it = kernel_table.find(id);
+  if (it == kernel_table.end()) {
+    return ffi::Error::InvalidArgument(
+        "jaxgraph_launch: kernel " + std::to_string(id) +
+        " was not loaded in this process; trace the jaxgraph.Kernel's jax_call in this process "
+        "on a machine with a CUDA GPU (compiled functions cannot be moved between processes)");
+  }
+  if (it->second.handle == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxgraph_launch: kernel " + std::to_string(id) + " (" + it->second.name +
+                          ") was destroyed; keep the jaxgraph.Kernel alive as long as compiled "
+                          "functions that call it");
+  }
+  *kernel = it->second.handle;
+  return ffi::Error::Success();
 }
 
 // ---------------------------------------------------------------------------
@@ -77,11 +136,11 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
                       int64_t kernel_id, ffi::Span<const int64_t> grid,
                       ffi::Span<const int64_t> block, int64_t shared_mem,
                       ffi::Span<const int64_t> params, ffi::Span<const int64_t> scalars) {
-  CUkernel kernel = LookupKernel(kernel_id);
-  if (kernel == nullptr) {
-    return ffi::Error::InvalidArgument("jaxgraph_launch: unknown kernel id " +
-                                       std::to_string(kernel_id));
-  }
+  // Held until the launch is enqueued, so a kernel collected concurrently
+  // (which unloads its library) cannot be launched after it is gone.
+  std::lock_guard<std::mutex> lock(table_mutex);
+  CUkernel kernel = nullptr;
+  if (auto e = LookupKernel(kernel_id, &kernel); e.failure()) return e;
   if (grid.size() != 3 || block.size() != 3) {
     return ffi::Error::InvalidArgument("jaxgraph_launch: grid and block must have 3 entries");
   }
@@ -121,8 +180,12 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
                            block[0], block[1], block[2], static_cast<unsigned>(shared_mem),
                            reinterpret_cast<CUstream>(stream), kernel_params.data(), nullptr);
   if (result != CUDA_SUCCESS) {
-    return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel failed with CUresult " +
-                                std::to_string(static_cast<int>(result)));
+    return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel failed with " +
+                                ErrorName(result) + " (grid " + std::to_string(grid[0]) + "x" +
+                                std::to_string(grid[1]) + "x" + std::to_string(grid[2]) +
+                                ", block " + std::to_string(block[0]) + "x" +
+                                std::to_string(block[1]) + "x" + std::to_string(block[2]) +
+                                ", shared_mem " + std::to_string(shared_mem) + ")");
   }
   return ffi::Error::Success();
 }
@@ -157,6 +220,9 @@ NB_MODULE(_launch, m) {
     registrations["jaxgraph_launch"] = EncapsulateFfiHandler(Launch);
     return registrations;
   });
-  m.def("register_kernel", &RegisterKernel, nb::arg("handle"),
-        "Add a CUkernel handle to the launch table and return its id.");
+  m.def("register_kernel", &RegisterKernel, nb::arg("id"), nb::arg("handle"), nb::arg("name"),
+        "Enter a loaded CUkernel handle into the launch table under `id` (> 0).");
+  m.def("unregister_kernel", &UnregisterKernel, nb::arg("id"),
+        "Mark kernel `id` destroyed: the handler then fails with a clear error.");
+  m.def("live_kernels", &LiveKernels, "Number of kernels the handler can launch.");
 }

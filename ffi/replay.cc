@@ -10,6 +10,7 @@
 // cudaGraphLaunch is not permitted; the handler then splices the graph into
 // XLA's capture as a child-graph node.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -62,6 +63,12 @@ std::mutex table_mutex;
 std::map<std::pair<int64_t, int>, std::unique_ptr<GraphEntry>> graph_table;
 int64_t next_graph_id = 1;
 
+// How the handler ran the graph: launched on XLA's stream, or spliced into
+// the capture XLA was recording (its command buffer). Tests read these to
+// prove splicing happened.
+std::atomic<int64_t> launch_count{0};
+std::atomic<int64_t> splice_count{0};
+
 std::string CudaMessage(const char* call, cudaError_t err) {
   return std::string(call) + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
 }
@@ -78,25 +85,41 @@ std::vector<StaticBuffer> ToBuffers(const std::vector<std::pair<uintptr_t, size_
 int64_t RegisterGraph(int64_t id, int device, uintptr_t graph,
                       const std::vector<std::pair<uintptr_t, size_t>>& inputs,
                       const std::vector<std::pair<uintptr_t, size_t>>& outputs) {
+  if (device < 0) throw std::invalid_argument("device must be a CUDA ordinal >= 0");
+  if (graph == 0) throw std::invalid_argument("graph must be a live cudaGraph_t");
+  // The caller made the device's primary context current; this makes the
+  // runtime agree even on a thread where it has not been used yet.
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaSetDevice", err));
   auto entry = std::make_unique<GraphEntry>();
   entry->device = device;
   entry->inputs = ToBuffers(inputs);
   entry->outputs = ToBuffers(outputs);
-  cudaError_t err = cudaGraphClone(&entry->graph, reinterpret_cast<cudaGraph_t>(graph));
+  err = cudaGraphClone(&entry->graph, reinterpret_cast<cudaGraph_t>(graph));
   if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaGraphClone", err));
   err = cudaGraphInstantiate(&entry->exec, entry->graph, 0);
   if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaGraphInstantiate", err));
   std::lock_guard<std::mutex> lock(table_mutex);
-  if (id <= 0) id = next_graph_id++;
+  if (id <= 0) {
+    id = next_graph_id++;
+  } else {
+    auto it = graph_table.find({id, device});
+    if (it != graph_table.end()) {
+      throw std::invalid_argument("graph " + std::to_string(id) +
+                                  " is already registered for device " + std::to_string(device));
+    }
+    if (id >= next_graph_id) next_graph_id = id + 1;
+  }
   graph_table[{id, device}] = std::move(entry);
   return id;
 }
 
-// Marks every device's entry of `id` dead and frees its graph and executable.
-void UnregisterGraph(int64_t id) {
+// Marks the entry of `id` on `device` (every device when device < 0) dead
+// and frees its graph and executable.
+void UnregisterGraph(int64_t id, int device) {
   std::lock_guard<std::mutex> lock(table_mutex);
   for (auto& [key, entry] : graph_table) {
-    if (key.first != id || !entry->alive) continue;
+    if (key.first != id || !entry->alive || (device >= 0 && key.second != device)) continue;
     auto tombstone = std::make_unique<GraphEntry>();
     tombstone->device = entry->device;
     tombstone->alive = false;
@@ -165,8 +188,10 @@ ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs ar
           "jaxgraph_replay: graph " + std::to_string(graph_id) + " was not captured for device " +
           std::to_string(device) + "; capture a graph on that device and register it");
     }
-    return ffi::Error::InvalidArgument("jaxgraph_replay: unknown graph id " +
-                                       std::to_string(graph_id));
+    return ffi::Error::InvalidArgument(
+        "jaxgraph_replay: graph " + std::to_string(graph_id) +
+        " is not registered in this process; build the function with jaxgraph.replayable(...) "
+        "in this process (compiled functions cannot be moved between processes)");
   }
   GraphEntry& entry = *it->second;
   if (!entry.alive) {
@@ -193,9 +218,11 @@ ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs ar
   if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaStreamIsCapturing", err));
   if (status == cudaStreamCaptureStatusActive) {
     if (auto e = Splice(entry.graph, stream); e.failure()) return e;
+    splice_count.fetch_add(1, std::memory_order_relaxed);
   } else {
     err = cudaGraphLaunch(entry.exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaGraphLaunch", err));
+    launch_count.fetch_add(1, std::memory_order_relaxed);
   }
   for (size_t i = 0; i < rets.size(); ++i) {
     auto buffer = rets.get<ffi::AnyBuffer>(i);
@@ -241,7 +268,12 @@ NB_MODULE(_replay, m) {
         nb::arg("inputs"), nb::arg("outputs"),
         "Clone and instantiate a captured graph for one device; return its table id "
         "(a new one when id <= 0).");
-  m.def("unregister_graph", &UnregisterGraph, nb::arg("id"),
-        "Mark a graph id dead on every device and free its clone and executable.");
+  m.def("unregister_graph", &UnregisterGraph, nb::arg("id"), nb::arg("device") = -1,
+        "Mark a graph id dead on `device` (every device when < 0) and free its clone and "
+        "executable; idempotent.");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
+  m.def("launch_count", []() { return launch_count.load(); },
+        "How many times the handler launched a graph on XLA's stream.");
+  m.def("splice_count", []() { return splice_count.load(); },
+        "How many times the handler spliced a graph into XLA's stream capture.");
 }

@@ -248,6 +248,69 @@ class Kernel:
               "cuKernelSetAttribute")
         self._shared_limit = shared_mem
 
+    # -- inside jax.jit -----------------------------------------------------------
+
+    def jax_call(self, *args: Any, grid: int | Sequence[int] | None = None,
+                 block: int | Sequence[int] = 256, shared_mem: int = 0,
+                 inout: Sequence[str] = ()) -> Any:
+        """Run this kernel on JAX arrays, inside or outside ``jax.jit``.
+
+        The call lowers to one XLA FFI custom call (``jaxgraph_launch``) that
+        launches the kernel on XLA's stream, in order with the XLA operations
+        around it; XLA may record it into its command buffers.
+
+        Parameters
+        ----------
+        *args
+            One per kernel parameter, in order:
+
+            - a pointer the kernel only reads: a JAX array (or numpy array);
+            - a pointer the kernel writes: ``jax.ShapeDtypeStruct(shape, dtype)``,
+              which declares a new output (its initial contents are undefined:
+              the kernel must write every element it is expected to produce);
+            - a pointer the kernel reads *and* writes: a JAX array, with the
+              parameter's name in ``inout``;
+            - a scalar: a Python number (or numpy scalar of the exact type),
+              converted to the parameter's C type and baked into the
+              compiled function as an attribute. Traced values cannot be
+              scalars; pass them through a pointer parameter instead.
+        grid : int or tuple, optional
+            Blocks per grid. Default: enough 1-D blocks for one thread per
+            element of the first output, ``ceil(size / block)``.
+        block : int or tuple
+            Threads per block (default 256).
+        shared_mem : int
+            Dynamic shared memory in bytes.
+        inout : sequence of str
+            Names of pointer parameters updated in place. XLA aliases each
+            such input with its output; donate the input
+            (``jax.jit(..., donate_argnums=...)``) to avoid a copy.
+
+        Returns
+        -------
+        jax.Array or tuple of jax.Array
+            The outputs (``ShapeDtypeStruct`` and ``inout`` parameters) in
+            parameter order; a single array when there is one.
+
+        Raises
+        ------
+        TypeError
+            Wrong number of arguments, an array of the wrong dtype for a typed
+            pointer, or a scalar that does not fit its C type.
+        ValueError
+            No outputs, or ``inout`` names something that is not a pointer.
+
+        Examples
+        --------
+        >>> k = jaxgraph.Kernel(SRC, "saxpy")   # saxpy(float* y, const float* x, float a, int n)
+        >>> f = jax.jit(lambda y, x: k.jax_call(y, x, 2.0, x.size, inout=("y",)))
+        >>> k2 = jaxgraph.Kernel(SRC, "add_one")  # add_one(float* y, const float* x, int n)
+        >>> y = k2.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, x.size)
+        """
+        from ._jax import kernel_call
+
+        return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
+
 
 class _BoundLaunch:
     """``kernel[grid, block, ...]``: a launch configuration waiting for its arguments."""

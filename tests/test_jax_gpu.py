@@ -1,0 +1,445 @@
+"""JAX interop on the GPU: kernel calls and graph replay inside jit, checked against numpy.
+
+Every test draws fresh random inputs. Command buffers on and off are compared
+in subprocesses (XLA_FLAGS must be set before JAX starts), which also prove
+that the replay is spliced into XLA's own CUDA graph when it records one.
+"""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+# Leave device memory to jaxgraph's allocations too (set before JAX's backend starts).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxgraph  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SRC = r"""
+#include <cuda_fp16.h>
+template <typename T>
+__global__ void axpy_out(T* out, const T* x, const T* y, T a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a * x[i] + y[i];
+}
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+extern "C" __global__ void sum_diff(float* s, float* d, const float* a, const float* b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { s[i] = a[i] + b[i]; d[i] = a[i] - b[i]; }
+}
+extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + b;
+}
+extern "C" __global__ void inc(float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += 1.0f;
+}
+extern "C" __global__ void square(float* y, const float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * x[i];
+}
+extern "C" __global__ void square_bwd(float* dx, const float* x, const float* y, const float* g, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dx[i] = 2.0f * x[i] * g[i];
+}
+extern "C" __global__ void scalars(double* out, signed char a, unsigned short b, long long c,
+                                   unsigned int d, float e, double f, __half g, bool h) {
+  out[0] = a; out[1] = b; out[2] = (double)c; out[3] = d; out[4] = e; out[5] = f;
+  out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
+}
+extern "C" __global__ void block_sum(float* out, const float* x, int n) {
+  extern __shared__ float partial[];
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int t = 0; t < blockDim.x; ++t) total += partial[t];
+    out[0] = total;
+  }
+}
+"""
+
+N = 4096
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "affine",
+             "inc", "square", "square_bwd", "scalars", "block_sum"]
+    return {name: jaxgraph.Kernel(SRC, name) for name in names}
+
+
+def capture_chain(kernels, a=2.0, b=0.0, launches=100, n=N):
+    """Capture ``launches`` kernels on static arrays: y = a x + b, then y += 1 (launches - 1) times."""
+    x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
+    blocks = (n + 255) // 256
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        kernels["affine"][blocks, 256](y_s, x_s, a, b, n)
+        for _ in range(launches - 1):
+            kernels["inc"][blocks, 256](y_s, n)
+    return g, x_s, y_s
+
+
+def chain_ref(x, a=2.0, b=0.0, launches=100):
+    y = np.float32(a) * x.astype(np.float32) + np.float32(b)
+    for _ in range(launches - 1):
+        y = y + np.float32(1)
+    return y
+
+
+# ---------------------------------------------------------------------------
+# Kernel.jax_call
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, name", [(np.float32, "axpy_out<float>"), (np.float64, "axpy_out<double>"),
+                                         (np.int32, "axpy_out<int>")])
+@pytest.mark.parametrize("n", [1, 255, 4099, 100_003])
+def test_kernel_call_in_jit_matches_numpy(kernels, rng, dtype, name, n):
+    k = kernels[name]
+    with jax.enable_x64(dtype == np.float64):
+        if np.issubdtype(dtype, np.integer):
+            x, y, a = rng.integers(-1000, 1000, n).astype(dtype), rng.integers(-1000, 1000, n).astype(dtype), 3
+        else:
+            x, y, a = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype), -1.75
+        f = jax.jit(lambda x, y: k.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, y, a, n))
+        out = f(x, y)
+        assert out.dtype == dtype and out.shape == (n,)
+        expected = (dtype(a) * x + y).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            np.testing.assert_array_equal(np.asarray(out), expected)
+        else:  # the GPU may fuse a * x + y into one FMA
+            np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                       atol=1e-6 if dtype == np.float32 else 1e-14)
+
+
+def test_kernel_call_outside_jit_and_composed_with_xla_ops(kernels, rng):
+    k = kernels["sum_diff"]
+    n = 5000
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = jax.ShapeDtypeStruct((n,), jnp.float32)
+    s, d = k.jax_call(out, out, a, b, n)  # eager
+    np.testing.assert_allclose(np.asarray(s), a + b, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(d), a - b, rtol=1e-6)
+
+    @jax.jit
+    def f(a, b):
+        s, d = k.jax_call(out, out, a * 2.0, jnp.sin(b), n, grid=(n + 127) // 128, block=128)
+        return s * d + 1.0
+
+    a2, b2 = 2 * a, np.sin(b)
+    np.testing.assert_allclose(np.asarray(f(a, b)), (a2 + b2) * (a2 - b2) + 1, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_call_inout_aliases_and_donation_reuses_the_buffer(kernels, rng):
+    k = kernels["saxpy"]
+    x, y = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    expected = np.float32(2.5) * x + y
+    plain = jax.jit(lambda y, x: k.jax_call(y, x, 2.5, N, inout=("y",)))
+    y_dev = jnp.asarray(y)
+    out = plain(y_dev, x)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(y_dev), y)  # not donated: the input is untouched
+
+    donating = jax.jit(lambda y, x: k.jax_call(y, x, 2.5, N, inout=("y",)), donate_argnums=0)
+    y_dev = jnp.asarray(y)
+    before = y_dev.unsafe_buffer_pointer()
+    out = donating(y_dev, x)
+    assert out.unsafe_buffer_pointer() == before  # updated in place: no copy
+    assert y_dev.is_deleted()
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_call_scalar_types_reach_the_kernel(kernels):
+    k = kernels["scalars"]
+    with jax.enable_x64(True):
+        out = jax.jit(lambda: k.jax_call(jax.ShapeDtypeStruct((8,), jnp.float64), -3, 65535, -(2**40),
+                                         2**32 - 1, 1.5, -0.25, 0.5, True, grid=1, block=1))()
+        np.testing.assert_array_equal(np.asarray(out), [-3, 65535, -(2**40), 2**32 - 1, 1.5, -0.25, 0.5, 1])
+
+
+@pytest.mark.parametrize("shared_mem", [1024 * 4, 64 * 1024])  # above 48 KiB needs the raised limit
+def test_kernel_call_with_dynamic_shared_memory(kernels, rng, shared_mem):
+    k = kernels["block_sum"]
+    n, block = 10_000, 1024
+    x = rng.standard_normal(n).astype(np.float32)
+    out = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), x, n, grid=1, block=block,
+                                       shared_mem=shared_mem))(x)
+    np.testing.assert_allclose(np.asarray(out)[0], x.sum(dtype=np.float64), rtol=1e-4, atol=1e-3)
+
+
+def test_kernel_call_under_vmap(kernels, rng):
+    k = kernels["axpy_out<float>"]
+    xs, ys = rng.standard_normal((5, 300)).astype(np.float32), rng.standard_normal((5, 300)).astype(np.float32)
+    f = jax.jit(jax.vmap(lambda x, y: k.jax_call(jax.ShapeDtypeStruct((300,), jnp.float32), x, y, 0.5, 300)))
+    np.testing.assert_allclose(np.asarray(f(xs, ys)), np.float32(0.5) * xs + ys, rtol=1e-6, atol=1e-6)
+
+
+def test_collected_kernel_is_retired_from_the_launch_table():
+    from jaxgraph import _jax
+
+    launch = _jax.native("launch")
+    k = jaxgraph.Kernel(SRC, "inc")
+    _jax.kernel_id(k)
+    live = launch.live_kernels()
+    del k
+    gc.collect()
+    assert launch.live_kernels() == live - 1
+
+
+# ---------------------------------------------------------------------------
+# Graph replay in jit (via="ffi")
+# ---------------------------------------------------------------------------
+
+
+def test_replay_in_jit_matches_numpy_with_fresh_inputs_each_call(kernels, rng):
+    g, x_s, y_s = capture_chain(kernels)
+    step = jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s])
+    f = jax.jit(step)
+    for _ in range(5):  # new input buffers every call
+        x = rng.standard_normal(N).astype(np.float32)
+        y_s.fill_(np.nan)  # poison the static output: the replay must rewrite it
+        jaxgraph.synchronize()
+        np.testing.assert_allclose(np.asarray(f(jnp.asarray(x))), chain_ref(x), rtol=1e-6, atol=1e-5)
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(step(x)), chain_ref(x), rtol=1e-6, atol=1e-5)  # eager
+
+
+def test_replay_composed_with_xla_ops_before_and_after(kernels, rng):
+    g, x_s, y_s = capture_chain(kernels, a=0.5, b=-3.0)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+
+    @jax.jit
+    def f(x, w):
+        h = step(x * w + 1.0)          # XLA fusion -> replay
+        return jnp.tanh(h) * w, h.sum()  # replay -> XLA fusions
+
+    for _ in range(3):
+        x, w = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+        h = chain_ref(x * w + 1, a=0.5, b=-3.0)
+        out, total = f(x, w)
+        np.testing.assert_allclose(np.asarray(out), np.tanh(h) * w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(float(total), h.sum(dtype=np.float64), rtol=1e-4)
+
+
+def test_1000_replays_in_fori_loop_and_scan(kernels, rng):
+    g, x_s, y_s = capture_chain(kernels, a=1.0, b=1.0)  # y = x + 100, exact for these integers
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    x = rng.integers(-1000, 1000, N).astype(np.float32)
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, 1000, lambda i, v: step(v), x))
+    out = loop(x)
+    np.testing.assert_array_equal(np.asarray(jax.block_until_ready(out)), x + 100_000)
+
+    def body(v, _):
+        v = step(v)
+        return v, v[0]
+
+    last, firsts = jax.jit(lambda x: jax.lax.scan(body, x, length=50))(x)
+    np.testing.assert_array_equal(np.asarray(last), x + 5_000)
+    np.testing.assert_array_equal(np.asarray(firsts), x[0] + 100 * np.arange(1, 51, dtype=np.float32))
+
+
+def test_replay_with_two_inputs_and_two_outputs(kernels, rng):
+    n = 3000
+    a_s, b_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
+    s_s, d_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        kernels["sum_diff"][(n + 255) // 256, 256](s_s, d_s, a_s, b_s, n)
+    step = jaxgraph.replayable(g, [a_s, b_s], [s_s, d_s])
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    s, d = jax.jit(lambda a, b: step(b, a))(a, b)  # argument order is the static inputs' order
+    np.testing.assert_allclose(np.asarray(s), b + a, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(d), b - a, rtol=1e-6)
+
+
+def test_replay_survives_retracing_and_block_until_ready(kernels, rng):
+    g, x_s, y_s = capture_chain(kernels, launches=10)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    f = jax.jit(lambda x, k: step(x) * k, static_argnums=1)
+    x = rng.standard_normal(N).astype(np.float32)
+    for k in (1.0, 2.0, 3.0):  # each k is a new trace of the same replayable
+        out = jax.block_until_ready(f(x, k))
+        np.testing.assert_allclose(np.asarray(out), chain_ref(x, launches=10) * np.float32(k), rtol=1e-6, atol=1e-5)
+
+
+def test_replay_under_vmap_runs_once_per_element(kernels, rng):
+    g, x_s, y_s = capture_chain(kernels, launches=5)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    xs = rng.standard_normal((4, N)).astype(np.float32)
+    out = jax.jit(jax.vmap(step))(xs)
+    np.testing.assert_allclose(np.asarray(out), np.stack([chain_ref(x, launches=5) for x in xs]),
+                               rtol=1e-6, atol=1e-5)
+
+
+def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
+    n = 2048
+    blocks = (n + 255) // 256
+    x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
+    gf = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(gf):
+        kernels["square"][blocks, 256](y_s, x_s, n)
+    bx, by, bg, bdx = (jaxgraph.zeros(n, np.float32) for _ in range(4))
+    gb = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(gb):
+        kernels["square_bwd"][blocks, 256](bdx, bx, by, bg, n)
+    backward = jaxgraph.replayable(gb, [bx, by, bg], [bdx])
+    square = jaxgraph.replayable(gf, [x_s], [y_s], backward=backward)
+
+    x, w = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    loss = lambda x: jnp.sum(jnp.sin(square(x)) * w)
+    value, grad = jax.jit(jax.value_and_grad(loss))(x)
+    np.testing.assert_allclose(float(value), np.sum(np.sin(x * x) * w, dtype=np.float64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grad), 2 * x * np.cos(x * x) * w, rtol=1e-4, atol=1e-5)
+
+
+def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
+    from jaxgraph import _jax
+
+    replay = _jax.native("replay")
+    g, x_s, y_s = capture_chain(kernels, launches=3)
+    gc.collect()
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    live = replay.live_graphs()
+    f = jax.jit(step)
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), chain_ref(x, launches=3), rtol=1e-6, atol=1e-5)
+    g.reset()
+    assert not step.alive and replay.live_graphs() == live - 1
+    with pytest.raises(RuntimeError, match="was reset or destroyed"):
+        jax.jit(lambda x: step(x) + 1)(x)  # a new trace refuses at once
+    # The compiled function reaches the handler, which refuses (command buffers
+    # are off for a single-op function under default flags; see the subprocess test).
+    with pytest.raises(Exception, match="jaxgraph_replay: graph .* was reset or destroyed"):
+        jax.block_until_ready(f(jnp.asarray(rng.standard_normal(N).astype(np.float32))))
+
+
+def test_collected_replayable_unregisters_its_graph(kernels):
+    from jaxgraph import _jax
+
+    replay = _jax.native("replay")
+    g, x_s, y_s = capture_chain(kernels, launches=2)
+    gc.collect()  # let replayables of earlier tests go first
+    live = replay.live_graphs()
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    assert replay.live_graphs() == live + 1 and step.devices == (g.device,)
+    del step  # no reference cycle: gone at once, no gc needed
+    assert replay.live_graphs() == live
+
+
+def test_graph_on_another_device_is_a_clear_error(kernels, rng):
+    if len(jax.devices("gpu")) < 2 or jaxgraph.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    g, x_s, y_s = capture_chain(kernels, launches=2)  # on device 0
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    x = jax.device_put(rng.standard_normal(N).astype(np.float32), jax.devices("gpu")[1])
+    with pytest.raises(Exception, match="was not captured for device 1"):
+        jax.block_until_ready(jax.jit(step)(x))
+    # Registering a capture made on device 1 makes the same function work there.
+    jaxgraph.set_device(1)
+    try:
+        g1, x1, y1 = capture_chain(kernels, launches=2)
+    finally:
+        jaxgraph.set_device(0)
+    step.add_device(g1, [x1], [y1])
+    np.testing.assert_allclose(np.asarray(jax.jit(step)(x)), chain_ref(np.asarray(x), launches=2), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# XLA command buffers on and off, in fresh processes
+# ---------------------------------------------------------------------------
+
+WORKER = textwrap.dedent(r'''
+    import json, sys
+    import numpy as np
+    import jax, jax.numpy as jnp
+    import jaxgraph
+    from jaxgraph import _jax
+
+    src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    n = 4096
+    affine, inc, saxpy = (jaxgraph.Kernel(open(src).read(), k) for k in ("affine", "inc", "saxpy"))
+    x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        affine[16, 256](y_s, x_s, 2.0, 0.0, n)
+        for _ in range(99):
+            inc[16, 256](y_s, n)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+
+    @jax.jit
+    def f(x, z):
+        h = step(x * 0.5 + 1.0)                                   # fusion -> replay
+        h = saxpy.jax_call(h, z, 3.0, n, inout=("y",))            # -> kernel call
+        return jnp.tanh(h) - 1.0                                  # -> fusion
+
+    rng = np.random.default_rng(seed)
+    results = []
+    for _ in range(4):  # fresh input buffers each call
+        x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        results.append(np.asarray(f(jnp.asarray(x), jnp.asarray(z))))
+    replay = _jax.native("replay")
+    report = {"splices": replay.splice_count(), "launches": replay.launch_count()}
+    g.reset()
+    try:
+        jax.block_until_ready(f(jnp.asarray(x + 1), jnp.asarray(z)))
+        report["after_reset"] = "ran"
+    except Exception as exc:
+        report["after_reset"] = str(exc)
+    np.save(out_path, np.stack(results))
+    print("REPORT " + json.dumps(report))
+''')
+
+MODES = {
+    "off": "--xla_gpu_enable_command_buffer=",
+    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+}
+
+
+def run_worker(tmp_path, mode, seed):
+    (tmp_path / "src.cu").write_text(SRC)
+    out = tmp_path / f"{mode}.npy"
+    env = dict(os.environ, XLA_FLAGS=MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "src.cu"), str(seed), str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
+    return np.load(out), json.loads(line[len("REPORT "):])
+
+
+def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rng):
+    seed = int(rng.integers(2**31))
+    off, off_report = run_worker(tmp_path, "off", seed)
+    on, on_report = run_worker(tmp_path, "on", seed)
+
+    data = np.random.default_rng(seed)
+    for got in (off, on):
+        for i in range(4):
+            x, z = data.standard_normal(N).astype(np.float32), data.standard_normal(N).astype(np.float32)
+            h = chain_ref(x * np.float32(0.5) + np.float32(1))
+            np.testing.assert_allclose(got[i], np.tanh(np.float32(3) * z + h) - 1, rtol=1e-5, atol=1e-5)
+        data = np.random.default_rng(seed)
+    np.testing.assert_array_equal(on, off)
+
+    # Off: every call launches the graph on XLA's stream; nothing is spliced.
+    assert off_report["splices"] == 0 and off_report["launches"] >= 4
+    assert "was reset or destroyed" in off_report["after_reset"]
+    # On: XLA recorded the replay into its command buffer as a child-graph node.
+    assert on_report["splices"] > 0, on_report

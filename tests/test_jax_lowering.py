@@ -1,0 +1,307 @@
+"""JAX interop on the CPU: what the kernel and replay calls lower to, and trace-time errors.
+
+``jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))`` lowers for CUDA
+on a CPU-only jax, so these tests check the custom calls (targets, operand and
+result types, attributes, aliasing) without a GPU.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgraph
+from jaxgraph import _jax
+from jaxgraph._jax_replay import Replayable, ReplaySpec
+
+ARCH = None if jaxgraph.device_count() else "sm_90"  # loading a kernel needs the device's arch
+
+SAXPY = r"""
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+SUM_DIFF = r"""
+extern "C" __global__ void sum_diff(float* s, const float* a, float* d, const float* b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { s[i] = a[i] + b[i]; d[i] = a[i] - b[i]; }
+}
+"""
+
+SCALARS = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void scalars(double* out, signed char a, unsigned short b, long long c,
+                                   unsigned int d, float e, double f, __half g, bool h) {
+  out[0] = a; out[1] = b; out[2] = (double)c; out[3] = d; out[4] = e; out[5] = f;
+  out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
+}
+"""
+
+VOID_PTR = r"""
+extern "C" __global__ void copy_bytes(void* dst, const void* src, long long nbytes) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < nbytes) ((char*)dst)[i] = ((const char*)src)[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def saxpy():
+    return jaxgraph.Kernel(SAXPY, "saxpy", arch=ARCH)
+
+
+@pytest.fixture(scope="module")
+def sum_diff():
+    return jaxgraph.Kernel(SUM_DIFF, "sum_diff", arch=ARCH)
+
+
+def lower(f, *args, **jit_kwargs) -> str:
+    return jax.jit(f, **jit_kwargs).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(text: str, target: str) -> list[str]:
+    return [line for line in text.splitlines() if f"stablehlo.custom_call @{target}(" in line]
+
+
+def attr(line: str, name: str) -> list[int]:
+    """An integer attribute of a custom call line: ``name = 3 : i64`` or ``dense<...>``."""
+    m = re.search(rf"\b{name} = (-?\d+) : i64", line)
+    if m:
+        return [int(m.group(1))]
+    m = re.search(rf"\b{name} = dense<(\[[^\]]*\]|-?\d+|)> : tensor<(\d+)xi64>", line)
+    assert m, f"no attribute {name} in {line}"
+    body, size = m.group(1), int(m.group(2))
+    if not body.startswith("["):  # a splat (all equal) or empty
+        return [int(body)] * size if body else []
+    return [int(v) for v in body.strip("[]").split(",")]
+
+
+def f32(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Kernel.jax_call
+# ---------------------------------------------------------------------------
+
+
+def test_kernel_call_lowers_to_one_launch_with_its_attributes(saxpy):
+    n = 4099  # not a multiple of the block
+    text = lower(lambda y, x: saxpy.jax_call(y, x, 2.5, n, inout=("y",)), f32(n), f32(n))
+    (line,) = custom_calls(text, "jaxgraph_launch")
+    assert f"(tensor<{n}xf32>, tensor<{n}xf32>) -> tensor<{n}xf32>" in line
+    assert attr(line, "kernel") == [_jax.kernel_id(saxpy)]
+    assert attr(line, "grid") == [17, 1, 1]          # ceil(4099 / 256)
+    assert attr(line, "block") == [256, 1, 1]
+    assert attr(line, "shared_mem") == [0]
+    # y is result 0 (buffer 2 = after the two operands), x operand 1, then scalar words 0 and 1.
+    assert attr(line, "params") == [2, 1, -1, -2]
+    a_bits = int(np.frombuffer(np.float32(2.5).tobytes(), np.uint32)[0])
+    assert attr(line, "scalars") == [a_bits, n]
+    assert "output_operand_alias<output_tuple_indices = [], operand_index = 0" in line
+    assert "jaxgraph_replay" not in text
+
+
+def test_kernel_call_fresh_outputs_grid_block_and_result_order(sum_diff):
+    n = 1000
+    f = lambda a, b: sum_diff.jax_call(f32(n), a, f32(n), b, n, grid=(8, 1), block=(128,), shared_mem=64)
+    text = lower(f, f32(n), f32(n))
+    (line,) = custom_calls(text, "jaxgraph_launch")
+    assert f"-> (tensor<{n}xf32>, tensor<{n}xf32>)" in line
+    assert attr(line, "grid") == [8, 1, 1] and attr(line, "block") == [128, 1, 1]
+    assert attr(line, "shared_mem") == [64]
+    assert attr(line, "params") == [2, 0, 3, 1, -1]   # s = result 0, a, d = result 1, b, n
+    assert "output_operand_alias" not in line
+    out = jax.eval_shape(f, f32(n), f32(n))
+    assert isinstance(out, tuple) and len(out) == 2
+
+
+def test_donated_inout_argument_aliases_the_output(saxpy):
+    n = 256
+    text = lower(lambda y, x: saxpy.jax_call(y, x, 1.0, n, inout="y"), f32(n), f32(n), donate_argnums=0)
+    assert "%arg0: tensor<256xf32> {tf.aliasing_output = 0 : i32}" in text
+
+
+def test_scalars_are_little_endian_words_of_their_c_type():
+    k = jaxgraph.Kernel(SCALARS, "scalars", arch=ARCH)
+    f = lambda: k.jax_call(jax.ShapeDtypeStruct((8,), np.float64), -3, 65535, -(2**40), 2**32 - 1,
+                           1.5, -0.25, 0.5, True, grid=1, block=1)
+    with jax.enable_x64(True):
+        (line,) = custom_calls(lower(f), "jaxgraph_launch")
+    words = np.asarray(attr(line, "scalars"), np.int64).view(np.uint64)
+
+    def word(value, dtype):
+        return int(np.frombuffer(np.asarray(value, dtype).tobytes().ljust(8, b"\0"), np.uint64)[0])
+
+    assert list(words) == [word(-3, np.int8), 65535, word(-(2**40), np.int64), 2**32 - 1,
+                           word(1.5, np.float32), word(-0.25, np.float64), word(0.5, np.float16), 1]
+    assert attr(line, "params") == [0, -1, -2, -3, -4, -5, -6, -7, -8]
+
+
+def test_untyped_pointers_take_any_dtype():
+    k = jaxgraph.Kernel(VOID_PTR, "copy_bytes", arch=ARCH)
+    f = lambda src: k.jax_call(jax.ShapeDtypeStruct((16,), jnp.int32), src, 64)
+    (line,) = custom_calls(lower(f, jax.ShapeDtypeStruct((16,), jnp.int32)), "jaxgraph_launch")
+    assert "(tensor<16xi32>) -> tensor<16xi32>" in line
+
+
+def test_kernel_call_under_vmap_runs_sequentially(saxpy):
+    f = jax.vmap(lambda y, x: saxpy.jax_call(y, x, 2.0, 64, inout=("y",)))
+    text = lower(f, f32(5, 64), f32(5, 64))
+    assert "stablehlo.while" in text
+    (line,) = custom_calls(text, "jaxgraph_launch")
+    assert "tensor<64xf32>" in line and "5x64" not in line
+
+
+def test_kernel_ids_are_stable_per_kernel_and_distinct_between_kernels(saxpy, sum_diff):
+    assert _jax.kernel_id(saxpy) == _jax.kernel_id(saxpy)
+    assert _jax.kernel_id(saxpy) != _jax.kernel_id(sum_diff)
+    assert _jax.kernel_id(saxpy) > 0
+
+
+X = np.zeros(8, np.float32)        # an operand (a constant once traced)
+XI = np.zeros(8, np.int32)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    ((f32(8), X, 1.0), {}, TypeError, r"saxpy takes 4 arguments \(y, x, a, n\), got 3"),
+    ((f32(8), XI, 1.0, 8), {}, TypeError, r"parameter x is const float\*, got an array of int32"),
+    ((f32(8), X, 1.0, 8.5), {}, TypeError, "parameter n is int, got float 8.5"),
+    ((f32(8), X, 1.0, 2**31), {}, TypeError, "2147483648 is out of its range"),
+    ((f32(8), X, np.float64(1.0), 8), {}, TypeError, "got a numpy float64 scalar"),
+    ((f32(8), 3.0, 1.0, 8), {}, TypeError, r"parameter x \(const float\*\) takes an array, got float"),
+    ((X, X, 1.0, 8), {"inout": ("a",)}, ValueError, "inout names 'a', which is not a pointer"),
+    ((f32(8), X, 1.0, 8), {"inout": ("y",)}, TypeError, "parameter y is in inout="),
+    ((f32(8), X, 1.0, 8), {"block": (16, 16)}, ValueError, "grid= is required"),
+    ((f32(8), X, 1.0, 8), {"shared_mem": -1}, ValueError, "shared_mem must be >= 0"),
+    ((f32(8), X, 1.0, 8), {"grid": 0}, ValueError, "grid dimensions must be >= 1"),
+])
+def test_kernel_call_errors_are_raised_at_trace_time(saxpy, args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        jax.jit(lambda: saxpy.jax_call(*args, **kwargs)).trace()
+
+
+def test_kernel_call_needs_an_output(saxpy):
+    x = f32(8)
+    with pytest.raises(ValueError, match="needs at least one output"):
+        jax.eval_shape(lambda y, x: saxpy.jax_call(y, x, 1.0, 8), x, x)
+
+
+def test_traced_scalar_is_a_clear_error(saxpy):
+    with pytest.raises(TypeError, match="compile-time attribute"):
+        jax.eval_shape(lambda x, a: saxpy.jax_call(f32(8), x, a, 8), f32(8), jax.ShapeDtypeStruct((), jnp.float32))
+
+
+# ---------------------------------------------------------------------------
+# Graph replay (via="ffi"), from a spec: no graph or device needed to lower
+# ---------------------------------------------------------------------------
+
+
+def make_step(inputs, outputs, graph_id=7, **kwargs):
+    return Replayable._create(ReplaySpec(tuple(inputs), tuple(outputs), graph_id), via="ffi", **kwargs)
+
+
+def test_replay_lowers_to_one_call_between_xla_ops():
+    step = make_step([f32(4096)], [f32(4096)], graph_id=7)
+    text = lower(lambda x: step(x * 2.0) - 1.0, f32(4096))
+    (line,) = custom_calls(text, "jaxgraph_replay")
+    assert "(tensor<4096xf32>) -> tensor<4096xf32>" in line
+    assert "mhlo.backend_config = {graph = 7 : i64}" in line
+    assert "has_side_effect = true" not in line  # DESIGN.md: it made an empty call cost 114 us instead of 37
+    # In order: the multiply feeds the call, the subtract consumes it.
+    body = text[text.index("func.func public @main"):]
+    assert body.index("stablehlo.multiply") < body.index("@jaxgraph_replay") < body.index("stablehlo.subtract")
+
+
+def test_replay_with_several_inputs_and_outputs_returns_a_tuple():
+    ins = [f32(3, 5), jax.ShapeDtypeStruct((7,), jnp.int32)]
+    outs = [f32(5), jax.ShapeDtypeStruct((2, 2), jnp.float16)]
+    step = make_step(ins, outs, graph_id=11)
+    (line,) = custom_calls(lower(step, *ins), "jaxgraph_replay")
+    assert "(tensor<3x5xf32>, tensor<7xi32>) -> (tensor<5xf32>, tensor<2x2xf16>)" in line
+    out = jax.eval_shape(step, *ins)
+    assert isinstance(out, tuple) and [o.shape for o in out] == [(5,), (2, 2)]
+
+
+def test_replay_in_fori_loop_and_vmap():
+    step = make_step([f32(64)], [f32(64)])
+    loop = lower(lambda x: jax.lax.fori_loop(0, 1000, lambda i, v: step(v), x), f32(64))
+    assert "stablehlo.while" in loop and len(custom_calls(loop, "jaxgraph_replay")) == 1
+    batched = lower(jax.vmap(step), f32(3, 64))
+    assert "stablehlo.while" in batched  # one replay per batch element
+    (line,) = custom_calls(batched, "jaxgraph_replay")
+    assert "(tensor<64xf32>) -> tensor<64xf32>" in line
+
+
+def test_replay_grad_uses_the_backward_replayable():
+    bwd = make_step([f32(16)] * 3, [f32(16)], graph_id=22)
+    fwd = make_step([f32(16)], [f32(16)], graph_id=21, backward=bwd)
+    text = lower(jax.grad(lambda x: fwd(x).sum()), f32(16))
+    (call_f,) = [line for line in custom_calls(text, "jaxgraph_replay") if "graph = 21" in line]
+    (call_b,) = [line for line in custom_calls(text, "jaxgraph_replay") if "graph = 22" in line]
+    assert "(tensor<16xf32>, tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>" in call_b
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    ((f32(8),), ValueError, r"replayable input 0: expected shape \(4096,\) \(float32\[4096\], the static "
+                            r"input's\), got shape \(8,\)"),
+    ((jax.ShapeDtypeStruct((4096,), jnp.int32),), TypeError, "replayable input 0: expected dtype float32"),
+    ((f32(4096), f32(4096)), TypeError, r"replayable takes 1 array\(s\) \(float32\[4096\]\), got 2"),
+])
+def test_replay_shape_and_dtype_errors_at_trace_time(args, exc, match):
+    step = make_step([f32(4096)], [f32(4096)])
+    with pytest.raises(exc, match=match):
+        jax.eval_shape(step, *args)
+
+
+def test_replay_of_a_closed_replayable_is_a_runtime_error():
+    step = make_step([f32(8)], [f32(8)])
+    assert step.alive
+    step.close()
+    step.close()  # idempotent
+    assert not step.alive
+    with pytest.raises(RuntimeError, match="closed"):
+        jax.eval_shape(step, f32(8))
+
+
+def test_replayable_spec_needs_outputs():
+    with pytest.raises(ValueError, match="at least one output"):
+        ReplaySpec((f32(8),), ())
+
+
+def test_replayable_is_built_by_its_factory():
+    with pytest.raises(RuntimeError, match=r"jaxgraph.replayable\(\.\.\.\)"):
+        jaxgraph.Replayable()
+
+
+def test_replayable_argument_errors_need_no_device():
+    class NotAGraph:
+        pass
+
+    with pytest.raises(ValueError, match="via must be 'ffi' or 'callback', got 'host'"):
+        jaxgraph.replayable(NotAGraph(), [], [], via="host")
+    with pytest.raises(TypeError, match="backward must be callable"):
+        jaxgraph.replayable(NotAGraph(), [], [], backward=3)
+    with pytest.raises(TypeError, match=r"inputs\[0\] must be a device array .* got ndarray"):
+        jaxgraph.replayable(NotAGraph(), [np.zeros(3)], [])
+    with pytest.raises(TypeError, match="outputs must be a list of device arrays, got int"):
+        jaxgraph.replayable(NotAGraph(), [], 5)
+    with pytest.raises(TypeError, match="graph must be a captured jaxgraph.CUDAGraph, got NotAGraph"):
+        jaxgraph.replayable(NotAGraph(), [], [])
+
+
+def test_ffi_targets_register_for_cuda_once():
+    _jax.register_ffi_targets()
+    _jax.register_ffi_targets()
+    launch, replay = _jax.native("launch"), _jax.native("replay")
+    assert set(launch.registrations()) == {"jaxgraph_launch"}
+    assert set(replay.registrations()) == {"jaxgraph_replay"}
+
+
+def test_missing_extension_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="pip install --no-build-isolation"):
+        _jax.native("no_such_extension")
