@@ -75,6 +75,8 @@ class Kernel:
         self._fmt = "<" + "".join(p.pack_format for p in params)
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
+        self._function_address = 0    # int(self._h_kernel)
+        self._native_launch = None    # jaxgraph._launch.launch, bound at load
         self._shared_limit = _DEFAULT_SHARED_LIMIT
         self._lock = threading.Lock()
         nslots = max(len(params), 1)
@@ -161,14 +163,16 @@ class Kernel:
             device = _driver.ensure_context(stream._device)
             if _memory._capture_trackers:  # a capture is underway: tell it what this launch uses
                 self._note_operands(stream, args)
-            h_kernel = self._h_kernel if self._h_kernel is not None else self._load_locked()
+            if self._h_kernel is None:
+                self._load_locked()
             if shared_mem > self._shared_limit:
                 self._raise_shared_limit(shared_mem, device)
-            err, = _driver.driver().cuLaunchKernel(
-                h_kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                shared_mem, stream._h_stream, self._param_ptrs_addr, 0)
+            err = self._native_launch(self._function_address, grid[0], grid[1], grid[2], block[0],
+                                      block[1], block[2], shared_mem, stream._handle_int,
+                                      self._param_ptrs_addr)
         if err != 0:
-            raise _driver.CudaError("cuLaunchKernel", err, f"kernel {self.name}")
+            drv = _driver.driver()
+            raise _driver.CudaError("cuLaunchKernel", drv.CUresult(err), f"kernel {self.name}")
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands to a graph capturing on ``stream``."""
@@ -217,8 +221,10 @@ class Kernel:
         library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
         handle = library.get_kernel(c.name).handle
         self._check_param_sizes(handle)
+        self._native_launch = _native_launch()
         self._library = library
-        self._h_kernel = _driver.driver().CUfunction(int(handle))
+        self._function_address = int(handle)
+        self._h_kernel = _driver.driver().CUfunction(self._function_address)
         return self._h_kernel
 
     def _check_param_sizes(self, handle: Any) -> None:
@@ -333,6 +339,18 @@ class _BoundLaunch:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+def _native_launch() -> Any:
+    """The extension's cuLaunchKernel wrapper: the leanest call from Python (see ffi/launch.cc)."""
+    try:
+        from ._launch import launch
+    except ImportError as exc:
+        raise RuntimeError(
+            "jaxgraph's native extension is not built; reinstall with "
+            "`python3 -m pip install -e .` (see BUILD.md)"
+        ) from exc
+    return launch
 
 
 def _dim3(value: Any, what: str) -> tuple[int, int, int]:

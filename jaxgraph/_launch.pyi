@@ -11,3 +11,6 @@ def unregister_kernel(id: int) -> None:
 
 def live_kernels() -> int:
     """Number of kernels the handler can launch."""
+
+def launch(function: int, grid_x: int, grid_y: int, grid_z: int, block_x: int, block_y: int, block_z: int, shared_mem: int, stream: int, params: int) -> int:
+    """cuLaunchKernel(function, grid, block, shared_mem, stream, params); returns the CUresult."""
