@@ -119,7 +119,7 @@ class DeviceArray:
         stream = _stream_for(self, stream)
         drv = _driver.driver()
         if isinstance(src, np.ndarray) or np.isscalar(src) or isinstance(src, (list, tuple)):
-            if _memory._capture_trackers and _memory.capturing_on(stream):
+            if _memory._captures and _memory.capturing_on(stream):
                 raise RuntimeError(
                     "copy_ from host memory cannot be captured in a CUDA graph (the host buffer "
                     "would have to outlive every replay); copy the data into a device array "
@@ -135,7 +135,7 @@ class DeviceArray:
         other = asarray(src)
         if other.nbytes != self.nbytes:
             raise ValueError(f"copy_: source has {other.nbytes} bytes, destination {self.nbytes}")
-        if _memory._capture_trackers:
+        if _memory._captures:
             _memory.note_capture_operands(stream, (("self", self), ("src", src)), "DeviceArray.copy_")
         check(drv.cuMemcpyDtoDAsync(self.ptr, other.ptr, self.nbytes, stream.handle), "cuMemcpyDtoDAsync")
         return self
@@ -146,7 +146,7 @@ class DeviceArray:
         pattern = np.asarray(value, dtype=self.dtype).reshape(1)
         drv = _driver.driver()
         n = self.size
-        if _memory._capture_trackers:
+        if _memory._captures:
             _memory.note_capture_operands(stream, (("self", self),), "DeviceArray.fill_")
         if self.itemsize == 1:
             check(drv.cuMemsetD8Async(self.ptr, int(pattern.view(np.uint8)[0]), n, stream.handle),

@@ -479,9 +479,9 @@ def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | Non
     elif pool.device != device:
         raise ValueError(f"capture_begin: pool {tuple(pool.token())} is on device {pool.device}, "
                          f"the capture stream on device {device}")
-    tracker = CaptureTracker()
+    tracker = CaptureTracker(pool)
     drv = _driver.driver()
-    _memory.begin_capture_allocations(stream, pool, tracker)
+    _memory.begin_capture_allocations(stream, tracker)
     try:
         enum_mode = getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
         check(drv.cuStreamBeginCapture(stream.handle, enum_mode), "cuStreamBeginCapture")

@@ -161,7 +161,7 @@ class Kernel:
             if stream is None:
                 stream = current_stream()
             device = _driver.ensure_context(stream._device)
-            if _memory._capture_trackers:  # a capture is underway: tell it what this launch uses
+            if _memory._captures:  # a capture is underway: tell it what this launch uses
                 self._note_operands(stream, args)
             if self._h_kernel is None:
                 self._load_locked()

@@ -76,13 +76,11 @@ def allocate(nbytes: int, stream: Any) -> Allocation:
     """
     device = stream.device
     _driver.ensure_context(device)
-    key = (int(stream), device)
-    pool = _capture_pools.get(key)
-    if pool is not None:
+    tracker = _captures.get((int(stream), device))
+    if tracker is not None:
+        pool = tracker.pool
         alloc = Allocation(pool._acquire(nbytes), nbytes, device, stream, pool)
-        tracker = _capture_trackers.get(key)
-        if tracker is not None:
-            tracker.allocated.add(alloc)
+        tracker.allocated.add(alloc)
         return alloc
     drv = _driver.driver()
     if int(stream) != 0 and _is_capturing(stream):
@@ -228,7 +226,7 @@ def pool_from_token(token: Any) -> MemPool:
 # ----------------------------------------------------------------------------
 
 class CaptureTracker:
-    """What one capture touched: the operands of its work and the blocks it allocated.
+    """One capture underway: its pool, the operands of its work and the blocks it allocated.
 
     A graph bakes the addresses of every array its work reads or writes. Those
     allocated from the graph's pool *during* the capture live as long as the
@@ -238,6 +236,8 @@ class CaptureTracker:
 
     Attributes
     ----------
+    pool : MemPool
+        Where allocations on the capturing stream come from.
     operands : list of (label, where, array)
         External operands in first-use order: the parameter name, what used it
         (``"kernel axpy"``), and the array as passed (a DeviceArray or a foreign
@@ -246,9 +246,10 @@ class CaptureTracker:
         Blocks this capture allocated from its pool.
     """
 
-    __slots__ = ("operands", "allocated", "_seen")
+    __slots__ = ("pool", "operands", "allocated", "_seen")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: MemPool) -> None:
+        self.pool = pool
         self.operands: list[tuple[str, str, Any]] = []
         self.allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
         self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
@@ -285,33 +286,26 @@ class CaptureTracker:
 
 
 _capture_lock = threading.Lock()
-_capture_pools: dict[tuple[int, int], MemPool] = {}   # (stream handle, device) -> pool
-_capture_trackers: dict[tuple[int, int], CaptureTracker] = {}  # empty unless a capture is underway
+# (stream handle, device) -> the capture underway there; empty unless one is.
+_captures: dict[tuple[int, int], CaptureTracker] = {}
 _captures_underway = 0
 _deferred_frees: list[tuple[int, int, Any]] = []
 
 
-def begin_capture_allocations(stream: Any, pool: MemPool, tracker: CaptureTracker | None = None) -> None:
-    """Route allocations on ``stream`` to ``pool`` and defer frees until capture ends.
-
-    With ``tracker``, the capture's operands and allocations are recorded into it.
-    """
+def begin_capture_allocations(stream: Any, tracker: CaptureTracker) -> None:
+    """Route allocations on ``stream`` to ``tracker.pool``, record the capture's operands
+    into ``tracker``, and defer frees until capture ends."""
     global _captures_underway
-    key = (int(stream), stream.device)
     with _capture_lock:
-        _capture_pools[key] = pool
-        if tracker is not None:
-            _capture_trackers[key] = tracker
+        _captures[(int(stream), stream.device)] = tracker
         _captures_underway += 1
 
 
 def end_capture_allocations(stream: Any) -> None:
     """Undo :func:`begin_capture_allocations`; run deferred frees after the last capture."""
     global _captures_underway
-    key = (int(stream), stream.device)
     with _capture_lock:
-        _capture_pools.pop(key, None)
-        _capture_trackers.pop(key, None)
+        _captures.pop((int(stream), stream.device), None)
         _captures_underway -= 1
         pending = []
         if _captures_underway == 0:
@@ -325,16 +319,16 @@ def end_capture_allocations(stream: Any) -> None:
 
 def capturing_on(stream: Any) -> bool:
     """Whether a jaxgraph capture is underway on ``stream`` (no driver call)."""
-    return (int(stream), stream.device) in _capture_pools
+    return (int(stream), stream.device) in _captures
 
 
 def note_capture_operands(stream: Any, operands: Any, where: str) -> None:
     """Tell the capture underway on ``stream`` (if any) which arrays some work uses.
 
     ``operands`` is an iterable of ``(label, array)``. Callers test
-    ``_memory._capture_trackers`` first, so eager work pays one dict check.
+    ``_memory._captures`` first, so eager work pays one dict check.
     """
-    tracker = _capture_trackers.get((int(stream), stream.device))
+    tracker = _captures.get((int(stream), stream.device))
     if tracker is None:
         return
     for label, array in operands:

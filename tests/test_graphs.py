@@ -569,7 +569,7 @@ def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
             raise ValueError("boom")
     assert jaxgraph.current_stream() == before
     assert not jaxgraph.is_current_stream_capturing()
-    assert not _memory._capture_pools
+    assert not _memory._captures
     drv = jaxgraph._driver.driver()
     status = jaxgraph._driver.check(drv.cuStreamIsCapturing(capture_stream.handle), "cuStreamIsCapturing")
     assert status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE

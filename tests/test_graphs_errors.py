@@ -246,7 +246,7 @@ def test_capture_on_the_legacy_default_stream_is_refused(k):
     assert jaxgraph.current_stream().is_legacy_default
     with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
         g.capture_begin()
-    assert not _memory._capture_pools
+    assert not _memory._captures
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
 
@@ -356,7 +356,7 @@ def test_failed_capture_in_graph_context_restores_stream_and_releases_pool(k, rn
         assert not jaxgraph.is_current_stream_capturing()
     gc.collect()
     assert len(_memory._pools) <= live_pools
-    assert not _memory._capture_pools
+    assert not _memory._captures
     with jaxgraph.graph(g):
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     g.replay()
@@ -375,7 +375,7 @@ def test_invalidated_capture_makes_capture_end_raise_and_reset(k, rng, side_stre
             side_stream.synchronize()
         with pytest.raises(jaxgraph.CudaError, match="cuStreamEndCapture.*invalidated"):
             g.capture_end()
-    assert not _memory._capture_pools
+    assert not _memory._captures
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
     with side_stream:
