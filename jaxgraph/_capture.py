@@ -209,6 +209,9 @@ class Graph:
     def _replay_template(self) -> int:
         return self._cuda_graph._replay_template()
 
+    def _memory_owners(self) -> tuple:
+        return self._cuda_graph._memory_owners()
+
     def register_destroy_callback(self, callback: Callable[[], None]) -> RemovableHandle:
         """See :meth:`CUDAGraph.register_destroy_callback`."""
         return self._cuda_graph.register_destroy_callback(callback)

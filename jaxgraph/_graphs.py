@@ -418,6 +418,10 @@ class CUDAGraph:
                                "capture it before replaying it inside jax.jit")
         return int(template)
 
+    def _memory_owners(self) -> tuple:
+        """Pool tokens and external inputs: what keeps this graph's memory valid (held by replayables)."""
+        return tuple(self.pools()) + tuple(self._inputs)
+
     # -- internals --------------------------------------------------------------
 
     def _live_template(self, what: str) -> Any:

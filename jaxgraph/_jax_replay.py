@@ -192,7 +192,7 @@ class Replayable:
         # including replays of an XLA command buffer that recorded this graph
         # and keeps replaying it after a reset: the static arrays, the graph's
         # memory pools and the external inputs of its capture.
-        self._keep.append((graph, inputs, outputs, handle, _capture_memory(graph)))
+        self._keep.append((graph, inputs, outputs, handle, graph._memory_owners()))
 
 
 def replayable(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: str = "ffi",
@@ -425,20 +425,6 @@ def _replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None
     return _with_vjp(primal, backward, len(spec.inputs), len(spec.outputs) == 1)
 
 
-def _capture_memory(graph: Any) -> tuple:
-    """Owners of the memory ``graph``'s kernels use (pool tokens, capture inputs), to keep alive.
-
-    A reset drops them from the graph; a command buffer XLA recorded earlier
-    may still replay the graph, so the replayable holds them instead.
-    """
-    inner = getattr(graph, "_cuda_graph", graph)  # jaxgraph.Graph wraps a CUDAGraph
-    try:
-        pools = tuple(inner.pools()) if hasattr(inner, "pools") else ()
-    except RuntimeError:  # no pool (not captured)
-        pools = ()
-    return pools + tuple(getattr(inner, "_inputs", ()))
-
-
 def _with_vjp(primal: Callable[..., Any], backward: Callable[..., Any], n_in: int, single: bool):
     """Wrap ``primal`` in ``jax.custom_vjp`` with ``backward(*inputs, *outputs, *cotangents)``."""
     import jax
@@ -474,7 +460,7 @@ def _check_via(via: Any) -> str:
 
 
 def _graph_device(graph: Any) -> int:
-    for attr in ("_replay_template", "register_destroy_callback", "replay", "device"):
+    for attr in ("_replay_template", "_memory_owners", "register_destroy_callback", "replay", "device"):
         if not hasattr(graph, attr):
             raise TypeError(f"graph must be a captured jaxgraph.CUDAGraph, got {type(graph).__name__}")
     return int(graph.device)

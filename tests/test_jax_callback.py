@@ -45,6 +45,9 @@ class FakeGraph:
         self.callbacks.append(cb)
         return len(self.callbacks)
 
+    def _memory_owners(self):
+        return ()
+
     def reset(self):
         callbacks, self.callbacks = self.callbacks, []
         for cb in callbacks:
