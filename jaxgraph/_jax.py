@@ -45,9 +45,6 @@ __all__ = [
     "register_ffi_targets",
 ]
 
-_DEFAULT_SHARED_LIMIT = 48 * 1024
-
-
 # ----------------------------------------------------------------------------
 # Kernels inside jit
 # ----------------------------------------------------------------------------
@@ -191,28 +188,26 @@ _registration_lock = threading.Lock()
 _ids_lock = threading.Lock()
 _next_kernel_id = itertools.count(1)
 _kernel_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-_loaded: dict[int, int] = {}  # kernel id -> dynamic shared memory allowed so far
+_loaded: set[int] = set()  # kernel ids entered into the native table
 
 
 def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
     """Enter ``kernel``'s CUkernel into the launch table (once) and raise its shared-memory limit."""
-    allowed = _loaded.get(kid)
-    if allowed is None:
+    if kid not in _loaded:
         handle = int(kernel.handle)  # loads the cubin into the primary context
         native("launch").register_kernel(kid, handle, kernel.name)
         # The kernel's library is unloaded when the Kernel is collected: retire
         # the id first, so a stale compiled function fails cleanly.
         weakref.finalize(kernel, _unload_kernel, kid)
-        allowed = _loaded[kid] = _DEFAULT_SHARED_LIMIT
-    if shared_mem > allowed:
+        _loaded.add(kid)
+    if shared_mem > kernel._shared_limit:  # the Kernel tracks its limit for eager launches too
         for device in range(_driver.device_count()):
             kernel._raise_shared_limit(shared_mem, device)
-        _loaded[kid] = shared_mem
 
 
 def _unload_kernel(kid: int) -> None:
     """Finalizer: retire a kernel id in the native table (never raises)."""
-    _loaded.pop(kid, None)
+    _loaded.discard(kid)
     try:
         native("launch").unregister_kernel(kid)
     except Exception:
