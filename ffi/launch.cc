@@ -28,38 +28,31 @@ namespace {
 // Driver entry point
 // ---------------------------------------------------------------------------
 
-// cuLaunchKernel is resolved through the CUDA runtime at first use, so this
-// library has no link-time dependency on libcuda and loads without a driver.
+// Driver functions are resolved through the CUDA runtime at first use, so
+// this library has no link-time dependency on libcuda and loads without a driver.
+void* DriverEntryPoint(const char* symbol) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &status) !=
+          cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return ptr;
+}
+
 using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, unsigned, unsigned, CUstream, void**, void**);
 
 LaunchKernelFn GetLaunchKernel() {
-  static LaunchKernelFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuLaunchKernel", &ptr, 12000, cudaEnableDefault,
-                                         &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      ptr = nullptr;
-    }
-    return reinterpret_cast<LaunchKernelFn>(ptr);
-  }();
+  static LaunchKernelFn fn = reinterpret_cast<LaunchKernelFn>(DriverEntryPoint("cuLaunchKernel"));
   return fn;
 }
 
 using GetErrorNameFn = CUresult (*)(CUresult, const char**);
 
 std::string ErrorName(CUresult result) {
-  static GetErrorNameFn fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &ptr, 12000, cudaEnableDefault,
-                                         &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      ptr = nullptr;
-    }
-    return reinterpret_cast<GetErrorNameFn>(ptr);
-  }();
+  static GetErrorNameFn fn = reinterpret_cast<GetErrorNameFn>(DriverEntryPoint("cuGetErrorName"));
   const char* name = nullptr;
   if (fn != nullptr && fn(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
   return "CUresult " + std::to_string(static_cast<int>(result));
