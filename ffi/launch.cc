@@ -1,61 +1,27 @@
 // XLA FFI handler that launches a jaxgraph Kernel (NVRTC-compiled CUDA C++)
 // on the stream XLA gives it, so a custom kernel runs inside jax.jit as one
-// typed custom call.
+// typed custom call; and the eager launch entry point Kernel.launch uses.
 //
 // Kernels are registered once from Python into a handle table; HLO carries
-// only the small integer id, never a raw pointer.
+// only the small integer id, never a raw pointer. Python side: jaxgraph/_jax_launch.py.
 
 #include <cstdint>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
-#include "nanobind/nanobind.h"
+#include "common.h"
 #include "nanobind/stl/string.h"
-#include "xla/ffi/api/ffi.h"
 
-namespace ffi = xla::ffi;
-namespace nb = nanobind;
-
+namespace jaxgraph {
 namespace {
-
-// ---------------------------------------------------------------------------
-// Driver entry point
-// ---------------------------------------------------------------------------
-
-// Driver functions are resolved through the CUDA runtime at first use, so
-// this library has no link-time dependency on libcuda and loads without a driver.
-void* DriverEntryPoint(const char* symbol) {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  if (cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &status) !=
-          cudaSuccess ||
-      status != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return ptr;
-}
 
 using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, unsigned, unsigned, CUstream, void**, void**);
 
 LaunchKernelFn GetLaunchKernel() {
-  static LaunchKernelFn fn = reinterpret_cast<LaunchKernelFn>(DriverEntryPoint("cuLaunchKernel"));
+  static LaunchKernelFn fn = Driver<LaunchKernelFn>("cuLaunchKernel");
   return fn;
-}
-
-using GetErrorNameFn = CUresult (*)(CUresult, const char**);
-
-std::string ErrorName(CUresult result) {
-  static GetErrorNameFn fn = reinterpret_cast<GetErrorNameFn>(DriverEntryPoint("cuGetErrorName"));
-  const char* name = nullptr;
-  if (fn != nullptr && fn(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
-  return "CUresult " + std::to_string(static_cast<int>(result));
 }
 
 // ---------------------------------------------------------------------------
@@ -68,72 +34,77 @@ std::string ErrorName(CUresult result) {
 //
 // Ids are chosen by Python when a kernel is first traced (they must be baked
 // into HLO even where no GPU exists to load the kernel); the handle is added
-// when the kernel is loaded. A kernel whose Python object was collected stays
-// as a tombstone (null handle) so the handler can say what happened.
+// when the kernel is loaded. A kernel whose Python object was collected is
+// retired before its library is unloaded.
 struct KernelEntry {
   CUkernel handle = nullptr;
   std::string name;
 };
 
-std::mutex table_mutex;
-std::unordered_map<int64_t, KernelEntry> kernel_table;
+HandleTable<KernelEntry> kernel_table;
 
 void RegisterKernel(int64_t id, uintptr_t handle, const std::string& name) {
   if (id <= 0) throw std::invalid_argument("kernel id must be positive");
   if (handle == 0) throw std::invalid_argument("kernel handle must not be null");
-  std::lock_guard<std::mutex> lock(table_mutex);
-  kernel_table[id] = KernelEntry{reinterpret_cast<CUkernel>(handle), name};
-}
-
-void UnregisterKernel(int64_t id) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  auto it = kernel_table.find(id);
-  if (it != kernel_table.end()) it->second.handle = nullptr;
-}
-
-size_t LiveKernels() {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  size_t n = 0;
-  for (const auto& [id, entry] : kernel_table) n += entry.handle != nullptr ? 1 : 0;
-  return n;
-}
-
-// Sets `*kernel`, or returns an error saying why there is none. The caller
-// holds table_mutex.
-ffi::Error LookupKernel(int64_t id, CUkernel* kernel) {
-  auto it = kernel_table.find(id);
-  if (it == kernel_table.end()) {
-    return ffi::Error::InvalidArgument(
-        "jaxgraph_launch: kernel " + std::to_string(id) +
-        " was not loaded in this process; trace the jaxgraph.Kernel's jax_call in this process "
-        "on a machine with a CUDA GPU (compiled functions cannot be moved between processes)");
-  }
-  if (it->second.handle == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxgraph_launch: kernel " + std::to_string(id) + " (" + it->second.name +
-                          ") was destroyed; keep the jaxgraph.Kernel alive as long as compiled "
-                          "functions that call it");
-  }
-  *kernel = it->second.handle;
-  return ffi::Error::Success();
+  kernel_table.Insert(id, std::make_shared<KernelEntry>(
+                              KernelEntry{reinterpret_cast<CUkernel>(handle), name}));
 }
 
 // ---------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------
 
+// Collects the buffers' addresses, then the kernel's argument pointers.
 // `params` has one entry per kernel parameter, in order: an index >= 0 names a
 // buffer (operands first, then results); a negative value -(k+1) names word k
 // of `scalars`, where each scalar sits little-endian in its own 8-byte word.
+ffi::Error PackArguments(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         ffi::Span<const int64_t> params, ffi::Span<const int64_t> scalars,
+                         std::vector<void*>* pointers, std::vector<void*>* kernel_params) {
+  const size_t num_buffers = args.size() + rets.size();
+  pointers->assign(num_buffers, nullptr);
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    (*pointers)[i] = buffer->untyped_data();
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    (*pointers)[args.size() + i] = (*buffer)->untyped_data();
+  }
+  kernel_params->resize(params.size());
+  for (size_t p = 0; p < params.size(); ++p) {
+    int64_t code = params[p];
+    if (code >= 0) {
+      if (code >= static_cast<int64_t>(num_buffers)) {
+        return ffi::Error::InvalidArgument("jaxgraph_launch: buffer index out of range");
+      }
+      (*kernel_params)[p] = &(*pointers)[code];
+    } else {
+      size_t word = static_cast<size_t>(-(code + 1));
+      if (word >= scalars.size()) {
+        return ffi::Error::InvalidArgument("jaxgraph_launch: scalar index out of range");
+      }
+      (*kernel_params)[p] = const_cast<int64_t*>(&scalars[word]);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+std::string Geometry(ffi::Span<const int64_t> grid, ffi::Span<const int64_t> block,
+                     int64_t shared_mem) {
+  auto dims = [](ffi::Span<const int64_t> d) {
+    return std::to_string(d[0]) + "x" + std::to_string(d[1]) + "x" + std::to_string(d[2]);
+  };
+  return "grid " + dims(grid) + ", block " + dims(block) + ", shared_mem " +
+         std::to_string(shared_mem);
+}
+
 ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                       int64_t kernel_id, ffi::Span<const int64_t> grid,
                       ffi::Span<const int64_t> block, int64_t shared_mem,
                       ffi::Span<const int64_t> params, ffi::Span<const int64_t> scalars) {
-  // Held until the launch is enqueued, so a kernel collected concurrently
-  // (which unloads its library) cannot be launched after it is gone.
-  std::lock_guard<std::mutex> lock(table_mutex);
-  CUkernel kernel = nullptr;
-  if (auto e = LookupKernel(kernel_id, &kernel); e.failure()) return e;
   if (grid.size() != 3 || block.size() != 3) {
     return ffi::Error::InvalidArgument("jaxgraph_launch: grid and block must have 3 entries");
   }
@@ -141,75 +112,70 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   if (launch == nullptr) {
     return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel not found in the CUDA driver");
   }
-  const size_t num_buffers = args.size() + rets.size();
-  std::vector<void*> pointers(num_buffers, nullptr);
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto buffer = args.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return buffer.error();
-    pointers[i] = buffer->untyped_data();
+  std::vector<void*> pointers, kernel_params;
+  if (auto e = PackArguments(args, rets, params, scalars, &pointers, &kernel_params); e.failure()) {
+    return e;
   }
-  for (size_t i = 0; i < rets.size(); ++i) {
-    auto buffer = rets.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return buffer.error();
-    pointers[args.size() + i] = (*buffer)->untyped_data();
-  }
-  std::vector<void*> kernel_params(params.size());
-  for (size_t p = 0; p < params.size(); ++p) {
-    int64_t code = params[p];
-    if (code >= 0) {
-      if (code >= static_cast<int64_t>(num_buffers)) {
-        return ffi::Error::InvalidArgument("jaxgraph_launch: buffer index out of range");
-      }
-      kernel_params[p] = &pointers[code];
-    } else {
-      size_t word = static_cast<size_t>(-(code + 1));
-      if (word >= scalars.size()) {
-        return ffi::Error::InvalidArgument("jaxgraph_launch: scalar index out of range");
-      }
-      kernel_params[p] = const_cast<int64_t*>(&scalars[word]);
+  // Visit holds the table's shared lock until the launch is enqueued, so a
+  // kernel collected concurrently (which unloads its library) waits for it.
+  return kernel_table.Visit(kernel_id, [&](auto status, KernelEntry* entry) -> ffi::Error {
+    if (entry == nullptr) {
+      return UnusableId("jaxgraph_launch", "kernel " + std::to_string(kernel_id),
+                        status == HandleTable<KernelEntry>::Status::kRetired,
+                        status == HandleTable<KernelEntry>::Status::kRetired
+                            ? "keep the jaxgraph.Kernel alive as long as compiled functions that "
+                              "call it"
+                            : "trace the jaxgraph.Kernel's jax_call in this process on a machine "
+                              "with a CUDA GPU");
     }
-  }
-  CUresult result = launch(reinterpret_cast<CUfunction>(kernel), grid[0], grid[1], grid[2],
-                           block[0], block[1], block[2], static_cast<unsigned>(shared_mem),
-                           reinterpret_cast<CUstream>(stream), kernel_params.data(), nullptr);
-  if (result != CUDA_SUCCESS) {
-    return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel failed with " +
-                                ErrorName(result) + " (grid " + std::to_string(grid[0]) + "x" +
-                                std::to_string(grid[1]) + "x" + std::to_string(grid[2]) +
-                                ", block " + std::to_string(block[0]) + "x" +
-                                std::to_string(block[1]) + "x" + std::to_string(block[2]) +
-                                ", shared_mem " + std::to_string(shared_mem) + ")");
-  }
-  return ffi::Error::Success();
+    CUresult result = launch(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
+                             grid[2], block[0], block[1], block[2],
+                             static_cast<unsigned>(shared_mem),
+                             reinterpret_cast<CUstream>(stream), kernel_params.data(), nullptr);
+    if (result != CUDA_SUCCESS) {
+      return ffi::Error::Internal("jaxgraph_launch: kernel " + entry->name + ": " +
+                                  DriverError("cuLaunchKernel", result) + " (" +
+                                  Geometry(grid, block, shared_mem) + ")");
+    }
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error LaunchOnCpuImpl(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
+  return NotOnCuda("jaxgraph_launch (Kernel.jax_call)", "");
 }
 
 }  // namespace
+}  // namespace jaxgraph
 
 // Launching a kernel is a plain stream operation, so XLA may record it into
 // its own command buffers.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Launch, LaunchImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Launch, jaxgraph::LaunchImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
                                   .RemainingArgs()                   // operands
                                   .RemainingRets()                   // results
                                   .Attr<int64_t>("kernel")           // kernel table id
-                                  .Attr<ffi::Span<const int64_t>>("grid")
-                                  .Attr<ffi::Span<const int64_t>>("block")
+                                  .Attr<xla::ffi::Span<const int64_t>>("grid")
+                                  .Attr<xla::ffi::Span<const int64_t>>("block")
                                   .Attr<int64_t>("shared_mem")       // dynamic bytes
-                                  .Attr<ffi::Span<const int64_t>>("params")
-                                  .Attr<ffi::Span<const int64_t>>("scalars"),
+                                  .Attr<xla::ffi::Span<const int64_t>>("params")
+                                  .Attr<xla::ffi::Span<const int64_t>>("scalars"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-template <typename T>
-nb::capsule EncapsulateFfiHandler(T* fn) {
-  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
-                "Encapsulated function must be an XLA FFI handler");
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
+// Registered for JAX's CPU platform: a clear error instead of "no handler".
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LaunchOnCpu, jaxgraph::LaunchOnCpuImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs<xla::ffi::Dictionary>());
 
 // ---------------------------------------------------------------------------
 // Eager launch from Python
 // ---------------------------------------------------------------------------
+
+namespace jaxgraph {
+namespace {
 
 // Kernel.launch's last step: the same driver entry point, without a Python
 // binding's per-call argument marshalling (measured: the cost of an eager
@@ -225,17 +191,28 @@ int LaunchFromPython(uintptr_t function, unsigned grid_x, unsigned grid_y, unsig
                                  reinterpret_cast<void**>(params), nullptr));
 }
 
+}  // namespace
+}  // namespace jaxgraph
+
 NB_MODULE(_launch, m) {
+  namespace nb = nanobind;
+  using namespace jaxgraph;
   m.def("registrations", []() {
     nb::dict registrations;
     registrations["jaxgraph_launch"] = EncapsulateFfiHandler(Launch);
     return registrations;
-  });
+  }, "FFI handler capsules for JAX's CUDA platform, by target name.");
+  m.def("cpu_registrations", []() {
+    nb::dict registrations;
+    registrations["jaxgraph_launch"] = EncapsulateFfiHandler(LaunchOnCpu);
+    return registrations;
+  }, "FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.");
   m.def("register_kernel", &RegisterKernel, nb::arg("id"), nb::arg("handle"), nb::arg("name"),
         "Enter a loaded CUkernel handle into the launch table under `id` (> 0).");
-  m.def("unregister_kernel", &UnregisterKernel, nb::arg("id"),
+  m.def("unregister_kernel", [](int64_t id) { kernel_table.Retire(id); }, nb::arg("id"),
         "Mark kernel `id` destroyed: the handler then fails with a clear error.");
-  m.def("live_kernels", &LiveKernels, "Number of kernels the handler can launch.");
+  m.def("live_kernels", []() { return kernel_table.Live(); },
+        "Number of kernels the handler can launch.");
   m.def("launch", &LaunchFromPython, nb::arg("function"), nb::arg("grid_x"), nb::arg("grid_y"),
         nb::arg("grid_z"), nb::arg("block_x"), nb::arg("block_y"), nb::arg("block_z"),
         nb::arg("shared_mem"), nb::arg("stream"), nb::arg("params"),

@@ -1,160 +1,268 @@
-// XLA FFI handler that replays a captured CUDA graph on XLA's stream.
+// XLA FFI handler that replays a captured CUDA graph on XLA's stream, bound
+// to XLA's own buffers. Python side: jaxgraph/_jax_replay.py.
 //
-// Python registers a captured graph (with its static input and output
-// buffers) for one device; the table keeps its own clone of the graph
-// template and its own executable, so the Python CUDAGraph can be reset
-// independently. A reset marks the entry dead, and a compiled function that
-// still refers to it gets a clear error instead of a launch of freed memory.
+// Python registers a captured graph with its static input and output buffers
+// for one device; the table keeps its own clone of the template and its own
+// executable, so the Python CUDAGraph can be reset independently (a reset
+// retires the entry, and a compiled function that still names it gets a clear
+// error instead of a launch of freed memory).
 //
-// When XLA records the handler into its own command buffer (stream capture),
-// cudaGraphLaunch is not permitted; the handler then splices the graph into
-// XLA's capture as a child-graph node.
+// At each call the graph's kernel nodes are pointed at XLA's operands and
+// results (graph_binding.h); a buffer that cannot be rebound safely is copied
+// into its static array before the replay (inputs) or out of it after
+// (outputs). When XLA records the call into its own command buffer (stream
+// capture), cudaGraphLaunch is not permitted: the bound template is spliced
+// into XLA's capture as a child-graph node instead.
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
-#include "nanobind/nanobind.h"
+#include "common.h"
+#include "graph_binding.h"
+#include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
+#include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
-#include "xla/ffi/api/ffi.h"
 
-namespace ffi = xla::ffi;
-namespace nb = nanobind;
-
+namespace jaxgraph {
 namespace {
 
 // ---------------------------------------------------------------------------
 // Graph table
 // ---------------------------------------------------------------------------
 
-struct StaticBuffer {
-  void* data;
-  size_t bytes;
-};
-
-struct GraphEntry {
+// One graph on one device: our clone, its executable, and how each static
+// buffer (inputs first, then outputs) is bound.
+struct DeviceGraph {
   int device = -1;
-  cudaGraph_t graph = nullptr;     // our clone of the template, for splicing
-  cudaGraphExec_t exec = nullptr;  // our own executable, for plain replay
-  std::vector<StaticBuffer> inputs;
-  std::vector<StaticBuffer> outputs;
-  bool alive = true;
+  CUgraph graph = nullptr;         // our clone of the template: bound and spliced
+  cudaGraphExec_t exec = nullptr;  // our executable: bound and launched
+  size_t num_inputs = 0;
+  std::vector<Binding> buffers;    // inputs, then outputs
+  std::vector<int> alias;          // per input: the output it shares a buffer with, or -1
+  std::vector<KernelNode> nodes;
+  std::vector<char> dirty;         // scratch: nodes whose arguments changed this call
+  std::mutex mutex;                // one call at a time rebinds and launches
 
-  ~GraphEntry() {
+  ~DeviceGraph() {
     // An executable still in flight is freed by the driver when it completes.
     if (exec != nullptr) cudaGraphExecDestroy(exec);
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (graph != nullptr) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
   }
 };
 
-std::mutex table_mutex;
-// (graph id, device ordinal) -> entry. Dead entries stay as tombstones so
-// the handler can say what happened.
-std::map<std::pair<int64_t, int>, std::unique_ptr<GraphEntry>> graph_table;
-int64_t next_graph_id = 1;
+// Every device's graph for one id; a retired device keeps a tombstone.
+struct GraphSet {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<DeviceGraph>> by_device;
+  std::vector<char> retired;
 
-// How the handler ran the graph: launched on XLA's stream, or spliced into
-// the capture XLA was recording (its command buffer). Tests read these to
-// prove splicing happened.
-std::atomic<int64_t> launch_count{0};
-std::atomic<int64_t> splice_count{0};
+  std::shared_ptr<DeviceGraph> Get(int device, bool* retired_out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    size_t d = static_cast<size_t>(device);
+    *retired_out = d < retired.size() && retired[d];
+    return d < by_device.size() ? by_device[d] : nullptr;
+  }
+};
 
-std::string CudaMessage(const char* call, cudaError_t err) {
-  return std::string(call) + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+HandleTable<GraphSet> graph_table;
+std::atomic<int64_t> next_graph_id{1};
+
+// How the handler ran graphs, for tests and profiles.
+std::atomic<int64_t> launch_count{0};   // launched on XLA's stream
+std::atomic<int64_t> splice_count{0};   // spliced into XLA's command buffer
+std::atomic<int64_t> rebind_count{0};   // kernel-node argument updates
+std::atomic<int64_t> copy_count{0};     // buffers copied in or out
+
+using BufferSpec = std::vector<std::pair<uint64_t, uint64_t>>;  // (address, bytes)
+
+// Pairs each input with the output of the same static buffer (XLA aliases
+// them, so one XLA buffer serves both), and copies inputs the user aliased to
+// another output: the graph's writes to that output must not race its reads.
+void PairAliases(DeviceGraph* g, const std::vector<std::pair<int, int>>& user_aliases) {
+  g->alias.assign(g->num_inputs, -1);
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    for (size_t j = g->num_inputs; j < g->buffers.size(); ++j) {
+      if (g->buffers[i].base == g->buffers[j].base && g->buffers[i].bytes == g->buffers[j].bytes) {
+        g->alias[i] = static_cast<int>(j - g->num_inputs);
+      }
+    }
+  }
+  for (const auto& [input, output] : user_aliases) {
+    if (input < 0 || static_cast<size_t>(input) >= g->num_inputs) {
+      throw std::invalid_argument("alias names input " + std::to_string(input) + ", which does not exist");
+    }
+    if (g->alias[input] != output) {
+      g->buffers[input].Copy("aliased to output " + std::to_string(output) +
+                             ": copied so the graph's writes cannot race its reads");
+    }
+  }
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    if (g->alias[i] < 0) continue;
+    Binding& out = g->buffers[g->num_inputs + g->alias[i]];
+    Binding& in = g->buffers[i];
+    in.mode = out.mode;  // one buffer: it follows its output
+    in.reason = out.mode == BindMode::kCopied ? out.reason : "shares its buffer with output " +
+                                                                   std::to_string(g->alias[i]);
+  }
 }
 
-std::vector<StaticBuffer> ToBuffers(const std::vector<std::pair<uintptr_t, size_t>>& spec) {
-  std::vector<StaticBuffer> out;
-  out.reserve(spec.size());
-  for (const auto& [ptr, bytes] : spec) out.push_back({reinterpret_cast<void*>(ptr), bytes});
-  return out;
+std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const BufferSpec& inputs,
+                                              const BufferSpec& outputs,
+                                              const std::vector<std::pair<int, int>>& aliases,
+                                              const KernelFlags& kernels, bool bind) {
+  auto g = std::make_unique<DeviceGraph>();
+  g->device = device;
+  g->num_inputs = inputs.size();
+  for (const BufferSpec* spec : {&inputs, &outputs}) {
+    for (const auto& [ptr, bytes] : *spec) {
+      Binding b;
+      b.base = b.exec_addr = b.template_addr = ptr;
+      b.bytes = bytes;
+      g->buffers.push_back(b);
+    }
+  }
+  cudaGraph_t clone = nullptr;
+  cudaError_t err = cudaGraphClone(&clone, reinterpret_cast<cudaGraph_t>(graph));
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphClone", err));
+  g->graph = reinterpret_cast<CUgraph>(clone);
+  if (bind) {
+    GraphScan(&g->buffers, &kernels, g->num_inputs).Scan(g->graph, &g->nodes);
+  } else {
+    for (auto& b : g->buffers) b.Copy("bind='copy' was asked for");
+  }
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    // No argument points at it: copy it, in case the graph reaches it some way
+    // jaxgraph cannot see (a pointer stored in device memory).
+    if (g->buffers[i].mode == BindMode::kUnused) {
+      g->buffers[i].Copy("no kernel argument points at it (the graph may reach it through device memory)");
+    }
+  }
+  PairAliases(g.get(), aliases);
+  for (auto& k : g->nodes) {  // the nodes were moved into place: point at their own storage
+    for (size_t i = 0; i < k.values.size(); ++i) k.arguments[i] = k.values[i].data();
+    if (!k.values.empty()) k.params.kernelParams = k.arguments.data();
+  }
+  g->dirty.assign(g->nodes.size(), 0);
+  err = cudaGraphInstantiate(&g->exec, clone, 0);
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  return g;
 }
 
-// Registers a graph for `device`, whose primary context must be current.
-// Returns the id to pass as the `graph` attribute. Raises on CUDA errors.
-int64_t RegisterGraph(int64_t id, int device, uintptr_t graph,
-                      const std::vector<std::pair<uintptr_t, size_t>>& inputs,
-                      const std::vector<std::pair<uintptr_t, size_t>>& outputs) {
+// Registers a graph for `device`, whose primary context the caller made
+// current. Returns the id to pass as the `graph` attribute (a new one when
+// id <= 0). Raises on CUDA errors.
+int64_t RegisterGraph(int64_t id, int device, uint64_t graph, const BufferSpec& inputs,
+                      const BufferSpec& outputs, const std::vector<std::pair<int, int>>& aliases,
+                      const KernelFlags& kernels, bool bind) {
   if (device < 0) throw std::invalid_argument("device must be a CUDA ordinal >= 0");
   if (graph == 0) throw std::invalid_argument("graph must be a live cudaGraph_t");
-  // The caller made the device's primary context current; this makes the
-  // runtime agree even on a thread where it has not been used yet.
+  // Makes the runtime agree with the driver even on a thread where it has not been used yet.
   cudaError_t err = cudaSetDevice(device);
-  if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaSetDevice", err));
-  auto entry = std::make_unique<GraphEntry>();
-  entry->device = device;
-  entry->inputs = ToBuffers(inputs);
-  entry->outputs = ToBuffers(outputs);
-  err = cudaGraphClone(&entry->graph, reinterpret_cast<cudaGraph_t>(graph));
-  if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaGraphClone", err));
-  err = cudaGraphInstantiate(&entry->exec, entry->graph, 0);
-  if (err != cudaSuccess) throw std::runtime_error(CudaMessage("cudaGraphInstantiate", err));
-  std::lock_guard<std::mutex> lock(table_mutex);
-  if (id <= 0) {
-    id = next_graph_id++;
-  } else {
-    auto it = graph_table.find({id, device});
-    if (it != graph_table.end()) {
-      throw std::invalid_argument("graph " + std::to_string(id) +
-                                  " is already registered for device " + std::to_string(device));
-    }
-    if (id >= next_graph_id) next_graph_id = id + 1;
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaSetDevice", err));
+  std::shared_ptr<DeviceGraph> entry =
+      BuildDeviceGraph(device, graph, inputs, outputs, aliases, kernels, bind);
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = id > 0 ? graph_table.Find(id, &status) : nullptr;
+  if (set == nullptr) {
+    if (id <= 0) id = next_graph_id++;
+    set = std::make_shared<GraphSet>();
+    graph_table.Insert(id, set);
   }
-  graph_table[{id, device}] = std::move(entry);
+  std::lock_guard<std::mutex> lock(set->mutex);
+  size_t d = static_cast<size_t>(device);
+  if (d < set->by_device.size() && set->by_device[d] != nullptr) {
+    throw std::invalid_argument("graph " + std::to_string(id) + " is already registered for device " +
+                                std::to_string(device));
+  }
+  if (set->by_device.size() <= d) {
+    set->by_device.resize(d + 1);
+    set->retired.resize(d + 1, 0);
+  }
+  set->by_device[d] = std::move(entry);
+  set->retired[d] = 0;
   return id;
 }
 
-// Marks the entry of `id` on `device` (every device when device < 0) dead
-// and frees its graph and executable.
+// Retires `id` on `device` (every device when device < 0); the clone and
+// executable are freed once no call is using them.
 void UnregisterGraph(int64_t id, int device) {
-  std::lock_guard<std::mutex> lock(table_mutex);
-  for (auto& [key, entry] : graph_table) {
-    if (key.first != id || !entry->alive || (device >= 0 && key.second != device)) continue;
-    auto tombstone = std::make_unique<GraphEntry>();
-    tombstone->device = entry->device;
-    tombstone->alive = false;
-    entry = std::move(tombstone);
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
+  if (set == nullptr) return;
+  std::lock_guard<std::mutex> lock(set->mutex);
+  for (size_t d = 0; d < set->by_device.size(); ++d) {
+    if (device >= 0 && d != static_cast<size_t>(device)) continue;
+    if (set->by_device[d] != nullptr) set->retired[d] = 1;
+    set->by_device[d] = nullptr;
   }
 }
 
 size_t LiveGraphs() {
-  std::lock_guard<std::mutex> lock(table_mutex);
   size_t n = 0;
-  for (const auto& [key, entry] : graph_table) n += entry->alive ? 1 : 0;
+  // Counting needs every set; ids are dense, so walk them.
+  for (int64_t id = 1; id < next_graph_id; ++id) {
+    HandleTable<GraphSet>::Status status;
+    std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
+    if (set == nullptr) continue;
+    std::lock_guard<std::mutex> lock(set->mutex);
+    for (const auto& g : set->by_device) n += g != nullptr ? 1 : 0;
+  }
   return n;
+}
+
+// (kind, index, mode, sites, reason) for each static buffer of `id` on `device`.
+std::vector<std::tuple<std::string, int, std::string, int, std::string>> DescribeBindings(
+    int64_t id, int device) {
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
+  bool retired = false;
+  std::shared_ptr<DeviceGraph> g = set != nullptr ? set->Get(device, &retired) : nullptr;
+  if (g == nullptr) throw std::invalid_argument("graph " + std::to_string(id) + " is not live on device " +
+                                                std::to_string(device));
+  std::lock_guard<std::mutex> lock(g->mutex);
+  std::vector<std::tuple<std::string, int, std::string, int, std::string>> out;
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    const Binding& b = g->buffers[i];
+    bool input = i < g->num_inputs;
+    int index = static_cast<int>(input ? i : i - g->num_inputs);
+    const char* mode = b.mode == BindMode::kBound ? "bound" : "copied";
+    size_t sites = input && g->alias[i] >= 0 ? g->buffers[g->num_inputs + g->alias[i]].sites.size()
+                                              : b.sites.size();
+    out.emplace_back(input ? "input" : "output", index, mode, static_cast<int>(sites), b.reason);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------
 // Replay
 // ---------------------------------------------------------------------------
 
-ffi::Error CheckBuffer(const char* what, size_t index, size_t got, size_t want) {
+ffi::Error CheckBytes(const char* what, size_t index, size_t got, size_t want) {
   if (got == want) return ffi::Error::Success();
   return ffi::Error::InvalidArgument(std::string("jaxgraph_replay: ") + what + " " +
                                      std::to_string(index) + " has " + std::to_string(got) +
-                                     " bytes, the graph's static buffer has " +
-                                     std::to_string(want));
+                                     " bytes, the graph's static buffer has " + std::to_string(want));
 }
 
 ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0 || dst == src) return ffi::Error::Success();
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-  if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaMemcpyAsync", err));
+  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaMemcpyAsync", err));
+  copy_count.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
 }
 
-// Adds the graph as a child node of the capture in progress on `stream` and
-// makes it the stream's only dependency, so later captured work follows it.
+// Adds `child` as a node of the capture in progress on `stream` and makes it
+// the stream's only dependency, so later captured work follows it.
 ffi::Error Splice(cudaGraph_t child, cudaStream_t stream) {
   cudaStreamCaptureStatus status;
   cudaGraph_t capture_graph = nullptr;
@@ -162,118 +270,184 @@ ffi::Error Splice(cudaGraph_t child, cudaStream_t stream) {
   size_t num_deps = 0;
   cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &capture_graph, &deps,
                                              nullptr, &num_deps);
-  if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaStreamGetCaptureInfo", err));
+  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamGetCaptureInfo", err));
   cudaGraphNode_t node;
   err = cudaGraphAddChildGraphNode(&node, capture_graph, deps, num_deps, child);
-  if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaGraphAddChildGraphNode", err));
-  err = cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1,
-                                            cudaStreamSetCaptureDependencies);
+  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphAddChildGraphNode", err));
+  err = cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies);
   if (err != cudaSuccess) {
-    return ffi::Error::Internal(CudaMessage("cudaStreamUpdateCaptureDependencies", err));
+    return ffi::Error::Internal(RuntimeError("cudaStreamUpdateCaptureDependencies", err));
+  }
+  return ffi::Error::Success();
+}
+
+// XLA's address for each static buffer: an input's operand, an output's result
+// (an input paired with an output takes the output's: XLA aliases them).
+ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        std::vector<uint64_t>* addresses) {
+  if (args.size() != g.num_inputs || rets.size() != g.buffers.size() - g.num_inputs) {
+    return ffi::Error::InvalidArgument("jaxgraph_replay: operand or result count does not match "
+                                       "the registered graph");
+  }
+  addresses->resize(g.buffers.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    if (auto e = CheckBytes("operand", i, buffer->size_bytes(), g.buffers[i].bytes); e.failure()) return e;
+    (*addresses)[i] = reinterpret_cast<uint64_t>(buffer->untyped_data());
+  }
+  for (size_t j = 0; j < rets.size(); ++j) {
+    auto buffer = rets.get<ffi::AnyBuffer>(j);
+    if (buffer.has_error()) return buffer.error();
+    const Binding& b = g.buffers[g.num_inputs + j];
+    if (auto e = CheckBytes("result", j, (*buffer)->size_bytes(), b.bytes); e.failure()) return e;
+    (*addresses)[g.num_inputs + j] = reinterpret_cast<uint64_t>((*buffer)->untyped_data());
+  }
+  return ffi::Error::Success();
+}
+
+// Points the bound buffers' sites at XLA's addresses, in the executable
+// (launch) or the template (splice), updating only what changed.
+ffi::Error Rebind(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool splice) {
+  bool any = false;
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    Binding& b = g->buffers[i];
+    uint64_t& bound = splice ? b.template_addr : b.exec_addr;
+    if (b.mode != BindMode::kBound || b.sites.empty() || bound == addresses[i]) continue;
+    Retarget(b, addresses[i], &g->nodes, &g->dirty);
+    bound = addresses[i];
+    any = true;
+  }
+  if (!any) return ffi::Error::Success();
+  const GraphDriver& d = GraphDriver::Get();
+  for (size_t n = 0; n < g->nodes.size(); ++n) {
+    if (!g->dirty[n]) continue;
+    g->dirty[n] = 0;
+    KernelNode& k = g->nodes[n];
+    CUresult r = splice ? d.set_kernel_params(k.node, &k.params)
+                        : d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(g->exec), k.node, &k.params);
+    if (r != CUDA_SUCCESS) {
+      return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " +
+                                  DriverError(splice ? "cuGraphKernelNodeSetParams"
+                                                     : "cuGraphExecKernelNodeSetParams", r));
+    }
+    rebind_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint64_t>& addresses) {
+  for (size_t i = 0; i < g->num_inputs; ++i) {  // copied inputs: operand -> static array
+    const Binding& b = g->buffers[i];
+    if (b.mode != BindMode::kCopied) continue;
+    void* src = reinterpret_cast<void*>(addresses[i]);
+    if (auto e = Copy(reinterpret_cast<void*>(b.base), src, b.bytes, stream); e.failure()) return e;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));
+  bool splice = status == cudaStreamCaptureStatusActive;
+  if (auto e = Rebind(g, addresses, splice); e.failure()) return e;
+  if (splice) {
+    if (auto e = Splice(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
+    splice_count.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    err = cudaGraphLaunch(g->exec, stream);
+    if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
+    launch_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  for (size_t i = g->num_inputs; i < g->buffers.size(); ++i) {  // copied outputs: static -> result
+    const Binding& b = g->buffers[i];
+    if (b.mode != BindMode::kCopied) continue;
+    void* dst = reinterpret_cast<void*>(addresses[i]);
+    if (auto e = Copy(dst, reinterpret_cast<void*>(b.base), b.bytes, stream); e.failure()) return e;
   }
   return ffi::Error::Success();
 }
 
 ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
-                      ffi::RemainingRets rets, int64_t graph_id) {
-  // Held across the enqueue so a concurrent unregister cannot free the
-  // executable between lookup and launch.
-  std::lock_guard<std::mutex> lock(table_mutex);
-  auto it = graph_table.find({graph_id, device});
-  if (it == graph_table.end()) {
-    bool other_device = false;
-    for (const auto& [key, entry] : graph_table) other_device |= key.first == graph_id;
-    if (other_device) {
-      return ffi::Error::InvalidArgument(
-          "jaxgraph_replay: graph " + std::to_string(graph_id) + " was not captured for device " +
-          std::to_string(device) + "; capture a graph on that device and register it");
+                      ffi::RemainingRets rets, int64_t graph_id, int64_t call) {
+  (void)call;  // only makes each call site distinct, so XLA never merges two replays
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = graph_table.Find(graph_id, &status);
+  bool retired = false;
+  std::shared_ptr<DeviceGraph> g = set != nullptr ? set->Get(device, &retired) : nullptr;
+  if (g == nullptr) {
+    std::string what = "graph " + std::to_string(graph_id);
+    if (set != nullptr && !retired) {
+      return ffi::Error::InvalidArgument("jaxgraph_replay: " + what + " was not captured for device " +
+                                         std::to_string(device) +
+                                         "; capture a graph on that device and register it");
     }
-    return ffi::Error::InvalidArgument(
-        "jaxgraph_replay: graph " + std::to_string(graph_id) +
-        " is not registered in this process; build the function with jaxgraph.replayable(...) "
-        "in this process (compiled functions cannot be moved between processes)");
+    return UnusableId("jaxgraph_replay", what, retired,
+                      retired ? "it was reset or destroyed after this function was compiled; capture "
+                                "it again and build a new replayable function"
+                              : "build the function with jaxgraph.replayable(...) in this process");
   }
-  GraphEntry& entry = *it->second;
-  if (!entry.alive) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxgraph_replay: graph " + std::to_string(graph_id) +
-                          " was reset or destroyed after this function was compiled; "
-                          "capture it again and build a new replayable function");
-  }
-  if (args.size() != entry.inputs.size() || rets.size() != entry.outputs.size()) {
-    return ffi::Error::InvalidArgument("jaxgraph_replay: operand or result count does not match "
-                                       "the registered graph");
-  }
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto buffer = args.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return buffer.error();
-    if (auto e = CheckBuffer("operand", i, buffer->size_bytes(), entry.inputs[i].bytes); e.failure())
-      return e;
-    if (auto e = Copy(entry.inputs[i].data, buffer->untyped_data(), entry.inputs[i].bytes, stream);
-        e.failure())
-      return e;
-  }
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t err = cudaStreamIsCapturing(stream, &status);
-  if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaStreamIsCapturing", err));
-  if (status == cudaStreamCaptureStatusActive) {
-    if (auto e = Splice(entry.graph, stream); e.failure()) return e;
-    splice_count.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    err = cudaGraphLaunch(entry.exec, stream);
-    if (err != cudaSuccess) return ffi::Error::Internal(CudaMessage("cudaGraphLaunch", err));
-    launch_count.fetch_add(1, std::memory_order_relaxed);
-  }
-  for (size_t i = 0; i < rets.size(); ++i) {
-    auto buffer = rets.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return buffer.error();
-    if (auto e = CheckBuffer("result", i, (*buffer)->size_bytes(), entry.outputs[i].bytes);
-        e.failure())
-      return e;
-    if (auto e = Copy((*buffer)->untyped_data(), entry.outputs[i].data, entry.outputs[i].bytes,
-                      stream);
-        e.failure())
-      return e;
-  }
-  return ffi::Error::Success();
+  std::lock_guard<std::mutex> lock(g->mutex);
+  thread_local std::vector<uint64_t> addresses;
+  if (auto e = XlaAddresses(*g, args, rets, &addresses); e.failure()) return e;
+  return RunGraph(g.get(), stream, addresses);
+}
+
+ffi::Error ReplayOnCpuImpl(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
+  return NotOnCuda("jaxgraph_replay (a jaxgraph.replayable)",
+                   ", or build the replayable with via=\"callback\", which replays from the host");
 }
 
 }  // namespace
+}  // namespace jaxgraph
 
-// Command-buffer compatible: under XLA's stream capture the graph is spliced
-// in as a child node (see Splice) instead of launched.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Replay, ReplayImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .RemainingArgs()          // bound to the static inputs
-                                  .RemainingRets()          // copied from the static outputs
-                                  .Attr<int64_t>("graph"),  // graph table id
+// Command-buffer compatible: under XLA's stream capture the bound graph is
+// spliced in as a child node (see Splice) instead of launched.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Replay, jaxgraph::ReplayImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .RemainingArgs()          // XLA's operands: the static inputs
+                                  .RemainingRets()          // XLA's results: the static outputs
+                                  .Attr<int64_t>("graph")   // graph table id
+                                  .Attr<int64_t>("call"),   // distinct per call site
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-template <typename T>
-nb::capsule EncapsulateFfiHandler(T* fn) {
-  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>,
-                "Encapsulated function must be an XLA FFI handler");
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
+// Registered for JAX's CPU platform: a clear error instead of "no handler".
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReplayOnCpu, jaxgraph::ReplayOnCpuImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attrs<xla::ffi::Dictionary>());
 
 NB_MODULE(_replay, m) {
+  namespace nb = nanobind;
+  using namespace jaxgraph;
   m.def("registrations", []() {
     nb::dict registrations;
     registrations["jaxgraph_replay"] = EncapsulateFfiHandler(Replay);
     return registrations;
-  });
+  }, "FFI handler capsules for JAX's CUDA platform, by target name.");
+  m.def("cpu_registrations", []() {
+    nb::dict registrations;
+    registrations["jaxgraph_replay"] = EncapsulateFfiHandler(ReplayOnCpu);
+    return registrations;
+  }, "FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.");
   m.def("register_graph", &RegisterGraph, nb::arg("id"), nb::arg("device"), nb::arg("graph"),
-        nb::arg("inputs"), nb::arg("outputs"),
-        "Clone and instantiate a captured graph for one device; return its table id "
-        "(a new one when id <= 0).");
+        nb::arg("inputs"), nb::arg("outputs"), nb::arg("aliases"), nb::arg("kernels"),
+        nb::arg("bind"),
+        "Clone and instantiate a captured graph for one device, find how its static buffers "
+        "(address, bytes) bind to XLA's; return its table id (a new one when id <= 0). "
+        "`aliases`: (input, output) pairs the caller aliases in XLA; `kernels`: handle -> one "
+        "flag per parameter ('r' read-only pointer) of the kernels jaxgraph launched.");
   m.def("unregister_graph", &UnregisterGraph, nb::arg("id"), nb::arg("device") = -1,
-        "Mark a graph id dead on `device` (every device when < 0) and free its clone and "
-        "executable; idempotent.");
+        "Retire a graph id on `device` (every device when < 0); idempotent.");
+  m.def("describe_bindings", &DescribeBindings, nb::arg("id"), nb::arg("device"),
+        "(kind, index, mode, sites, reason) for each static buffer: mode is 'bound' or 'copied'.");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
-  m.def("launch_count", []() { return launch_count.load(); },
-        "How many times the handler launched a graph on XLA's stream.");
-  m.def("splice_count", []() { return splice_count.load(); },
-        "How many times the handler spliced a graph into XLA's stream capture.");
+  m.def("counters", []() {
+    nb::dict c;
+    c["launch"] = launch_count.load();
+    c["splice"] = splice_count.load();
+    c["rebind"] = rebind_count.load();
+    c["copy"] = copy_count.load();
+    return c;
+  }, "How the handler ran graphs: launches, splices, kernel-node rebinds, buffer copies.");
 }

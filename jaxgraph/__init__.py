@@ -26,8 +26,8 @@ from ._driver import set_device as set_device
 from ._generator import Generator as Generator
 from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
-from ._jax_replay import Replayable as Replayable
-from ._jax_replay import replayable as replayable
+from ._replayable import Replayable as Replayable
+from ._replayable import replayable as replayable
 from ._kernel import Kernel as Kernel
 from ._memory import MemPool as MemPool
 from ._memory import graph_pool_handle as graph_pool_handle

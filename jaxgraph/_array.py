@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _driver, _memory
+from . import _captures, _driver, _memory
 from ._driver import check
 from ._stream import Event, Stream, current_stream
 
@@ -119,7 +119,7 @@ class DeviceArray:
         stream = _stream_for(self, stream)
         drv = _driver.driver()
         if isinstance(src, np.ndarray) or np.isscalar(src) or isinstance(src, (list, tuple)):
-            if _memory._captures and _memory.capturing_on(stream):
+            if _captures.capture_on(stream) is not None:
                 raise RuntimeError(
                     "copy_ from host memory cannot be captured in a CUDA graph (the host buffer "
                     "would have to outlive every replay); copy the data into a device array "
@@ -135,8 +135,8 @@ class DeviceArray:
         other = asarray(src)
         if other.nbytes != self.nbytes:
             raise ValueError(f"copy_: source has {other.nbytes} bytes, destination {self.nbytes}")
-        if _memory._captures:
-            _memory.note_capture_operands(stream, (("self", self), ("src", src)), "DeviceArray.copy_")
+        if _captures.any_underway():
+            _captures.note_operands(stream, (("self", self), ("src", other)), "DeviceArray.copy_")
         check(drv.cuMemcpyDtoDAsync(self.ptr, other.ptr, self.nbytes, stream.handle), "cuMemcpyDtoDAsync")
         return self
 
@@ -146,8 +146,8 @@ class DeviceArray:
         pattern = np.asarray(value, dtype=self.dtype).reshape(1)
         drv = _driver.driver()
         n = self.size
-        if _memory._captures:
-            _memory.note_capture_operands(stream, (("self", self),), "DeviceArray.fill_")
+        if _captures.any_underway():
+            _captures.note_operands(stream, (("self", self),), "DeviceArray.fill_")
         if self.itemsize == 1:
             check(drv.cuMemsetD8Async(self.ptr, int(pattern.view(np.uint8)[0]), n, stream.handle),
                   "cuMemsetD8Async")
@@ -220,7 +220,9 @@ def empty(shape: int | Sequence[int], dtype: Any = np.float32, *, stream: Stream
     shape = _normalize_shape(shape)
     dtype = _normalize_dtype(dtype)
     stream = current_stream() if stream is None else stream
-    alloc = _memory.allocate(math.prod(shape) * dtype.itemsize, stream)
+    nbytes = math.prod(shape) * dtype.itemsize
+    capture = _captures.pool_for(stream)  # during a capture: the graph's pool
+    alloc = capture.allocate(nbytes, stream) if capture is not None else _memory.allocate(nbytes, stream)
     return DeviceArray(alloc.ptr, shape, dtype, alloc.device, alloc, _token=_INTERNAL)
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from . import _driver, _memory, _stream
+from . import _captures, _driver, _memory, _stream
 from ._driver import check
-from ._graphs import _CAPTURE_MODES, CUDAGraph, _capture_mode
+from ._graphs import _CAPTURE_MODES, CUDAGraph, ReplaySource, _capture_mode
 from ._hooks import RemovableHandle
 from ._memory import PoolHandle
 from ._stream import Stream, current_stream
@@ -195,22 +195,14 @@ class Graph:
         else:
             self._cuda_graph._abort_capture()
 
-    # For replay inside jax.jit: the same private interface as CUDAGraph.
-
     @property
     def device(self) -> int:
         """The device this graph was (or will be) captured on."""
         return self._cuda_graph.device
 
-    @property
-    def _capture_stream(self) -> Stream | None:
-        return self._cuda_graph._capture_stream
-
-    def _replay_template(self) -> int:
-        return self._cuda_graph._replay_template()
-
-    def _memory_owners(self) -> tuple:
-        return self._cuda_graph._memory_owners()
+    def _replay_source(self) -> ReplaySource:
+        """For replay inside ``jax.jit``: see :meth:`CUDAGraph._replay_source`."""
+        return self._cuda_graph._replay_source()
 
     def register_destroy_callback(self, callback: Callable[[], None]) -> RemovableHandle:
         """See :meth:`CUDAGraph.register_destroy_callback`."""
@@ -232,7 +224,7 @@ def is_current_stream_capturing() -> bool:
     s = streams.get(_driver.current_device())
     if s is None or s.is_legacy_default:
         return False
-    if _memory.capturing_on(s):
+    if _captures.capture_on(s) is not None:
         return True
     _driver.ensure_context(s.device)
     drv = _driver.driver()

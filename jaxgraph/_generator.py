@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _memory
+from . import _captures, _driver
 from ._array import DeviceArray, asarray, empty, to_host
 from ._stream import current_stream
 
@@ -264,7 +264,7 @@ class Generator:
         self._state.copy_(np.array([seed, offset], dtype=np.uint64), stream=current_stream(self._device))
 
     def _check_not_capturing(self, what: str) -> None:
-        if _memory.capturing_on(current_stream(self._device)):
+        if _captures.capture_on(current_stream(self._device)) is not None:
             raise RuntimeError(f"cannot {what} while the current stream is capturing a graph: it reads "
                                "or writes the state from the host; do it before or after the capture")
 

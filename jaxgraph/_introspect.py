@@ -17,8 +17,9 @@ from typing import Any
 
 from . import _driver
 from ._driver import check
+from ._graph_handles import CaptureState, GraphHandles, require_ended
 
-__all__ = ["dump_dot", "graph_data", "node_count"]
+__all__ = ["GraphIntrospection", "dump_dot", "graph_data", "node_count"]
 
 _NODE_TYPE_NAMES = {
     "KERNEL": "kernel",
@@ -36,6 +37,97 @@ _NODE_TYPE_NAMES = {
     "BATCH_MEM_OP": "batch_mem_op",
     "CONDITIONAL": "conditional",
 }
+
+
+# ----------------------------------------------------------------------------
+# GraphIntrospection
+# ----------------------------------------------------------------------------
+
+
+class GraphIntrospection:
+    """Raw handles and introspection of :class:`~jaxgraph.CUDAGraph` (which owns
+    ``self._handles``, ``self._state`` and ``self._keep_graph``)."""
+
+    _handles: GraphHandles
+    _state: CaptureState
+    _keep_graph: bool
+
+    def raw_cuda_graph(self) -> int:
+        """Return the underlying ``cudaGraph_t`` as an int address.
+
+        The template must be live: ``keep_graph=True``, or a capture-end hook.
+
+        .. caution:: A raw handle, valid until :meth:`reset`; wrap it with
+           ``cuda.bindings.driver.CUgraph(address)``.
+        """
+        return int(self._live_template("raw_cuda_graph"))
+
+    def raw_cuda_graph_exec(self) -> int:
+        """Return the underlying ``cudaGraphExec_t`` as an int address.
+
+        Needs :meth:`instantiate` (``keep_graph=True``) or :meth:`capture_end`.
+
+        .. caution:: A raw handle, destroyed by the next :meth:`instantiate`;
+           wrap it with ``cuda.bindings.driver.CUgraphExec(address)``.
+        """
+        if self._handles.graph_exec is None:
+            raise RuntimeError(f"raw_cuda_graph_exec: the graph is not instantiated ({self._state.value}); "
+                               "call capture_end() (keep_graph=False) or instantiate() (keep_graph=True)")
+        return int(self._handles.graph_exec)
+
+    def enable_debug_mode(self) -> None:
+        """Retain the captured graph (as ``keep_graph=True``; call before :meth:`capture_end`)."""
+        self._keep_graph = True
+
+    def debug_dump(self, debug_path: Any, *, verbose: bool = True) -> None:
+        """Dump the captured graph to ``debug_path`` in Graphviz DOT format.
+
+        The template must be live: ``keep_graph=True`` (or
+        :meth:`enable_debug_mode`), or a call from a capture-end hook.
+
+        Parameters
+        ----------
+        debug_path : str or os.PathLike
+        verbose : bool
+            Use the driver's most verbose DOT output (default).
+        """
+        dump_dot(self._live_template("debug_dump"), debug_path, bool(verbose))
+
+    def get_graph_data(self) -> dict:
+        """Return a dictionary describing the graph's topology and node metadata.
+
+        The template must be live (``keep_graph=True``, or a post-instantiate
+        hook) and the graph instantiated. The structure::
+
+            {"exec_graph_id": int,
+             "nodes": [{"index": int, "node_type": str, "tools_id": int, "graph_id": int,
+                        "node_id": int, "kernel_name": str or None,
+                        "grid": [x, y, z] or None, "block": [x, y, z] or None,
+                        "dependencies": [int, ...], "dependents": [int, ...]}, ...],
+             "edges": [[from_index, to_index], ...], "ids": "driver" or "jaxgraph"}
+
+        Nodes are in creation order. ``graph_id`` is the exec graph's id, so
+        ``tools_id`` (``graph_id << 32 | node_id``) matches what CUPTI-based
+        profilers report. ``dependencies``/``dependents`` are indices into
+        ``nodes``: they tell a true dependency from one a profile shows only
+        because independent streams shared a hardware queue. ``"ids"`` is
+        ``"jaxgraph"`` when the driver predates CUDA 13.1's id queries.
+        """
+        h_graph = self._live_template("get_graph_data")
+        h = self._handles
+        if h.graph_exec is None:
+            raise RuntimeError("get_graph_data: the graph is not instantiated yet; call instantiate() first")
+        _driver.ensure_context(h.device)
+        return graph_data(h_graph, h.graph_exec, h.exec_serial)
+
+    def _live_template(self, what: str) -> Any:
+        if self._handles.graph is not None:
+            return self._handles.graph
+        require_ended(self._state, what)
+        raise RuntimeError(
+            f"{what}: the graph's cudaGraph_t is not live: with keep_graph=False it is finalized at "
+            "the end of capture_end(); use CUDAGraph(keep_graph=True) (or enable_debug_mode() "
+            "before capture), or call it from a capture-end hook")
 
 
 # ----------------------------------------------------------------------------

@@ -20,11 +20,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _driver, _memory
+from . import _captures, _driver
 from ._array import DeviceArray, asarray
 from ._compile import CompiledKernel, compile_kernel
 from ._driver import check
-from ._signature import Param, find_signature, parse_signature
+from ._native import native
+from ._signature import (Param, check_count, check_pointer_dtype, dim3, find_signature, not_an_array,
+                         pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel"]
@@ -68,16 +70,24 @@ class Kernel:
 
     def __init__(self, source: str, name: str, options: Any = None, *, signature: str | None = None,
                  arch: str | None = None, cache_dir: str | os.PathLike | None = None):
+        if not isinstance(source, str) or not source.strip():
+            raise TypeError(f"source must be a non-empty string of CUDA C++, got {type(source).__name__}")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be the kernel's name as a string, got {name!r}")
         params = parse_signature(signature if signature is not None else find_signature(source, name))
         self._compiled: CompiledKernel = compile_kernel(source, name, options, arch=arch, cache_dir=cache_dir)
         self.name = name
         self.params: tuple[Param, ...] = params
         self._fmt = "<" + "".join(p.pack_format for p in params)
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
+        self._core = None             # the cuda.core Kernel (parameter info, attributes)
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
         self._function_address = 0    # int(self._h_kernel)
         self._native_launch = None    # jaxgraph._launch.launch, bound at load
         self._shared_limit = _DEFAULT_SHARED_LIMIT
+        self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
+        # Per parameter: r (pointer to const: only read), w (other pointer), s (scalar).
+        self._flags = "".join("s" if not p.is_pointer else "r" if p.is_const_pointer else "w" for p in params)
         self._lock = threading.Lock()
         nslots = max(len(params), 1)
         # One persistent argument buffer and the void* array pointing into it:
@@ -149,7 +159,7 @@ class Kernel:
             Dynamic shared memory in bytes.
         stream : Stream, optional
         """
-        self._launch(_dim3(grid, "grid"), _dim3(block, "block"), int(shared_mem), stream, args)
+        self._launch(dim3(grid, "grid"), dim3(block, "block"), int(shared_mem), stream, args)
 
     def _launch(self, grid: tuple, block: tuple, shared_mem: int, stream: Stream | None, args: tuple) -> None:
         values = self._values(args)  # every argument check happens before the driver is touched
@@ -161,7 +171,7 @@ class Kernel:
             if stream is None:
                 stream = current_stream()
             device = _driver.ensure_context(stream._device)
-            if _memory._captures:  # a capture is underway: tell it what this launch uses
+            if _captures.any_underway():  # tell a capture on this stream what the launch uses
                 self._note_operands(stream, args)
             if self._h_kernel is None:
                 self._load_locked()
@@ -175,39 +185,48 @@ class Kernel:
             raise _driver.CudaError("cuLaunchKernel", drv.CUresult(err), f"kernel {self.name}")
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
-        """Report this launch's array operands to a graph capturing on ``stream``."""
-        operands = [(p.name, a) for p, a in zip(self.params, args) if p.is_pointer]
-        _memory.note_capture_operands(stream, operands, f"kernel {self.name}")
+        """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
+        capture = _captures.capture_on(stream)
+        if capture is None:
+            return
+        where = f"kernel {self.name}"
+        for p, a in zip(self.params, args):
+            if p.is_pointer:
+                capture.note(p.name, where, asarray(a))
+        capture.note_kernel(self._handles_on(stream.device), self._flags)
+
+    def _handles_on(self, device: int) -> tuple[int, int]:
+        """The CUkernel and its CUfunction in ``device``'s context: what a captured node may name."""
+        function = self._functions.get(device)
+        if function is None:
+            drv = _driver.driver()
+            function = self._functions[device] = int(check(
+                drv.cuKernelGetFunction(drv.CUkernel(self._function_address)), "cuKernelGetFunction"))
+        return self._function_address, function
 
     def _values(self, args: tuple) -> list:
+        """The launch's values, checked: addresses for pointers, Python scalars for the rest."""
         params = self.params
         if len(args) != len(params):
-            raise TypeError(f"kernel {self.name} takes {len(params)} arguments "
-                            f"({', '.join(p.name for p in params)}), got {len(args)}")
+            check_count(self.name, params, args)
         values = []
         for p, a in zip(params, args):
             if p.is_pointer:
                 if type(a) is not DeviceArray:
                     a = _device_operand(a, p, self.name)
                 if p.dtype is not None and a.dtype != p.dtype:
-                    raise TypeError(f"kernel {self.name}: parameter {p.name} is {p.ctype}, "
-                                    f"got an array of {a.dtype}")
+                    check_pointer_dtype(self.name, p, a.dtype)
                 values.append(a.ptr)
-            elif isinstance(a, np.generic) or hasattr(a, "shape"):
-                values.append(_typed_scalar(a, p, self.name))
-            elif p.dtype.kind == "V":  # bfloat16 travels as its bit pattern
-                values.append(_bfloat16_bits(a, p, self.name))
             else:
-                values.append(a)
+                values.append(scalar_value(self.name, p, a))
         return values
 
     def _pack_error(self, values: list, exc: Exception) -> TypeError:
         for p, v in zip(self.params, values):
             try:
                 struct.pack("<" + p.pack_format, v)
-            except (struct.error, OverflowError):
-                return TypeError(f"kernel {self.name}: parameter {p.name} is {p.ctype}, "
-                                 f"got {type(v).__name__} {v!r} ({exc})")
+            except (struct.error, OverflowError) as param_exc:
+                return pack_error(self.name, p, v, param_exc)
         return TypeError(f"kernel {self.name}: could not pack arguments: {exc}")
 
     # -- loading ----------------------------------------------------------------
@@ -219,25 +238,17 @@ class Kernel:
         _driver.ensure_context()
         c = self._compiled
         library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
-        handle = library.get_kernel(c.name).handle
-        self._check_param_sizes(handle)
-        self._native_launch = _native_launch()
-        self._library = library
-        self._function_address = int(handle)
+        core = library.get_kernel(c.name)
+        self._check_param_sizes(core)
+        self._native_launch = native("launch").launch
+        self._library, self._core = library, core
+        self._function_address = int(core.handle)
         self._h_kernel = _driver.driver().CUfunction(self._function_address)
         return self._h_kernel
 
-    def _check_param_sizes(self, handle: Any) -> None:
+    def _check_param_sizes(self, core: Any) -> None:
         """Compare the parsed parameter list with what the cubin declares."""
-        drv = _driver.driver()
-        if not hasattr(drv, "cuKernelGetParamInfo"):
-            return
-        sizes = []
-        while True:
-            err, _offset, size = drv.cuKernelGetParamInfo(handle, len(sizes))
-            if err != 0:
-                break
-            sizes.append(int(size))
+        sizes = [int(info.size) for info in core.arguments_info]
         expected = [8 if p.is_pointer else p.dtype.itemsize for p in self.params]
         if sizes != expected:
             raise TypeError(
@@ -313,7 +324,7 @@ class Kernel:
         >>> k2 = jaxgraph.Kernel(SRC, "add_one")  # add_one(float* y, const float* x, int n)
         >>> y = k2.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, x.size)
         """
-        from ._jax import kernel_call
+        from ._jax_launch import kernel_call
 
         return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
 
@@ -327,8 +338,8 @@ class _BoundLaunch:
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
         self._kernel = kernel
-        self._grid = _dim3(grid, "grid")
-        self._block = _dim3(block, "block")
+        self._grid = dim3(grid, "grid")
+        self._block = dim3(block, "block")
         self._shared_mem = int(shared_mem)
         self._stream = stream
 
@@ -341,53 +352,9 @@ class _BoundLaunch:
 # ----------------------------------------------------------------------------
 
 
-def _native_launch() -> Any:
-    """The extension's cuLaunchKernel wrapper: the leanest call from Python (see ffi/launch.cc)."""
-    try:
-        from ._launch import launch
-    except ImportError as exc:
-        raise RuntimeError(
-            "jaxgraph's native extension is not built; reinstall with "
-            "`python3 -m pip install -e .` (see BUILD.md)"
-        ) from exc
-    return launch
-
-
-def _dim3(value: Any, what: str) -> tuple[int, int, int]:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        dims = (int(value),)
-    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
-        dims = tuple(int(v) for v in value)
-    else:
-        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
-    if any(d < 1 for d in dims):
-        raise ValueError(f"{what} dimensions must be >= 1, got {dims}")
-    return dims + (1,) * (3 - len(dims))
-
-
 def _device_operand(value: Any, p: Param, kernel: str) -> DeviceArray:
     if isinstance(value, np.ndarray):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) needs device memory, got a "
-                        "host numpy array; copy it with jaxgraph.asarray(x) first")
+        raise not_an_array(kernel, p, value, " (host memory); copy it with jaxgraph.asarray(x) first")
     if not hasattr(value, "__cuda_array_interface__"):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) needs a device array, "
-                        f"got {type(value).__name__}")
+        raise not_an_array(kernel, p, value)
     return asarray(value)
-
-
-def _typed_scalar(value: Any, p: Param, kernel: str) -> Any:
-    if not isinstance(value, np.generic):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} is the scalar {p.ctype}, "
-                        f"got {type(value).__name__}")
-    if value.dtype != p.dtype:
-        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype} ({p.dtype}), got a "
-                        f"numpy {value.dtype} scalar; pass {p.dtype}(...) or a Python number")
-    if p.dtype.kind == "V":
-        return int(np.asarray(value).view(np.uint16))
-    return value.item()
-
-
-def _bfloat16_bits(value: Any, p: Param, kernel: str) -> int:
-    if not isinstance(value, (int, float)):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__}")
-    return int(np.asarray(value, dtype=p.dtype).view(np.uint16))

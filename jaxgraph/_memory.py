@@ -1,14 +1,17 @@
 """Device memory: allocations, graph memory pools and deferred frees.
 
 Outside graph capture, memory comes from the device's stream-ordered pool
-(``cuMemAllocAsync`` on the current stream). While a :class:`~jaxgraph.CUDAGraph`
-captures on a stream, allocations on that stream come from the graph's
-:class:`MemPool` instead: their addresses are baked into the graph, so the
-pool keeps them valid for as long as any graph (or array) using it lives.
+(``cuMemAllocAsync`` on the allocating stream) and goes back in that stream's
+order. While a :class:`~jaxgraph.CUDAGraph` captures, allocations on its
+streams come from the graph's :class:`MemPool` instead (the capture
+bookkeeping in ``_captures.py`` says which pool): their addresses are baked
+into the graph, so the pool keeps them valid for as long as any graph (or
+array) using it lives.
 
 Freeing device memory is not permitted while a stream capture is underway
 (it may synchronize the device), so frees requested then are deferred until
-the last capture ends, as PyTorch's caching allocator does.
+the last capture ends (:func:`hold_frees` / :func:`release_frees`), as
+PyTorch's caching allocator does.
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ from ._driver import check
 
 __all__ = [
     "Allocation",
-    "CaptureTracker",
     "MemPool",
+    "PoolHandle",
     "allocate",
-    "capturing_on",
-    "check_watched",
     "graph_pool_handle",
-    "note_capture_operands",
+    "hold_frees",
     "pool_from_token",
+    "release_frees",
 ]
 
 _ALIGN = 512  # allocation granularity of pool blocks, bytes
@@ -68,34 +70,19 @@ class Allocation:
         return self._pool
 
 
-def allocate(nbytes: int, stream: Any) -> Allocation:
+def allocate(nbytes: int, stream: Any, pool: "MemPool | None" = None) -> Allocation:
     """Allocate ``nbytes`` of device memory for use on ``stream`` (a :class:`Stream`).
 
-    While a jaxgraph capture is underway on ``stream``, the block comes from
-    the capturing graph's pool.
+    With ``pool`` (a capture underway on ``stream``), the block comes from that
+    graph pool; otherwise from the device's stream-ordered pool, in the order
+    of ``stream``.
     """
     device = stream.device
     _driver.ensure_context(device)
-    tracker = _captures.get((int(stream), device))
-    if tracker is not None:
-        pool = tracker.pool
-        alloc = Allocation(pool._acquire(nbytes), nbytes, device, stream, pool)
-        tracker.allocated.add(alloc)
-        return alloc
-    drv = _driver.driver()
-    if int(stream) != 0 and _is_capturing(stream):
-        raise RuntimeError(
-            "cannot allocate on a stream captured outside jaxgraph: capture with "
-            "jaxgraph.graph() / CUDAGraph.capture_begin() so allocations come from a graph pool"
-        )
-    ptr = check(drv.cuMemAllocAsync(max(nbytes, 1), stream.handle), "cuMemAllocAsync")
+    if pool is not None:
+        return Allocation(pool._acquire(nbytes), nbytes, device, stream, pool)
+    ptr = check(_driver.driver().cuMemAllocAsync(max(nbytes, 1), stream.handle), "cuMemAllocAsync")
     return Allocation(int(ptr), nbytes, device, stream, None)
-
-
-def _is_capturing(stream: Any) -> bool:
-    drv = _driver.driver()
-    status = check(drv.cuStreamIsCapturing(stream.handle), "cuStreamIsCapturing")
-    return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 # ----------------------------------------------------------------------------
@@ -222,93 +209,28 @@ def pool_from_token(token: Any) -> MemPool:
 
 
 # ----------------------------------------------------------------------------
-# Capture bookkeeping
+# Deferred frees
 # ----------------------------------------------------------------------------
 
-class CaptureTracker:
-    """One capture underway: its pool, the operands of its work and the blocks it allocated.
-
-    A graph bakes the addresses of every array its work reads or writes. Those
-    allocated from the graph's pool *during* the capture live as long as the
-    pool; any other operand (an *external input*) must be kept alive by the
-    graph, or checked before each replay. Kernel launches, ``copy_`` and
-    ``fill_`` report their operands here through :func:`note_capture_operands`.
-
-    Attributes
-    ----------
-    pool : MemPool
-        Where allocations on the capturing stream come from.
-    operands : list of (label, where, array)
-        External operands in first-use order: the parameter name, what used it
-        (``"kernel axpy"``), and the array as passed (a DeviceArray or a foreign
-        array such as a ``jax.Array``).
-    allocated : weakref.WeakSet of Allocation
-        Blocks this capture allocated from its pool.
-    """
-
-    __slots__ = ("pool", "operands", "allocated", "_seen")
-
-    def __init__(self, pool: MemPool) -> None:
-        self.pool = pool
-        self.operands: list[tuple[str, str, Any]] = []
-        self.allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
-        self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
-
-    def note(self, label: str, where: str, array: Any) -> None:
-        """Record ``array`` unless it was allocated by this capture or already recorded."""
-        owner = _owner_of(array)
-        if isinstance(owner, Allocation) and owner in self.allocated:
-            return  # lives in the graph's pool: valid as long as the graph
-        key = id(owner)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.operands.append((label, where, array))
-
-    def settle(self, watch: bool) -> tuple[list, list]:
-        """Turn the external inputs into what a captured graph holds on to.
-
-        Returns the owners to keep alive, and with ``watch`` (the graph's
-        ``check_input_liveness``) the ``(label, where, description, weakref)``
-        entries to check before each replay instead. An owner that cannot be
-        weakly referenced is kept alive even when watching.
-        """
-        keep, watched = [], []
-        for label, where, array in self.operands:
-            owner = _owner_of(array)
-            if watch:
-                try:
-                    watched.append((label, where, _describe(array), weakref.ref(owner)))
-                    continue
-                except TypeError:
-                    pass
-            keep.append(owner)
-        return keep, watched
-
-
-_capture_lock = threading.Lock()
-# (stream handle, device) -> the capture underway there; empty unless one is.
-_captures: dict[tuple[int, int], CaptureTracker] = {}
-_captures_underway = 0
+_frees_lock = threading.Lock()
+_frees_held = 0   # captures underway: frees wait until the last one ends
 _deferred_frees: list[tuple[int, int, Any]] = []
 
 
-def begin_capture_allocations(stream: Any, tracker: CaptureTracker) -> None:
-    """Route allocations on ``stream`` to ``tracker.pool``, record the capture's operands
-    into ``tracker``, and defer frees until capture ends."""
-    global _captures_underway
-    with _capture_lock:
-        _captures[(int(stream), stream.device)] = tracker
-        _captures_underway += 1
+def hold_frees() -> None:
+    """Defer frees from now on (a capture began): freeing memory may synchronize the device."""
+    global _frees_held
+    with _frees_lock:
+        _frees_held += 1
 
 
-def end_capture_allocations(stream: Any) -> None:
-    """Undo :func:`begin_capture_allocations`; run deferred frees after the last capture."""
-    global _captures_underway
-    with _capture_lock:
-        _captures.pop((int(stream), stream.device), None)
-        _captures_underway -= 1
+def release_frees() -> None:
+    """Undo one :func:`hold_frees`; run the deferred frees when none is held any more."""
+    global _frees_held
+    with _frees_lock:
+        _frees_held -= 1
         pending = []
-        if _captures_underway == 0:
+        if _frees_held == 0:
             pending, _deferred_frees[:] = list(_deferred_frees), []
     for ptr, device, s in pending:
         try:
@@ -317,51 +239,9 @@ def end_capture_allocations(stream: Any) -> None:
             pass
 
 
-def capturing_on(stream: Any) -> bool:
-    """Whether a jaxgraph capture is underway on ``stream`` (no driver call)."""
-    return (int(stream), stream.device) in _captures
-
-
-def note_capture_operands(stream: Any, operands: Any, where: str) -> None:
-    """Tell the capture underway on ``stream`` (if any) which arrays some work uses.
-
-    ``operands`` is an iterable of ``(label, array)``. Callers test
-    ``_memory._captures`` first, so eager work pays one dict check.
-    """
-    tracker = _captures.get((int(stream), stream.device))
-    if tracker is None:
-        return
-    for label, array in operands:
-        tracker.note(label, where, array)
-
-
-def check_watched(watched: list) -> None:
-    """Raise naming the first watched input (see :meth:`CaptureTracker.settle`) that was freed."""
-    for label, where, description, ref in watched:
-        if ref() is None:
-            raise RuntimeError(
-                f"input '{label}' ({description}, used by {where}) used in the capture was freed "
-                "before replay; keep it alive as long as the graph replays, or capture again")
-
-
-def _describe(array: Any) -> str:
-    """``"DeviceArray shape (4096,) float32 at 0x7f..."``, for error messages."""
-    shape = tuple(getattr(array, "shape", ()))
-    text = f"{type(array).__name__} shape {shape} {getattr(array, 'dtype', '')}"
-    ptr = getattr(array, "ptr", None)
-    return f"{text} at {ptr:#x}" if isinstance(ptr, int) else text
-
-
-def _owner_of(array: Any) -> Any:
-    """The object keeping ``array``'s memory alive: a DeviceArray's owner, else the array."""
-    from ._array import DeviceArray  # _array imports this module
-
-    return array.owner if isinstance(array, DeviceArray) else array
-
-
 def _free_async(ptr: int, device: int, stream: Any) -> None:
-    with _capture_lock:
-        if _captures_underway:
+    with _frees_lock:
+        if _frees_held:
             _deferred_frees.append((ptr, device, stream))
             return
     _driver.ensure_context(device)
@@ -369,8 +249,8 @@ def _free_async(ptr: int, device: int, stream: Any) -> None:
 
 
 def _free_sync(ptr: int, device: int) -> None:
-    with _capture_lock:
-        if _captures_underway:
+    with _frees_lock:
+        if _frees_held:
             _deferred_frees.append((ptr, device, None))
             return
     _driver.ensure_context(device)

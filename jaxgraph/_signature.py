@@ -1,9 +1,16 @@
-"""Kernel parameter lists: read from CUDA C++ source, or given explicitly.
+"""Kernel parameter lists, and the one argument encoder every launch uses.
 
 A kernel's parameters decide how a launch packs its arguments: pointers take
 device arrays, scalars take numbers converted to the declared C type. Knowing
 them before anything reaches the GPU turns a wrong call into a ``TypeError``
-instead of garbage.
+instead of garbage. The parameter list is read from CUDA C++ source
+(:func:`find_signature`, :func:`parse_signature`) or given explicitly.
+
+The checks and the encoding of arguments (:func:`check_count`,
+:func:`check_pointer_dtype`, :func:`scalar_value`, :func:`scalar_word`,
+:func:`dim3`) are shared by eager launches (``kernel[grid, block](...)``) and
+by ``Kernel.jax_call`` inside ``jax.jit``, so the same mistake gives the same
+message on both paths. Every scalar travels in one 8-byte slot, little-endian.
 """
 
 from __future__ import annotations
@@ -11,10 +18,22 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Param", "find_signature", "parse_signature"]
+__all__ = [
+    "Param",
+    "check_count",
+    "check_pointer_dtype",
+    "dim3",
+    "find_signature",
+    "not_an_array",
+    "pack_error",
+    "parse_signature",
+    "scalar_value",
+    "scalar_word",
+]
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,13 @@ class Param:
     ctype: str
     is_pointer: bool
     dtype: np.dtype | None
+
+    @property
+    def is_const_pointer(self) -> bool:
+        """Whether this is a pointer to const data (``const float*``): the kernel only reads through it."""
+        if not self.is_pointer or self.ctype.count("*") != 1:
+            return False
+        return re.search(r"\bconst\b", self.ctype.split("*")[0]) is not None
 
     @property
     def pack_format(self) -> str:
@@ -151,6 +177,119 @@ def find_signature(source: str, name: str) -> str:
     raise ValueError(
         f"no __global__ kernel named {base!r} found in the source; check the name or pass signature="
     )
+
+
+# ----------------------------------------------------------------------------
+# Arguments: checks and encoding shared by every launch
+# ----------------------------------------------------------------------------
+
+
+def check_count(kernel: str, params: tuple[Param, ...], args: tuple) -> None:
+    """Raise ``TypeError`` unless there is one argument per parameter."""
+    if len(args) != len(params):
+        raise TypeError(f"kernel {kernel} takes {len(params)} arguments "
+                        f"({', '.join(p.name for p in params)}), got {len(args)}")
+
+
+def check_pointer_dtype(kernel: str, p: Param, dtype: Any) -> None:
+    """Raise ``TypeError`` if an array of ``dtype`` does not match pointer ``p``'s element type."""
+    if p.dtype is not None and np.dtype(dtype) != p.dtype:
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got an array of {np.dtype(dtype)}")
+
+
+def not_an_array(kernel: str, p: Param, value: Any, hint: str = "") -> TypeError:
+    """The error for a pointer parameter given something that is not a device array."""
+    return TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) takes a device array, "
+                     f"got {type(value).__name__}{hint}")
+
+
+def scalar_value(kernel: str, p: Param, value: Any) -> Any:
+    """``value`` checked for scalar parameter ``p``: a Python value that ``p.pack_format`` packs.
+
+    Integers must fit the C type; floats are not accepted for integer
+    parameters, nor bools for floating ones; a numpy scalar must have exactly
+    the parameter's dtype; a JAX array is refused (scalars are baked into the
+    launch). ``bfloat16`` becomes its 16-bit pattern.
+    """
+    kind = p.dtype.kind
+    t = type(value)
+    if t is int and kind in "iu":          # the common cases first: no further checks
+        lo, hi = _int_range(p.dtype)
+        if lo <= value <= hi:
+            return value
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, "
+                        f"{value} is out of its range [{lo}, {hi}]")
+    if t is float and kind == "f":
+        return value
+    return _scalar_slow(kernel, p, value)
+
+
+def scalar_word(kernel: str, p: Param, value: Any) -> int:
+    """``value`` converted to ``p``'s C type, little-endian in a signed 64-bit word."""
+    checked = scalar_value(kernel, p, value)
+    try:
+        raw = struct.pack("<" + p.pack_format, checked)
+    except (struct.error, OverflowError) as exc:
+        raise pack_error(kernel, p, checked, exc) from None
+    return struct.unpack("<q", raw)[0]
+
+
+def pack_error(kernel: str, p: Param, value: Any, exc: Exception) -> TypeError:
+    """The error for a checked value that still does not fit its C type (e.g. a float overflowing ``float``)."""
+    return TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__} "
+                     f"{value!r} ({exc})")
+
+
+def dim3(value: Any, what: str) -> tuple[int, int, int]:
+    """A grid or block given as an int or 1 to 3 ints, as ``(x, y, z)``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        dims = (int(value),)
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        dims = tuple(int(v) for v in value)
+    else:
+        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+    if any(d < 1 for d in dims):
+        raise ValueError(f"{what} dimensions must be >= 1, got {dims}")
+    return dims + (1,) * (3 - len(dims))
+
+
+def _scalar_slow(kernel: str, p: Param, value: Any) -> Any:
+    """:func:`scalar_value` for everything but an in-range int or a float of the right kind."""
+    dtype = p.dtype
+    if type(value).__module__.startswith(("jax", "jaxlib")):
+        raise TypeError(
+            f"kernel {kernel}: parameter {p.name} ({p.ctype}) is a scalar, which is baked into the "
+            f"launch; got a JAX array ({type(value).__name__}). Pass a Python number, or make the "
+            "parameter a pointer and pass a 1-element array")
+    if isinstance(value, np.generic):
+        if value.dtype != dtype:
+            raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype} ({dtype}), got a numpy "
+                            f"{value.dtype} scalar; pass {dtype}(...) or a Python number")
+        return _bits(value) if dtype.kind == "V" else value.item()
+    if dtype.kind in "iub":
+        if not isinstance(value, (int, bool)):
+            raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got "
+                            f"{type(value).__name__} {value!r}")
+        return scalar_value(kernel, p, int(value)) if dtype.kind != "b" else bool(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__}")
+    return _bits(np.asarray(value, dtype=dtype)) if dtype.kind == "V" else float(value)
+
+
+def _bits(value: Any) -> int:
+    """The 16-bit pattern of a bfloat16 value (how it travels: ``struct`` has no bfloat16)."""
+    return int(np.asarray(value).view(np.uint16))
+
+
+_INT_RANGES: dict[np.dtype, tuple[int, int]] = {}
+
+
+def _int_range(dtype: np.dtype) -> tuple[int, int]:
+    bounds = _INT_RANGES.get(dtype)
+    if bounds is None:
+        info = np.iinfo(dtype)
+        bounds = _INT_RANGES[dtype] = (int(info.min), int(info.max))
+    return bounds
 
 
 # ----------------------------------------------------------------------------

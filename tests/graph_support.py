@@ -58,6 +58,21 @@ def poison(array):
     array.fill_(np.float32(np.nan))
 
 
+def replay_and_check(g, outputs, expected, rtol=1e-6, atol=0.0):
+    """Poison ``outputs`` with NaN, replay ``g`` and compare each output with its expected values.
+
+    ``outputs`` and ``expected`` are one array or sequences of them; ``rtol=0``
+    asks for exact equality.
+    """
+    if not isinstance(outputs, (list, tuple)):
+        outputs, expected = (outputs,), (expected,)
+    for out in outputs:
+        poison(out)
+    g.replay()
+    for out, want in zip(outputs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=rtol, atol=atol)
+
+
 def free_device_bytes():
     """Free device memory (after all work finished), from cuMemGetInfo."""
     jaxgraph.synchronize()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, poison
-from jaxgraph import _memory
+from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, poison, replay_and_check
+from jaxgraph import _captures, _memory
 
 N = 4096
 
@@ -47,9 +47,7 @@ def test_capture_then_replay_on_new_data(k, rng):
     for _ in range(3):
         data = _random(rng)
         x.copy_(data)
-        poison(y)
-        g.replay()
-        np.testing.assert_allclose(y.numpy(), 2.0 * data + 1.0, rtol=1e-6)
+        replay_and_check(g, y, 2.0 * data + 1.0)
 
 
 @pytest.mark.gpu
@@ -66,9 +64,7 @@ def test_capture_records_memset_memcpy_and_a_reduction(k, rng):
         data = _random(rng)
         x.copy_(data)
         poison(total)
-        poison(copy)
-        g.replay()
-        np.testing.assert_array_equal(copy.numpy(), data)
+        replay_and_check(g, copy, data, rtol=0)
         np.testing.assert_allclose(total.numpy()[0], data.astype(np.float64).sum(), rtol=1e-4, atol=1e-3)
 
 
@@ -101,9 +97,7 @@ def test_allocations_during_capture_come_from_the_graph_pool(k, rng):
     assert pool.reserved_bytes >= 2 * N * 4
     assert isinstance(g.pool(), tuple) and g.pool() == (0, pool.id)
     assert g.pools()[0] == g.pool()
-    poison(out)
-    g.replay()
-    np.testing.assert_allclose(out.numpy(), 4.0 * data, rtol=1e-6)
+    replay_and_check(g, out, 4.0 * data)
 
 
 @pytest.mark.gpu
@@ -190,10 +184,8 @@ def test_keep_graph_false_instantiates_at_capture_end(k, rng):
     with pytest.raises(RuntimeError, match="not live"):
         g.raw_cuda_graph()
     # The template is kept privately for splicing into XLA graphs.
-    assert g._replay_template() != 0
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 5.0 * data, rtol=1e-6)
+    assert g._replay_source().template != 0
+    replay_and_check(g, y, 5.0 * data)
 
 
 @pytest.mark.gpu
@@ -216,7 +208,7 @@ def test_keep_graph_true_instantiates_on_first_replay(k, rng):
     np.testing.assert_allclose(y.numpy(), 3.0 * data, rtol=1e-6)
     g.replay()
     assert len(instantiations) == 1
-    assert g._replay_template() == g.raw_cuda_graph()
+    assert g._replay_source().template == g.raw_cuda_graph()
 
 
 @pytest.mark.gpu
@@ -229,9 +221,7 @@ def test_reinstantiate_after_editing_the_raw_graph(k):
         y.fill_(np.float32(1.0))
     g.instantiate()
     first_exec = g.raw_cuda_graph_exec()
-    poison(y)
-    g.replay()
-    np.testing.assert_array_equal(y.numpy(), np.ones(N, np.float32))
+    replay_and_check(g, y, np.ones(N, np.float32), rtol=0)
 
     template = driver.CUgraph(g.raw_cuda_graph())
     err, nodes, count = driver.cuGraphGetNodes(template, 1)
@@ -247,9 +237,7 @@ def test_reinstantiate_after_editing_the_raw_graph(k):
     np.testing.assert_array_equal(y.numpy(), np.ones(N, np.float32))
     g.instantiate()                  # a fresh exec that has it
     assert g.raw_cuda_graph_exec() != first_exec
-    poison(y)
-    g.replay()
-    np.testing.assert_array_equal(y.numpy(), np.full(N, 5.0, np.float32))
+    replay_and_check(g, y, np.full(N, 5.0, np.float32), rtol=0)
 
 
 @pytest.mark.gpu
@@ -270,9 +258,7 @@ def test_capture_end_pre_and_post_by_hand(k, rng, side_stream):
     g.capture_end_post()
     with pytest.raises(RuntimeError, match="not live"):
         g.raw_cuda_graph()
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 7.0 * data, rtol=1e-6)
+    replay_and_check(g, y, 7.0 * data)
 
 
 @pytest.mark.gpu
@@ -472,9 +458,7 @@ def test_reset_and_recapture(k, rng):
     assert g.pool() != first_pool
     data = _random(rng)
     x.copy_(data)
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 3.0 * data - 1.0, rtol=1e-5, atol=1e-6)
+    replay_and_check(g, y, 3.0 * data - 1.0, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu
@@ -522,9 +506,7 @@ def test_external_inputs_are_kept_alive_by_the_graph(k, rng):
     del x
     gc.collect()
     assert owner() is not None
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 2.0 * data, rtol=1e-6)
+    replay_and_check(g, y, 2.0 * data)
     g.reset()
     gc.collect()
     assert owner() is None
@@ -569,7 +551,7 @@ def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
             raise ValueError("boom")
     assert jaxgraph.current_stream() == before
     assert not jaxgraph.is_current_stream_capturing()
-    assert not _memory._captures
+    assert not _captures.any_underway()
     drv = jaxgraph._driver.driver()
     status = jaxgraph._driver.check(drv.cuStreamIsCapturing(capture_stream.handle), "cuStreamIsCapturing")
     assert status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
@@ -577,9 +559,7 @@ def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
         g.pool()
     with jaxgraph.graph(g):                          # recapturable
         k.scale[blocks(N), BLOCK](y, x, 4.0, N)
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 4.0 * data, rtol=1e-6)
+    replay_and_check(g, y, 4.0 * data)
 
 
 def _alloc_in_other_thread(device):
@@ -615,9 +595,7 @@ def test_unsafe_call_from_another_thread_fails_under_global(k, rng):
     g.reset()
     with jaxgraph.graph(g, capture_error_mode="global"):
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 2.0 * data, rtol=1e-6)
+    replay_and_check(g, y, 2.0 * data)
 
 
 @pytest.mark.gpu
@@ -632,9 +610,7 @@ def test_unsafe_call_from_another_thread_passes_under_relaxed_modes(k, rng, mode
         result = _alloc_in_other_thread(jaxgraph.current_device())
     assert result["err"] == 0, result["err"]
     jaxgraph._driver.check(jaxgraph._driver.driver().cuMemFree(result["ptr"]), "cuMemFree")
-    poison(y)
-    g.replay()
-    np.testing.assert_allclose(y.numpy(), 2.0 * data, rtol=1e-6)
+    replay_and_check(g, y, 2.0 * data)
 
 
 # ---------------------------------------------------------------------------
@@ -667,13 +643,14 @@ def test_accelerator_graph_captures_on_the_current_stream(k, rng, side_stream):
     g2.replay()
     np.testing.assert_allclose(out.numpy(), 2.0 * (data + 3.0), rtol=1e-6)
     g.reset()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="nothing has been captured yet"):
         g.replay()
 
 
 @pytest.mark.gpu
 def test_accelerator_graph_keep_graph_and_exception(k, rng, side_stream):
-    x = jaxgraph.asarray(_random(rng))
+    data = _random(rng)
+    x = jaxgraph.asarray(data)
     g = jaxgraph.Graph(keep_graph=True, capture_error_mode="relaxed")
     with pytest.raises(KeyError):
         with side_stream, g:
@@ -683,8 +660,10 @@ def test_accelerator_graph_keep_graph_and_exception(k, rng, side_stream):
     with side_stream, g:
         k.axpb[blocks(N), BLOCK](x, x, 1.0, 1.0, N)
     g.instantiate()
+    np.testing.assert_array_equal(x.numpy(), data)   # neither capture ran the work
     g.replay()
-    assert g.device == jaxgraph.current_device() and g._replay_template() != 0
+    np.testing.assert_allclose(x.numpy(), data + 1.0, rtol=1e-6)
+    assert g.device == jaxgraph.current_device() and g._replay_source().template != 0
 
 
 @pytest.mark.gpu

@@ -10,13 +10,14 @@ import gc
 import inspect
 import threading
 import warnings
+import weakref
 
 import numpy as np
 import pytest
 
 import jaxgraph
 from graph_support import BLOCK, blocks, load_kernels
-from jaxgraph import _memory
+from jaxgraph import _captures, _memory
 
 N = 1024
 EMPTY = inspect.Parameter.empty
@@ -101,7 +102,7 @@ def test_module_functions_exist():
     (lambda g: g.debug_dump("unused.dot"), "debug_dump: nothing has been captured"),
     (lambda g: g.get_graph_data(), "get_graph_data: nothing has been captured"),
     (lambda g: g.pool(), "pool: this graph has no memory pool"),
-    (lambda g: g._replay_template(), "holds no captured graph"),
+    (lambda g: g._replay_source().template, "holds no captured graph"),
 ])
 @pytest.mark.parametrize("keep_graph", [False, True])
 def test_errors_before_capture(call, match, keep_graph):
@@ -159,8 +160,12 @@ def test_is_current_stream_capturing_is_false_outside_capture():
 
 def test_accelerator_graph_errors_before_capture():
     g = jaxgraph.Graph()
-    for call in (g.replay, g.instantiate, g.capture_end, g.pool, lambda: g.debug_dump("unused.dot")):
-        with pytest.raises(RuntimeError):
+    for call, message in ((g.replay, "nothing has been captured yet"),
+                          (g.instantiate, "nothing has been captured yet"),
+                          (g.capture_end, "no capture is underway"),
+                          (g.pool, "this graph has no memory pool"),
+                          (lambda: g.debug_dump("unused.dot"), "nothing has been captured yet")):
+        with pytest.raises(RuntimeError, match=message):
             call()
 
 
@@ -186,9 +191,11 @@ def test_removable_handle_removes_once_and_is_a_context_manager():
 def test_handles_do_not_keep_the_graph_alive():
     g = jaxgraph.CUDAGraph()
     handle = g.register_replay_start_hook(print)
+    ref = weakref.ref(g)
     del g
     gc.collect()
-    handle.remove()
+    assert ref() is None
+    handle.remove()                     # harmless once the graph is gone
 
 
 def test_destroy_callbacks_fire_in_order_once_and_survive_a_failing_one():
@@ -246,7 +253,7 @@ def test_capture_on_the_legacy_default_stream_is_refused(k):
     assert jaxgraph.current_stream().is_legacy_default
     with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
         g.capture_begin()
-    assert not _memory._captures
+    assert not _captures.any_underway()
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
 
@@ -297,8 +304,10 @@ def test_replay_after_reset_is_refused(k, rng):
     with jaxgraph.graph(g):
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     g.reset()
-    for call in (g.replay, g.raw_cuda_graph_exec, g._replay_template):
-        with pytest.raises(RuntimeError):
+    for call, message in ((g.replay, "nothing has been captured yet"),
+                          (g.raw_cuda_graph_exec, "the graph is not instantiated"),
+                          (g._replay_source, "holds no captured graph")):
+        with pytest.raises(RuntimeError, match=message):
             call()
 
 
@@ -356,7 +365,7 @@ def test_failed_capture_in_graph_context_restores_stream_and_releases_pool(k, rn
         assert not jaxgraph.is_current_stream_capturing()
     gc.collect()
     assert len(_memory._pools) <= live_pools
-    assert not _memory._captures
+    assert not _captures.any_underway()
     with jaxgraph.graph(g):
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     g.replay()
@@ -375,7 +384,7 @@ def test_invalidated_capture_makes_capture_end_raise_and_reset(k, rng, side_stre
             side_stream.synchronize()
         with pytest.raises(jaxgraph.CudaError, match="cuStreamEndCapture.*invalidated"):
             g.capture_end()
-    assert not _memory._captures
+    assert not _captures.any_underway()
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
     with side_stream:

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._jax_replay import Replayable, ReplaySpec
+from jaxgraph._graphs import ReplaySource
+from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replayable import Replayable
 
 AFFINE = r"""
 extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
@@ -45,8 +47,9 @@ class FakeGraph:
         self.callbacks.append(cb)
         return len(self.callbacks)
 
-    def _memory_owners(self):
-        return ()
+    def source(self):
+        return ReplaySource(template=0, device=0, owners=(), kernels=(),
+                            on_destroy=self.register_destroy_callback)
 
     def reset(self):
         callbacks, self.callbacks = self.callbacks, []
@@ -168,7 +171,7 @@ def test_numpy_and_python_inputs_are_accepted_outside_jit():
 def test_graph_reset_retires_the_replayable_at_trace_and_run_time():
     graph = FakeGraph()
     step = host_step([sds((3,))], [sds((3,))], lambda x: (x + 1,))
-    step._attach(graph, 0, (), ())
+    step._attach(graph.source(), (), ())
     f = jax.jit(lambda x: step(x))
     np.testing.assert_array_equal(f(np.zeros(3, np.float32)), np.ones(3))
     graph.reset()
@@ -188,7 +191,7 @@ def test_destroy_callback_does_not_keep_the_replayable_alive():
 
     graph = FakeGraph()
     step = host_step([sds((3,))], [sds((3,))], lambda x: (x,))
-    step._attach(graph, 0, (), ())
+    step._attach(graph.source(), (), ())
     ref = weakref.ref(step)
     del step
     gc.collect()

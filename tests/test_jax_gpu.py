@@ -193,11 +193,11 @@ def test_kernel_call_under_vmap(kernels, rng):
 
 
 def test_collected_kernel_is_retired_from_the_launch_table():
-    from jaxgraph import _jax
+    from jaxgraph import _jax_launch, _native
 
-    launch = _jax.native("launch")
+    launch = _native.native("launch")
     k = jaxgraph.Kernel(SRC, "inc")
-    _jax.kernel_id(k)
+    _jax_launch.kernel_id(k)
     live = launch.live_kernels()
     del k
     gc.collect()
@@ -311,9 +311,9 @@ def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
 
 
 def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
-    from jaxgraph import _jax
+    from jaxgraph import _jax_launch, _native
 
-    replay = _jax.native("replay")
+    replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=3)
     gc.collect()
     step = jaxgraph.replayable(g, [x_s], [y_s])
@@ -332,9 +332,9 @@ def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
 
 
 def test_collected_replayable_unregisters_its_graph(kernels):
-    from jaxgraph import _jax
+    from jaxgraph import _jax_launch, _native
 
-    replay = _jax.native("replay")
+    replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=2)
     gc.collect()  # let replayables of earlier tests go first
     live = replay.live_graphs()
@@ -371,7 +371,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from jaxgraph import _jax
+    from jaxgraph import _jax_launch, _native
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
@@ -395,8 +395,9 @@ WORKER = textwrap.dedent(r'''
     for _ in range(4):  # fresh input buffers each call
         x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         results.append(np.asarray(f(jnp.asarray(x), jnp.asarray(z))))
-    replay = _jax.native("replay")
-    report = {"splices": replay.splice_count(), "launches": replay.launch_count()}
+    replay = _native.native("replay")
+    counters = replay.counters()
+    report = {"splices": counters["splice"], "launches": counters["launch"]}
     g.reset()
     try:
         jax.block_until_ready(f(jnp.asarray(x + 1), jnp.asarray(z)))

@@ -20,8 +20,9 @@ handles. The ids are chosen in Python, so a function lowers for CUDA even on a
 machine without a GPU (``lower(lowering_platforms=("cuda",))``); where a GPU
 exists, tracing also loads the kernel into the table.
 
-The FFI targets are registered with JAX on first use (not at import: ``import
-jaxgraph`` must work without the native extension).
+This module pairs with ``ffi/launch.cc``: it encodes a call (with the
+argument checks and encoding of ``_signature.py`` that eager launches use
+too) into the attributes that handler decodes.
 """
 
 from __future__ import annotations
@@ -36,14 +37,10 @@ import jax
 import numpy as np
 
 from . import _driver
+from ._native import native, register_ffi_targets
+from ._signature import check_count, check_pointer_dtype, dim3, not_an_array, scalar_word
 
-__all__ = [
-    "jaxgraph_launch",
-    "kernel_call",
-    "kernel_id",
-    "native",
-    "register_ffi_targets",
-]
+__all__ = ["jaxgraph_launch", "kernel_call", "kernel_id"]
 
 # ----------------------------------------------------------------------------
 # Kernels inside jit
@@ -54,14 +51,10 @@ def kernel_call(kernel: Any, *args: Any, grid: int | Sequence[int] | None = None
                 block: int | Sequence[int] = 256, shared_mem: int = 0,
                 inout: Sequence[str] = ()) -> Any:
     """Call ``kernel`` on JAX arrays; usable inside ``jax.jit``. See :meth:`Kernel.jax_call`."""
-    from ._kernel import _dim3
-
     params = kernel.params
-    if len(args) != len(params):
-        raise TypeError(f"kernel {kernel.name} takes {len(params)} arguments "
-                        f"({', '.join(p.name for p in params)}), got {len(args)}")
+    check_count(kernel.name, params, args)
     inout = _check_inout(kernel, inout)
-    block3 = _dim3(block, "block")
+    block3 = dim3(block, "block")
     shared_mem = _check_shared_mem(shared_mem)
 
     operands, results, aliases, codes, words = [], [], {}, [], []
@@ -69,12 +62,12 @@ def kernel_call(kernel: Any, *args: Any, grid: int | Sequence[int] | None = None
     for index, (p, a) in enumerate(zip(params, args)):
         if not p.is_pointer:
             codes.append(-(len(words) + 1))
-            words.append(_scalar_word(a, p, kernel.name))
+            words.append(scalar_word(kernel.name, p, a))
         elif isinstance(a, jax.ShapeDtypeStruct):
             if p.name in inout:
                 raise TypeError(f"kernel {kernel.name}: parameter {p.name} is in inout=, so it "
                                 "needs the array's current value, got a jax.ShapeDtypeStruct")
-            _check_pointer_dtype(kernel.name, p, a.dtype)
+            check_pointer_dtype(kernel.name, p, a.dtype)
             pending.append((index, len(results)))
             results.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
             codes.append(None)
@@ -139,49 +132,6 @@ def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
 
 
 # ----------------------------------------------------------------------------
-# FFI target registration and the native extension
-# ----------------------------------------------------------------------------
-
-
-def native(name: str) -> Any:
-    """Import the native extension ``jaxgraph._<name>`` (``launch`` or ``replay``).
-
-    Raises
-    ------
-    RuntimeError
-        The extension is not built; the message says how to build it.
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(f"jaxgraph._{name}")
-    except ImportError as exc:
-        raise RuntimeError(
-            f"jaxgraph's native extension jaxgraph._{name} is not built or does not load ({exc}); "
-            "build it with `pip install --no-build-isolation --no-deps -e .` in the jaxgraph "
-            "checkout (see BUILD.md)"
-        ) from None
-
-
-def register_ffi_targets() -> None:
-    """Register ``jaxgraph_launch`` and ``jaxgraph_replay`` with JAX for CUDA, once."""
-    global _registered
-    if _registered:
-        return
-    with _registration_lock:
-        if _registered:
-            return
-        for name in ("launch", "replay"):
-            for target, capsule in native(name).registrations().items():
-                jax.ffi.register_ffi_target(target, capsule, platform="CUDA")
-        _registered = True
-
-
-_registered = False
-_registration_lock = threading.Lock()
-
-
-# ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
 
@@ -240,51 +190,15 @@ def _check_shared_mem(shared_mem: Any) -> int:
 def _operand(value: Any, p: Any, kernel: str) -> Any:
     """A JAX array (or tracer) for pointer parameter ``p``, dtype-checked."""
     if isinstance(value, (bool, int, float, complex)) or not hasattr(value, "dtype"):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} ({p.ctype}) takes an array, "
-                        f"got {type(value).__name__}; for an output, pass jax.ShapeDtypeStruct(shape, dtype)")
+        raise not_an_array(kernel, p, value, "; for an output, pass jax.ShapeDtypeStruct(shape, dtype)")
     array = jax.numpy.asarray(value)
-    _check_pointer_dtype(kernel, p, array.dtype)
+    check_pointer_dtype(kernel, p, array.dtype)
     return array
 
 
-def _check_pointer_dtype(kernel: str, p: Any, dtype: Any) -> None:
-    if p.dtype is not None and np.dtype(dtype) != p.dtype:
-        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got an array of {np.dtype(dtype)}")
-
-
-def _scalar_word(value: Any, p: Any, kernel: str) -> int:
-    """``value`` converted to ``p``'s C type, little-endian in an int64 word."""
-    if isinstance(value, jax.core.Tracer) or isinstance(value, jax.Array):
-        raise TypeError(
-            f"kernel {kernel}: parameter {p.name} ({p.ctype}) is a scalar, which becomes a "
-            f"compile-time attribute; got a JAX array ({type(value).__name__}). Pass a Python "
-            "number, or make the parameter a pointer and pass a 1-element array"
-        )
-    dtype = p.dtype
-    if isinstance(value, np.generic):
-        if value.dtype != dtype:
-            raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype} ({dtype}), got a numpy "
-                            f"{value.dtype} scalar; pass {dtype}(...) or a Python number")
-    elif dtype.kind in "iub":
-        if not isinstance(value, (int, bool)):
-            raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got "
-                            f"{type(value).__name__} {value!r}")
-        if dtype.kind != "b":
-            info = np.iinfo(dtype)
-            if not info.min <= value <= info.max:
-                raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, "
-                                f"{value} is out of its range [{info.min}, {info.max}]")
-    elif not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__}")
-    raw = np.asarray(value, dtype=dtype).tobytes().ljust(8, b"\0")
-    return int(np.frombuffer(raw, "<i8")[0])
-
-
 def _derive_grid(kernel: str, grid: Any, block: tuple, first: jax.ShapeDtypeStruct) -> tuple:
-    from ._kernel import _dim3
-
     if grid is not None:
-        return _dim3(grid, "grid")
+        return dim3(grid, "grid")
     if block[1] != 1 or block[2] != 1:
         raise ValueError(f"kernel {kernel}: grid= is required with a multi-dimensional block {block}; "
                          "the derived grid covers one element per thread of a 1-D block")

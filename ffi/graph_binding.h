@@ -1,0 +1,377 @@
+// Zero-copy binding: pointing a captured graph's kernel nodes at XLA's buffers.
+//
+// A graph captured on static device arrays bakes their addresses into its
+// kernel nodes' arguments. To replay it on the operands and results XLA hands
+// a custom call, without copying them in and out of the static arrays, the
+// places that hold those addresses ("sites": a kernel node and one 8-byte
+// argument) are found once, at registration, and rewritten whenever XLA's
+// addresses change: on the executable (cuGraphExecKernelNodeSetParams) for a
+// plain replay, on the template before splicing it into XLA's command buffer.
+//
+// A buffer is copied instead (the old way) where rebinding could be wrong:
+// its address sits inside a struct argument or a kernel passes `extra`
+// arguments, a memcpy/memset/child-graph node uses it, or (for an input) a
+// kernel may write it (a non-const pointer, or a kernel jaxgraph did not
+// launch, whose parameters it cannot see), since XLA's operand must stay as it was.
+
+#ifndef JAXGRAPH_FFI_GRAPH_BINDING_H_
+#define JAXGRAPH_FFI_GRAPH_BINDING_H_
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxgraph {
+
+// One kernel node of our clone of the graph, with its own copy of the arguments.
+struct KernelNode {
+  CUgraphNode node = nullptr;
+  CUDA_KERNEL_NODE_PARAMS params{};       // kernelParams points into `arguments`
+  std::vector<std::vector<uint8_t>> values;  // each argument's bytes
+  std::vector<void*> arguments;              // values[i].data()
+  std::string name;                          // the kernel's name, for messages
+  std::string flags;                         // per parameter: 'r' read-only pointer, 'w' other; "" unknown
+  bool unreadable = false;                   // the driver would not describe its parameters
+};
+
+// An 8-byte argument that holds `buffer base + delta`.
+struct Site {
+  size_t node;
+  size_t param;
+  uint64_t delta;
+};
+
+enum class BindMode { kBound, kCopied, kUnused };
+
+struct Binding {
+  uint64_t base = 0;       // the static buffer's address
+  uint64_t bytes = 0;
+  BindMode mode = BindMode::kUnused;
+  std::vector<Site> sites;
+  std::string reason;      // why it is copied
+  uint64_t exec_addr = 0;  // the address the executable's sites hold now
+  uint64_t template_addr = 0;  // ... and the template's
+
+  void Copy(const std::string& why) {
+    if (mode != BindMode::kCopied) reason = why;
+    mode = BindMode::kCopied;
+  }
+  bool Contains(uint64_t address) const { return address >= base && address < base + bytes; }
+};
+
+// What jaxgraph knows of the kernels it launched during the capture: by
+// CUkernel or CUfunction handle, one flag per parameter.
+using KernelFlags = std::map<uint64_t, std::string>;
+
+// ---------------------------------------------------------------------------
+// Driver calls used here
+// ---------------------------------------------------------------------------
+
+struct GraphDriver {
+  using GetNodesFn = CUresult (*)(CUgraph, CUgraphNode*, size_t*);
+  using NodeTypeFn = CUresult (*)(CUgraphNode, CUgraphNodeType*);
+  using KernelParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
+  using SetKernelParamsFn = CUresult (*)(CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*);
+  using ExecSetKernelParamsFn = CUresult (*)(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*);
+  using FuncParamInfoFn = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
+  using KernelParamInfoFn = CUresult (*)(CUkernel, size_t, size_t*, size_t*);
+  using FuncNameFn = CUresult (*)(const char**, CUfunction);
+  using KernelNameFn = CUresult (*)(const char**, CUkernel);
+  using MemcpyParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMCPY3D*);
+  using MemsetParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS*);
+  using ChildGraphFn = CUresult (*)(CUgraphNode, CUgraph*);
+
+  GetNodesFn get_nodes = Driver<GetNodesFn>("cuGraphGetNodes");
+  NodeTypeFn node_type = Driver<NodeTypeFn>("cuGraphNodeGetType");
+  KernelParamsFn kernel_params = Driver<KernelParamsFn>("cuGraphKernelNodeGetParams");
+  SetKernelParamsFn set_kernel_params = Driver<SetKernelParamsFn>("cuGraphKernelNodeSetParams");
+  ExecSetKernelParamsFn exec_set_kernel_params =
+      Driver<ExecSetKernelParamsFn>("cuGraphExecKernelNodeSetParams");
+  FuncParamInfoFn func_param_info = Driver<FuncParamInfoFn>("cuFuncGetParamInfo", 12040);
+  KernelParamInfoFn kernel_param_info = Driver<KernelParamInfoFn>("cuKernelGetParamInfo", 12040);
+  FuncNameFn func_name = Driver<FuncNameFn>("cuFuncGetName");
+  KernelNameFn kernel_name = Driver<KernelNameFn>("cuKernelGetName");
+  MemcpyParamsFn memcpy_params = Driver<MemcpyParamsFn>("cuGraphMemcpyNodeGetParams");
+  MemsetParamsFn memset_params = Driver<MemsetParamsFn>("cuGraphMemsetNodeGetParams");
+  ChildGraphFn child_graph = Driver<ChildGraphFn>("cuGraphChildGraphNodeGetGraph");
+
+  static const GraphDriver& Get() {
+    static GraphDriver driver;
+    return driver;
+  }
+  bool Complete() const {
+    return get_nodes && node_type && kernel_params && set_kernel_params &&
+           exec_set_kernel_params && func_param_info && kernel_param_info && memcpy_params &&
+           memset_params && child_graph;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Scanning the graph at registration
+// ---------------------------------------------------------------------------
+
+class GraphScan {
+ public:
+  GraphScan(std::vector<Binding>* buffers, const KernelFlags* flags, size_t num_inputs)
+      : d_(GraphDriver::Get()), buffers_(buffers), flags_(flags), num_inputs_(num_inputs) {}
+
+  // Finds the sites in `graph`'s top-level kernel nodes (kept in `nodes`)
+  // and marks the buffers that must be copied. Throws on driver errors.
+  void Scan(CUgraph graph, std::vector<KernelNode>* nodes) {
+    if (!d_.Complete()) {
+      for (auto& b : *buffers_) b.Copy("the CUDA driver lacks the calls rebinding needs (CUDA >= 12.4)");
+      return;
+    }
+    for (CUgraphNode node : Nodes(graph)) {
+      CUgraphNodeType type;
+      Check(d_.node_type(node, &type), "cuGraphNodeGetType");
+      if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+        nodes->push_back(ReadKernel(node));
+        ClassifyKernel(nodes->size() - 1, &nodes->back());
+      } else {
+        ClassifyOther(node, type);
+      }
+    }
+  }
+
+ private:
+  std::vector<CUgraphNode> Nodes(CUgraph graph) {
+    size_t count = 0;
+    Check(d_.get_nodes(graph, nullptr, &count), "cuGraphGetNodes");
+    std::vector<CUgraphNode> nodes(count);
+    if (count > 0) Check(d_.get_nodes(graph, nodes.data(), &count), "cuGraphGetNodes");
+    nodes.resize(count);
+    return nodes;
+  }
+
+  KernelNode ReadKernel(CUgraphNode node) {
+    KernelNode k;
+    k.node = node;
+    Check(d_.kernel_params(node, &k.params), "cuGraphKernelNodeGetParams");
+    k.name = Name(k.params);
+    k.flags = Flags(k.params);
+    if (k.params.kernelParams == nullptr) return k;  // arguments in `extra`: see ClassifyKernel
+    for (size_t i = 0;; ++i) {
+      size_t size = 0;
+      CUresult r = ParamSize(k.params, i, &size);
+      if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+      if (r != CUDA_SUCCESS) {
+        k.unreadable = true;
+        break;
+      }
+      const auto* src = static_cast<const uint8_t*>(k.params.kernelParams[i]);
+      k.values.emplace_back(src, src + size);
+    }
+    for (auto& v : k.values) k.arguments.push_back(v.data());
+    k.params.kernelParams = k.arguments.data();
+    return k;
+  }
+
+  // The size of parameter `i`: asks for the CUfunction, for a CUkernel passed
+  // where a CUfunction goes (how jaxgraph launches), then for `kern`.
+  CUresult ParamSize(const CUDA_KERNEL_NODE_PARAMS& p, size_t i, size_t* size) const {
+    size_t offset = 0;
+    CUresult r = CUDA_ERROR_INVALID_HANDLE;
+    if (p.func != nullptr) {
+      r = d_.func_param_info(p.func, i, &offset, size);
+      if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) return r;
+      r = d_.kernel_param_info(reinterpret_cast<CUkernel>(p.func), i, &offset, size);
+      if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) return r;
+    }
+    if (p.kern != nullptr) r = d_.kernel_param_info(p.kern, i, &offset, size);
+    return r;
+  }
+
+  void ClassifyKernel(size_t index, KernelNode* k) {
+    if (k->params.kernelParams == nullptr || k->params.extra != nullptr) {
+      for (auto& b : *buffers_) b.Copy("kernel " + k->name + " passes its arguments through `extra`");
+      return;
+    }
+    if (k->unreadable) {
+      for (auto& b : *buffers_) b.Copy("the driver would not describe kernel " + k->name + "'s parameters");
+      return;
+    }
+    for (size_t p = 0; p < k->values.size(); ++p) {
+      const std::vector<uint8_t>& v = k->values[p];
+      if (v.size() == 8) {
+        uint64_t word;
+        std::memcpy(&word, v.data(), 8);
+        ClassifyWord(word, index, p, *k);
+      } else if (v.size() > 8) {
+        for (size_t at = 0; at + 8 <= v.size(); at += 8) {
+          uint64_t word;
+          std::memcpy(&word, v.data() + at, 8);
+          MarkTouched(word, "its address is inside a struct argument of kernel " + k->name);
+        }
+      }
+    }
+  }
+
+  // An 8-byte argument: a site of the buffer it points into. An address one
+  // past a buffer's end that is also another's start is ambiguous: copy both.
+  void ClassifyWord(uint64_t word, size_t node, size_t param, const KernelNode& k) {
+    Binding* inside = nullptr;
+    Binding* end = nullptr;
+    for (auto& b : *buffers_) {
+      if (b.Contains(word)) inside = &b;
+      else if (b.bytes > 0 && word == b.base + b.bytes) end = &b;
+    }
+    if (inside != nullptr && end != nullptr) {
+      std::string why = "kernel " + k.name + " has an argument that may point into it or past another";
+      inside->Copy(why);
+      end->Copy(why);
+      return;
+    }
+    Binding* b = inside != nullptr ? inside : end;
+    if (b == nullptr) return;
+    size_t index = static_cast<size_t>(b - buffers_->data());
+    if (index < num_inputs_ && !(param < k.flags.size() && k.flags[param] == 'r')) {
+      b->Copy(k.flags.empty()
+                  ? "kernel " + k.name + ", which jaxgraph did not launch, may write it"
+                  : "kernel " + k.name + " takes it through a non-const pointer (parameter " +
+                        std::to_string(param) + ")");
+    }
+    if (b->mode == BindMode::kUnused) b->mode = BindMode::kBound;
+    b->sites.push_back({node, param, word - b->base});
+  }
+
+  void ClassifyOther(CUgraphNode node, CUgraphNodeType type) {
+    switch (type) {
+      case CU_GRAPH_NODE_TYPE_MEMCPY: {
+        CUDA_MEMCPY3D m{};
+        Check(d_.memcpy_params(node, &m), "cuGraphMemcpyNodeGetParams");
+        MarkRange(m.srcMemoryType, m.srcDevice, m.srcPitch, m.srcHeight, m.WidthInBytes, m.Height,
+                  m.Depth, "a memcpy node reads it");
+        MarkRange(m.dstMemoryType, m.dstDevice, m.dstPitch, m.dstHeight, m.WidthInBytes, m.Height,
+                  m.Depth, "a memcpy node writes it");
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_MEMSET: {
+        CUDA_MEMSET_NODE_PARAMS m{};
+        Check(d_.memset_params(node, &m), "cuGraphMemsetNodeGetParams");
+        uint64_t end = m.dst + (m.height > 0 ? m.height - 1 : 0) * m.pitch + m.width * m.elementSize;
+        MarkOverlap(m.dst, end, "a memset node writes it");
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_GRAPH: {
+        CUgraph child = nullptr;
+        Check(d_.child_graph(node, &child), "cuGraphChildGraphNodeGetGraph");
+        ScanChild(child);
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_KERNEL: {  // inside a child graph: any use means copy
+        KernelNode k = ReadKernel(node);
+        if (k.params.kernelParams == nullptr || k.unreadable) {
+          for (auto& b : *buffers_) b.Copy("a kernel in a child graph hides its arguments");
+        }
+        for (const auto& v : k.values) {
+          for (size_t at = 0; at + 8 <= v.size(); at += 8) {
+            uint64_t word;
+            std::memcpy(&word, v.data() + at, 8);
+            MarkTouched(word, "kernel " + k.name + " inside a child graph uses it");
+          }
+        }
+        break;
+      }
+      case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+      case CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL:
+      case CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT:
+        for (auto& b : *buffers_) {
+          b.Copy("the graph has a node (type " + std::to_string(static_cast<int>(type)) +
+                 ") jaxgraph cannot look inside");
+        }
+        break;
+      default:  // host, empty, event, memory alloc/free: no static buffer addresses
+        break;
+    }
+  }
+
+  void ScanChild(CUgraph child) {
+    for (CUgraphNode node : Nodes(child)) {
+      CUgraphNodeType type;
+      Check(d_.node_type(node, &type), "cuGraphNodeGetType");
+      ClassifyOther(node, type);
+    }
+  }
+
+  void MarkRange(CUmemorytype type, CUdeviceptr base, size_t pitch, size_t height, size_t width,
+                 size_t rows, size_t depth, const std::string& why) {
+    if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED) return;
+    rows = rows > 0 ? rows : 1;
+    depth = depth > 0 ? depth : 1;
+    size_t row_pitch = pitch > 0 ? pitch : width;
+    size_t slice = row_pitch * (height > 0 ? height : rows);
+    uint64_t end = base + (depth - 1) * slice + (rows - 1) * row_pitch + width;
+    MarkOverlap(base, end, why);
+  }
+
+  void MarkOverlap(uint64_t begin, uint64_t end, const std::string& why) {
+    for (auto& b : *buffers_) {
+      if (b.bytes > 0 && begin < b.base + b.bytes && b.base < end) b.Copy(why);
+    }
+  }
+
+  void MarkTouched(uint64_t word, const std::string& why) {
+    for (auto& b : *buffers_) {
+      if (b.bytes > 0 && word >= b.base && word <= b.base + b.bytes) b.Copy(why);
+    }
+  }
+
+  std::string Name(const CUDA_KERNEL_NODE_PARAMS& p) const {
+    const char* name = nullptr;
+    if (p.func != nullptr && d_.func_name != nullptr && d_.func_name(&name, p.func) == CUDA_SUCCESS &&
+        name != nullptr) {
+      return name;
+    }
+    for (CUkernel k : {reinterpret_cast<CUkernel>(p.func), p.kern}) {
+      if (k != nullptr && d_.kernel_name != nullptr && d_.kernel_name(&name, k) == CUDA_SUCCESS &&
+          name != nullptr) {
+        return name;
+      }
+    }
+    return "<unnamed>";
+  }
+
+  std::string Flags(const CUDA_KERNEL_NODE_PARAMS& p) const {
+    for (uint64_t handle : {reinterpret_cast<uint64_t>(p.func), reinterpret_cast<uint64_t>(p.kern)}) {
+      if (handle == 0) continue;
+      auto it = flags_->find(handle);
+      if (it != flags_->end()) return it->second;
+    }
+    return "";
+  }
+
+  static void Check(CUresult r, const char* call) {
+    if (r != CUDA_SUCCESS) throw std::runtime_error(DriverError(call, r));
+  }
+
+  const GraphDriver& d_;
+  std::vector<Binding>* buffers_;
+  const KernelFlags* flags_;
+  size_t num_inputs_;
+};
+
+// ---------------------------------------------------------------------------
+// Rebinding at replay
+// ---------------------------------------------------------------------------
+
+// Points every site of `b` at `address` in the nodes' argument copies and
+// marks the nodes to update.
+inline void Retarget(const Binding& b, uint64_t address, std::vector<KernelNode>* nodes,
+                     std::vector<char>* dirty) {
+  for (const Site& s : b.sites) {
+    uint64_t value = address + s.delta;
+    std::memcpy((*nodes)[s.node].values[s.param].data(), &value, 8);
+    (*dirty)[s.node] = 1;
+  }
+}
+
+}  // namespace jaxgraph
+
+#endif  // JAXGRAPH_FFI_GRAPH_BINDING_H_

@@ -1,0 +1,286 @@
+"""Captures underway: the streams capturing into jaxgraph graphs, and what their work uses.
+
+A capture begun by :meth:`CUDAGraph.capture_begin <jaxgraph.CUDAGraph.capture_begin>`
+is a :class:`Capture` registered here until it ends. While it is underway:
+
+- allocations on its stream come from the graph's pool (:func:`pool_for`);
+- kernel launches, ``copy_`` and ``fill_`` on its stream report the arrays
+  they use (:func:`note_operands`), so the graph can keep its *external
+  inputs* (arrays it did not allocate) alive, or watch them;
+- frees anywhere are deferred (``_memory.hold_frees``), because freeing may
+  synchronize the device, which would invalidate the capture.
+
+:func:`end` turns the registered capture into a ``CUgraph`` and its
+:class:`CaptureInputs`, what the graph must hold on to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any, Iterable
+
+from . import _driver, _memory
+from ._driver import CudaError, check
+from ._memory import Allocation, MemPool
+
+__all__ = [
+    "Capture",
+    "CaptureInputs",
+    "abort",
+    "any_underway",
+    "begin",
+    "capture_on",
+    "end",
+    "note_operands",
+    "pool_for",
+]
+
+
+# ----------------------------------------------------------------------------
+# Capture
+# ----------------------------------------------------------------------------
+
+
+class Capture:
+    """One capture underway: where it runs, its pool, and the operands of its work.
+
+    Attributes
+    ----------
+    stream : Stream
+        The stream the capture began on (and must end on).
+    pool : MemPool
+        Where allocations on the capture's stream come from.
+    mode : str
+        The ``capture_error_mode``.
+    thread : int
+        The thread that began it (``global``/``thread_local`` captures end there).
+    watch : bool
+        ``check_input_liveness``: watch external inputs instead of keeping them.
+    operands : list of (label, where, array)
+        External operands in first-use order: the parameter name, what used it
+        (``"kernel axpy"``), and the array (a DeviceArray).
+    """
+
+    __slots__ = ("stream", "pool", "mode", "thread", "watch", "operands", "kernels", "_allocated", "_seen")
+
+    def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
+        self.stream = stream
+        self.pool = pool
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.watch = watch
+        self.operands: list[tuple[str, str, Any]] = []
+        self.kernels: dict[int, str] = {}   # handle -> per-parameter flags (see note_kernel)
+        self._allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
+        self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
+
+    def allocate(self, nbytes: int, stream: Any) -> Allocation:
+        """A block of the capture's pool; it lives as long as the pool, so it is no external input."""
+        alloc = _memory.allocate(nbytes, stream, self.pool)
+        self._allocated.add(alloc)
+        return alloc
+
+    def note(self, label: str, where: str, array: Any) -> None:
+        """Record ``array`` (a DeviceArray) unless this capture allocated it or it is recorded."""
+        owner = array.owner
+        if isinstance(owner, Allocation) and owner in self._allocated:
+            return  # lives in the graph's pool: valid as long as the graph
+        if id(owner) not in self._seen:
+            self._seen.add(id(owner))
+            self.operands.append((label, where, array))
+
+    def note_kernel(self, handles: Iterable[int], flags: str) -> None:
+        """Record a jaxgraph kernel launched in the capture: its handles and, per
+        parameter, ``r`` (a pointer it only reads), ``w`` (a pointer it may write) or
+        ``s`` (a scalar). Replay inside jit binds XLA's operands only where kernels read them."""
+        for handle in handles:
+            self.kernels[int(handle)] = flags
+
+    def settle(self) -> "CaptureInputs":
+        """What the captured graph must hold: external inputs (kept or watched) and pools."""
+        keep, watched = [], []
+        for label, where, array in self.operands:
+            if self.watch:
+                try:
+                    watched.append((label, where, _describe(array), weakref.ref(array.owner)))
+                    continue
+                except TypeError:  # not weakly referenceable: keep it alive instead
+                    pass
+            keep.append(array.owner)
+        pools = [self.pool]
+        for owner in keep:
+            pool = owner.pool if isinstance(owner, Allocation) else None
+            if pool is not None and all(p is not pool for p in pools):
+                pools.append(pool)  # an input from another graph's pool keeps that pool
+        return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureInputs:
+    """What a captured graph holds on to so no replay reads freed memory.
+
+    Attributes
+    ----------
+    keep : tuple
+        Owners of the external inputs, kept alive.
+    watched : tuple of (label, where, description, weakref)
+        With ``check_input_liveness``: external inputs watched instead.
+    pools : tuple of MemPool
+        The graph's own pool first, then pools its inputs came from.
+    kernels : tuple of (int, str)
+        The jaxgraph kernels launched, by handle, with their parameter flags
+        (see :meth:`Capture.note_kernel`).
+    """
+
+    keep: tuple = ()
+    watched: tuple = ()
+    pools: tuple = ()
+    kernels: tuple = ()
+
+    def check_watched(self) -> None:
+        """Raise naming the first watched input that was freed."""
+        for label, where, description, ref in self.watched:
+            if ref() is None:
+                raise RuntimeError(
+                    f"input '{label}' ({description}, used by {where}) used in the capture was freed "
+                    "before replay; keep it alive as long as the graph replays, or capture again")
+
+
+# ----------------------------------------------------------------------------
+# Beginning and ending
+# ----------------------------------------------------------------------------
+
+_lock = threading.Lock()
+# (stream handle, device) -> the capture underway there; empty unless one is.
+_by_stream: dict[tuple[int, int], Capture] = {}
+
+
+def begin(stream: Any, pool: MemPool, mode: str, watch: bool) -> Capture:
+    """Register a capture on ``stream`` and begin CUDA stream capture there.
+
+    Raises ``RuntimeError`` if ``stream`` already captures into a jaxgraph graph.
+    """
+    key = (int(stream), stream.device)
+    capture = Capture(stream, pool, mode, watch)
+    with _lock:
+        if key in _by_stream:
+            raise RuntimeError(f"capture_begin: {stream!r} is already capturing into another graph; "
+                               "end that capture first")
+        _by_stream[key] = capture
+    _memory.hold_frees()
+    try:
+        drv = _driver.driver()
+        enum_mode = getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
+        check(drv.cuStreamBeginCapture(stream.handle, enum_mode), "cuStreamBeginCapture")
+    except BaseException:
+        _unregister(capture)
+        raise
+    return capture
+
+
+def end(capture: Capture) -> Any:
+    """End ``capture``: return its ``CUgraph``, or raise :class:`CudaError` if it was invalidated.
+
+    The capture is unregistered either way.
+    """
+    _driver.ensure_context(capture.stream.device)
+    try:
+        err, h_graph = _driver.driver().cuStreamEndCapture(capture.stream.handle)[:2]
+    finally:
+        _unregister(capture)
+    if err != 0 or h_graph is None or not int(h_graph):
+        raise CudaError("cuStreamEndCapture", err, "the capture was invalidated by work not permitted "
+                        "while a stream captures (a synchronization, a synchronous copy or allocation, or "
+                        "an unsafe call in another thread under capture_error_mode='global'); the graph "
+                        "was reset and can be captured again")
+    return h_graph
+
+
+def abort(capture: Capture) -> None:
+    """End ``capture`` and discard what it recorded; never raises."""
+    try:
+        _driver.ensure_context(capture.stream.device)
+        drv = _driver.driver()
+        err, h_graph = drv.cuStreamEndCapture(capture.stream.handle)[:2]
+        if err == 0 and h_graph is not None and int(h_graph):
+            drv.cuGraphDestroy(h_graph)
+    except Exception:
+        pass
+    finally:
+        _unregister(capture)
+
+
+def _unregister(capture: Capture) -> None:
+    key = (int(capture.stream), capture.stream.device)
+    with _lock:
+        if _by_stream.get(key) is not capture:
+            return
+        del _by_stream[key]
+    _memory.release_frees()
+
+
+# ----------------------------------------------------------------------------
+# Queries from the work being captured
+# ----------------------------------------------------------------------------
+
+
+def any_underway() -> bool:
+    """Whether any jaxgraph capture is underway (no driver call: the eager fast path)."""
+    return bool(_by_stream)
+
+
+def capture_on(stream: Any) -> Capture | None:
+    """The jaxgraph capture underway on ``stream``, or ``None`` (no driver call)."""
+    return _by_stream.get((int(stream), stream.device)) if _by_stream else None
+
+
+def pool_for(stream: Any) -> Capture | None:
+    """The capture an allocation on ``stream`` must come from, or ``None`` for ordinary memory.
+
+    Raises
+    ------
+    RuntimeError
+        ``stream`` captures, but not into a jaxgraph graph: the memory would
+        have no pool to keep it valid.
+    """
+    capture = capture_on(stream)
+    if capture is not None:
+        return capture
+    if int(stream) != 0 and _is_capturing(stream):
+        raise RuntimeError(
+            "cannot allocate on a stream captured outside jaxgraph: capture with "
+            "jaxgraph.graph() / CUDAGraph.capture_begin() so allocations come from a graph pool")
+    return None
+
+
+def note_operands(stream: Any, operands: Iterable[tuple[str, Any]], where: str) -> None:
+    """Tell the capture underway on ``stream`` (if any) which arrays some work uses.
+
+    ``operands`` holds ``(label, DeviceArray)`` pairs.
+    """
+    capture = capture_on(stream)
+    if capture is None:
+        return
+    for label, array in operands:
+        capture.note(label, where, array)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _is_capturing(stream: Any) -> bool:
+    drv = _driver.driver()
+    status = check(drv.cuStreamIsCapturing(stream.handle), "cuStreamIsCapturing")
+    return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _describe(array: Any) -> str:
+    """``"DeviceArray shape (4096,) float32 at 0x7f..."``, for error messages."""
+    shape = tuple(getattr(array, "shape", ()))
+    text = f"{type(array).__name__} shape {shape} {getattr(array, 'dtype', '')}"
+    ptr = getattr(array, "ptr", None)
+    return f"{text} at {ptr:#x}" if isinstance(ptr, int) else text
