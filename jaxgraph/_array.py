@@ -164,6 +164,32 @@ class DeviceArray:
             raise ValueError(f"fill_ supports only values whose bytes repeat per 4-byte word for {self.dtype}")
         return self
 
+    def record_stream(self, stream: Stream) -> None:
+        """Mark this array as used by work on ``stream``, as ``torch.Tensor.record_stream``.
+
+        jaxgraph frees memory in the order of the stream that allocated it.
+        After ``record_stream(s)``, the memory is freed only once the work
+        queued on ``s`` up to the free has finished too, so an array used on
+        another stream can be dropped without ordering the streams by hand.
+
+        Raises
+        ------
+        TypeError
+            ``stream`` is not a :class:`~jaxgraph.Stream`.
+        ValueError
+            The array wraps memory another library owns (a ``jax.Array``, CuPy
+            or torch array): that library decides when it is freed.
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"record_stream expects a jaxgraph.Stream, got {type(stream).__name__}")
+        if not isinstance(self.owner, _memory.Allocation):
+            raise ValueError("record_stream applies to memory jaxgraph allocated; this array wraps a "
+                             f"{type(self.owner).__name__}, whose memory its own library frees")
+        if stream.device != self.device:
+            raise ValueError(f"record_stream: the stream is on device {stream.device}, the array on "
+                             f"device {self.device}")
+        self.owner.record_stream(stream)
+
     # -- interchange ------------------------------------------------------------
 
     @property

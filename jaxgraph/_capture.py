@@ -54,7 +54,10 @@ class graph:
         that pool. Graphs sharing a pool must be replayed in capture order.
     stream : Stream, optional
         If given, the stream made current and captured on. If not, a side
-        stream of the device, made once and shared by such captures.
+        stream of the device, made once and shared by such captures. A stream
+        of another device than the current one makes that device current for
+        the body (as ``torch.cuda.stream`` does), so the capture and the
+        kernels launched in it run there.
     capture_error_mode : {"global", "thread_local", "relaxed"}
         The ``cudaStreamCaptureMode``; see :meth:`CUDAGraph.capture_begin`.
 
@@ -86,19 +89,28 @@ class graph:
         self.capture_stream = stream
         self.capture_error_mode = capture_error_mode
         self._stream_ctx: _stream.stream | None = None
+        self._previous_device = 0
 
     def __enter__(self) -> None:
-        device = self.capture_stream.device if self.capture_stream is not None else _driver.current_device()
-        # Start from a quiet device, as PyTorch does, so no earlier work races the capture.
-        _stream.synchronize(device)
-        capture_stream = self.capture_stream if self.capture_stream is not None else _side_stream(device)
-        capture_stream.wait_stream(current_stream(device))
-        self._stream_ctx = _stream.stream(capture_stream)
-        self._stream_ctx.__enter__()
+        self._previous_device = _driver.current_device()
+        device = self.capture_stream.device if self.capture_stream is not None else self._previous_device
+        if device != self._previous_device:
+            _driver.set_device(device)
+        try:
+            # Start from a quiet device, as PyTorch does, so no earlier work races the capture.
+            _stream.synchronize(device)
+            capture_stream = self.capture_stream if self.capture_stream is not None else _side_stream(device)
+            capture_stream.wait_stream(current_stream(device))
+            self._stream_ctx = _stream.stream(capture_stream)
+            self._stream_ctx.__enter__()
+        except BaseException:
+            self._restore_device()
+            raise
         try:
             self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
         except BaseException:
             self._stream_ctx.__exit__(None, None, None)
+            self._restore_device()
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -109,7 +121,12 @@ class graph:
                 self.cuda_graph._abort_capture()
         finally:
             self._stream_ctx.__exit__(exc_type, exc, tb)
+            self._restore_device()
         # Returning None lets exceptions from the body or capture_end propagate.
+
+    def _restore_device(self) -> None:
+        if _driver.current_device() != self._previous_device:
+            _driver.set_device(self._previous_device)
 
 
 # ----------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """Captures underway: the streams capturing into jaxgraph graphs, and what their work uses.
 
 A capture begun by :meth:`CUDAGraph.capture_begin <jaxgraph.CUDAGraph.capture_begin>`
-is a :class:`Capture` registered here until it ends. While it is underway:
+is a :class:`Capture` registered here until it ends. A capture may fork: a
+stream that waits on an event recorded in the capture (``s2.wait_stream(s1)``)
+joins it, and CUDA records its work into the same graph. Every stream of the
+capture is treated alike (CUDA tells which capture a stream belongs to:
+``cuStreamGetCaptureInfo`` gives its capture id). While a capture is underway:
 
-- allocations on its stream come from the graph's pool (:func:`pool_for`);
-- kernel launches, ``copy_`` and ``fill_`` on its stream report the arrays
+- allocations on any of its streams come from the graph's pool (:func:`pool_for`);
+- kernel launches, ``copy_`` and ``fill_`` on its streams report the arrays
   they use (:func:`note_operands`), so the graph can keep its *external
   inputs* (arrays it did not allocate) alive, or watch them;
 - frees anywhere are deferred (``_memory.hold_frees``), because freeing may
@@ -50,6 +54,10 @@ class Capture:
     ----------
     stream : Stream
         The stream the capture began on (and must end on).
+    capture_id : int
+        CUDA's id of the capture sequence; a forked stream reports the same id.
+    streams : set of (int, int)
+        ``(handle, device)`` of every stream seen taking part, the origin first.
     pool : MemPool
         Where allocations on the capture's stream come from.
     mode : str
@@ -63,10 +71,13 @@ class Capture:
         (``"kernel axpy"``), and the array (a DeviceArray).
     """
 
-    __slots__ = ("stream", "pool", "mode", "thread", "watch", "operands", "kernels", "_allocated", "_seen")
+    __slots__ = ("stream", "capture_id", "streams", "pool", "mode", "thread", "watch", "operands", "kernels",
+                 "_allocated", "_seen")
 
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
+        self.capture_id = 0
+        self.streams = {_key(stream)}
         self.pool = pool
         self.mode = mode
         self.thread = threading.get_ident()
@@ -153,8 +164,10 @@ class CaptureInputs:
 # ----------------------------------------------------------------------------
 
 _lock = threading.Lock()
-# (stream handle, device) -> the capture underway there; empty unless one is.
+# (stream handle, device) -> the capture underway there, for every stream seen
+# taking part; empty unless a capture is underway.
 _by_stream: dict[tuple[int, int], Capture] = {}
+_by_id: dict[int, Capture] = {}   # CUDA capture id -> capture
 
 
 def begin(stream: Any, pool: MemPool, mode: str, watch: bool) -> Capture:
@@ -162,7 +175,7 @@ def begin(stream: Any, pool: MemPool, mode: str, watch: bool) -> Capture:
 
     Raises ``RuntimeError`` if ``stream`` already captures into a jaxgraph graph.
     """
-    key = (int(stream), stream.device)
+    key = _key(stream)
     capture = Capture(stream, pool, mode, watch)
     with _lock:
         if key in _by_stream:
@@ -174,22 +187,39 @@ def begin(stream: Any, pool: MemPool, mode: str, watch: bool) -> Capture:
         drv = _driver.driver()
         enum_mode = getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
         check(drv.cuStreamBeginCapture(stream.handle, enum_mode), "cuStreamBeginCapture")
+        capture.capture_id = _capture_id(stream)
     except BaseException:
         _unregister(capture)
         raise
+    with _lock:
+        _by_id[capture.capture_id] = capture
     return capture
 
 
 def end(capture: Capture) -> Any:
-    """End ``capture``: return its ``CUgraph``, or raise :class:`CudaError` if it was invalidated.
+    """End ``capture``: return its ``CUgraph``, or raise if CUDA refused it.
 
-    The capture is unregistered either way.
+    The capture is unregistered either way, and no stream is left capturing.
+
+    Raises
+    ------
+    RuntimeError
+        Work forked onto another stream was not joined back (CUDA's "unjoined" error).
+    CudaError
+        The capture was invalidated.
     """
     _driver.ensure_context(capture.stream.device)
     try:
         err, h_graph = _driver.driver().cuStreamEndCapture(capture.stream.handle)[:2]
     finally:
         _unregister(capture)
+    if err == _driver.driver().CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED:
+        others = sorted(f"{handle:#x}" for handle, _ in capture.streams - {_key(capture.stream)})
+        raise RuntimeError(
+            "capture_end: work forked onto another stream during the capture was not joined back "
+            f"(CUDA_ERROR_STREAM_CAPTURE_UNJOINED; streams seen in the capture: {', '.join(others) or 'none'}): "
+            "make the capture stream wait for every stream it forked (capture_stream.wait_stream(other)) "
+            "before the capture ends. The capture was discarded; the graph can be captured again")
     if err != 0 or h_graph is None or not int(h_graph):
         raise CudaError("cuStreamEndCapture", err, "the capture was invalidated by work not permitted "
                         "while a stream captures (a synchronization, a synchronous copy or allocation, or "
@@ -213,11 +243,14 @@ def abort(capture: Capture) -> None:
 
 
 def _unregister(capture: Capture) -> None:
-    key = (int(capture.stream), capture.stream.device)
     with _lock:
-        if _by_stream.get(key) is not capture:
+        if _by_stream.get(_key(capture.stream)) is not capture:
             return
-        del _by_stream[key]
+        for key in capture.streams:
+            if _by_stream.get(key) is capture:
+                del _by_stream[key]
+        if _by_id.get(capture.capture_id) is capture:
+            del _by_id[capture.capture_id]
     _memory.release_frees()
 
 
@@ -232,8 +265,19 @@ def any_underway() -> bool:
 
 
 def capture_on(stream: Any) -> Capture | None:
-    """The jaxgraph capture underway on ``stream``, or ``None`` (no driver call)."""
-    return _by_stream.get((int(stream), stream.device)) if _by_stream else None
+    """The jaxgraph capture ``stream`` takes part in, or ``None``.
+
+    No driver call when no capture is underway, or for a stream already seen
+    in one; otherwise one ``cuStreamGetCaptureInfo``, which tells whether the
+    stream joined a capture by waiting on its work.
+    """
+    if not _by_stream:
+        return None
+    key = _key(stream)
+    capture = _by_stream.get(key)
+    if capture is not None or key[0] == 0:  # the legacy default stream never captures
+        return capture
+    return _joined(stream, key)
 
 
 def pool_for(stream: Any) -> Capture | None:
@@ -270,6 +314,32 @@ def note_operands(stream: Any, operands: Iterable[tuple[str, Any]], where: str) 
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+def _key(stream: Any) -> tuple[int, int]:
+    return (int(stream), stream.device)
+
+
+def _capture_id(stream: Any) -> int:
+    """CUDA's id of the capture ``stream`` takes part in (0 when it is not capturing)."""
+    drv = _driver.driver()
+    _driver.ensure_context(stream.device)
+    result = drv.cuStreamGetCaptureInfo(stream.handle)
+    if result[0] != 0 or result[1] != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+        return 0
+    return int(result[2])
+
+
+def _joined(stream: Any, key: tuple[int, int]) -> Capture | None:
+    """The jaxgraph capture a stream forked into, remembered for the rest of the capture."""
+    capture_id = _capture_id(stream)
+    capture = _by_id.get(capture_id) if capture_id else None
+    if capture is not None:
+        with _lock:
+            if _by_id.get(capture.capture_id) is capture:
+                capture.streams.add(key)
+                _by_stream[key] = capture
+    return capture
 
 
 def _is_capturing(stream: Any) -> bool:

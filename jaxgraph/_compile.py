@@ -2,7 +2,8 @@
 
 Compiling needs NVRTC but no GPU: with ``arch`` given (e.g. ``"sm_90"``) it
 works on a CPU-only machine. Cubins are cached on disk under
-``$JAXGRAPH_CACHE_DIR`` (default ``~/.cache/jaxgraph/kernels``), keyed by the
+``$JAXGRAPH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/jaxgraph/kernels``, or
+``~/.cache/jaxgraph/kernels`` without ``XDG_CACHE_HOME``), keyed by the
 source, the kernel name, the options, the architecture and NVRTC's version.
 """
 
@@ -141,13 +142,24 @@ def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
         obj = program.compile("cubin", name_expressions=(name,))
     except Exception as exc:
         if type(exc).__name__ == "NVRTCError" or "NVRTC" in str(exc):
-            raise CompileError(f"NVRTC could not compile kernel {name!r}:\n{exc}") from None
+            raise CompileError(f"NVRTC could not compile kernel {name!r}:\n{exc}{_include_hint(str(exc))}") from None
         raise
     mapping = obj.symbol_mapping or {}
     lowered = mapping.get(name, name)
     if isinstance(lowered, bytes):
         lowered = lowered.decode()
     return bytes(obj.code), lowered
+
+
+def _include_hint(log: str) -> str:
+    """Where CUDA's headers come from, when NVRTC could not open one."""
+    if "cannot open source file" not in log:
+        return ""
+    found = _cuda_include_dir()
+    where = f"jaxgraph passed {found}" if found else "jaxgraph found no CUDA include directory"
+    return ("\n\nCUDA headers such as <cuda_fp16.h> come from a CUDA toolkit (CUDA_HOME, or "
+            "/usr/local/cuda) or NVIDIA's pip wheels (pip install nvidia-cuda-runtime; jax[cuda13] "
+            f"installs it); {where}. Pass options={{'include_path': [...]}} to add your own.")
 
 
 def _cache_key(source: str, name: str, opts: Any, arch: str) -> str:
@@ -164,7 +176,8 @@ def _cache_directory(cache_dir: Any) -> Path | None:
         env = os.environ.get("JAXGRAPH_CACHE_DIR")
         if env == "":
             return None
-        cache_dir = env or Path.home() / ".cache" / "jaxgraph" / "kernels"
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        cache_dir = env or Path(base) / "jaxgraph" / "kernels"
     return Path(cache_dir)
 
 

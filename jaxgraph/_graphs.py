@@ -365,7 +365,7 @@ def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
     h.capture = None
     try:
         h_graph = _captures.end(capture)
-    except CudaError:
+    except Exception:  # invalidated or unjoined: the graph can capture again
         self._state = CaptureState.NOT_STARTED
         h.release()
         raise

@@ -58,7 +58,8 @@ class Kernel:
         Compile for this target (``"sm_90"``) instead of the current device's;
         this is how to compile on a machine without a GPU.
     cache_dir : path, optional
-        Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR`` or ``~/.cache/jaxgraph``).
+        Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR``, else
+        ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``).
 
     Raises
     ------

@@ -44,9 +44,13 @@ _ALIGN = 512  # allocation granularity of pool blocks, bytes
 
 
 class Allocation:
-    """Owns one block of device memory; frees (or returns it to its pool) when dropped."""
+    """Owns one block of device memory; frees (or returns it to its pool) when dropped.
 
-    __slots__ = ("ptr", "nbytes", "device", "_stream", "_pool", "__weakref__")
+    The block is freed in the order of the stream it was allocated on, after
+    the work queued on any stream named by :meth:`record_stream`.
+    """
+
+    __slots__ = ("ptr", "nbytes", "device", "_stream", "_pool", "_used_on", "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, device: int, stream: Any, pool: "MemPool | None"):
         self.ptr = ptr
@@ -54,13 +58,19 @@ class Allocation:
         self.device = device
         self._stream = stream  # the Stream it was allocated on; freed in its order
         self._pool = pool
+        self._used_on: list = []  # other streams whose work must finish before the free
+
+    def record_stream(self, stream: Any) -> None:
+        """Free only after the work queued on ``stream`` by then (not just the allocating stream's)."""
+        if stream != self._stream and all(s != stream for s in self._used_on):
+            self._used_on.append(stream)
 
     def __del__(self) -> None:
         try:
             if self._pool is not None:
                 self._pool._release(self.ptr, self.nbytes)
             else:
-                _free_async(self.ptr, self.device, self._stream)
+                _free_async(self.ptr, self.device, self._stream, tuple(self._used_on))
         except Exception:  # finalizers never raise
             pass
 
@@ -214,7 +224,7 @@ def pool_from_token(token: Any) -> MemPool:
 
 _frees_lock = threading.Lock()
 _frees_held = 0   # captures underway: frees wait until the last one ends
-_deferred_frees: list[tuple[int, int, Any]] = []
+_deferred_frees: list[tuple[int, int, Any, tuple]] = []
 
 
 def hold_frees() -> None:
@@ -232,26 +242,38 @@ def release_frees() -> None:
         pending = []
         if _frees_held == 0:
             pending, _deferred_frees[:] = list(_deferred_frees), []
-    for ptr, device, s in pending:
+    for ptr, device, s, used_on in pending:
         try:
-            _free_async(ptr, device, s) if s is not None else _free_sync(ptr, device)
+            _free_async(ptr, device, s, used_on) if s is not None else _free_sync(ptr, device)
         except Exception:
             pass
 
 
-def _free_async(ptr: int, device: int, stream: Any) -> None:
+def _free_async(ptr: int, device: int, stream: Any, used_on: tuple = ()) -> None:
+    """Free in ``stream``'s order, after the work already queued on each of ``used_on``."""
     with _frees_lock:
         if _frees_held:
-            _deferred_frees.append((ptr, device, stream))
+            _deferred_frees.append((ptr, device, stream, used_on))
             return
     _driver.ensure_context(device)
-    check(_driver.driver().cuMemFreeAsync(ptr, stream.handle), "cuMemFreeAsync")
+    drv = _driver.driver()
+    for other in used_on:
+        # The allocating stream waits for the other's work so far: a later
+        # allocation there that reuses the block cannot overtake that work.
+        flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        event = check(drv.cuEventCreate(flags), "cuEventCreate")
+        try:
+            check(drv.cuEventRecord(event, other.handle), "cuEventRecord")
+            check(drv.cuStreamWaitEvent(stream.handle, event, 0), "cuStreamWaitEvent")
+        finally:
+            drv.cuEventDestroy(event)
+    check(drv.cuMemFreeAsync(ptr, stream.handle), "cuMemFreeAsync")
 
 
 def _free_sync(ptr: int, device: int) -> None:
     with _frees_lock:
         if _frees_held:
-            _deferred_frees.append((ptr, device, None))
+            _deferred_frees.append((ptr, device, None, ()))
             return
     _driver.ensure_context(device)
     check(_driver.driver().cuMemFree(ptr), "cuMemFree")

@@ -173,6 +173,9 @@ def find_signature(source: str, name: str) -> str:
         params = _balanced(head, call.end() - 1)
         if template_args:
             params = _substitute_template(code[: match.start()], template_args, params)
+        elif re.search(r"template\s*<[^>]*>\s*$", code[: match.start()]):
+            raise ValueError(f"kernel {base!r} is a template: name an instance of it, such as "
+                             f"{base + '<float>'!r} (the template arguments it should be compiled with)")
         return params
     raise ValueError(
         f"no __global__ kernel named {base!r} found in the source; check the name or pass signature="
