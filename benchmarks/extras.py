@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .config import CAPTURE_LAUNCHES
-from .harness import Mode, Skip
+from .graph_modes import import_torch
+from .harness import Mode
 from .workload import BLOCK, ELEMENTS, GRID, Chain, check_result, random_input
 
 __all__ = ["capture", "eager_factories"]
@@ -73,10 +74,7 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         return _jaxgraph_mode("eager.cuda_core", launch_core, stream, rng)
 
     def torch_add() -> Mode:
-        try:
-            import torch
-        except ImportError as exc:
-            raise Skip(f"torch is not installed ({exc})") from None
+        torch = import_torch()
         x_host = random_input(rng)
         x_t = torch.from_numpy(x_host).cuda()
         y_t = torch.full_like(x_t, float("nan"))

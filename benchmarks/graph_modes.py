@@ -20,7 +20,7 @@ import numpy as np
 from .harness import Mode, Skip
 from .workload import BLOCK, ELEMENTS, GRID, SOURCE, Chain, check_result, random_input
 
-__all__ = ["raw", "replay", "torch_add", "torch_cupy"]
+__all__ = ["event_timer", "import_torch", "raw", "replay", "torch_add", "torch_cupy"]
 
 
 def raw(chain: Chain, stream: Any, rng: np.random.Generator) -> Mode:
@@ -61,7 +61,7 @@ def replay(chain: Chain, stream: Any, rng: np.random.Generator) -> Mode:
 
 def torch_cupy(n: int, rng: np.random.Generator) -> Mode:
     """A torch graph of N launches of the same source through ``cupy.RawKernel``."""
-    torch = _torch()
+    torch = import_torch()
     try:
         import cupy
     except ImportError as exc:
@@ -88,7 +88,7 @@ def torch_cupy(n: int, rng: np.random.Generator) -> Mode:
 
 def torch_add(n: int, rng: np.random.Generator) -> Mode:
     """A torch graph of ``torch.add(x, 1, out=y)`` then N - 1 ``torch.add(y, 1, out=y)``."""
-    torch = _torch()
+    torch = import_torch()
     x_t = torch.zeros(ELEMENTS, device="cuda")
     y_t = torch.zeros(ELEMENTS, device="cuda")
     torch.add(x_t, 1, out=y_t)  # eager warm-up before capture, as torch's docs advise
@@ -102,7 +102,7 @@ def torch_add(n: int, rng: np.random.Generator) -> Mode:
 
 
 # ----------------------------------------------------------------------------
-# Helpers
+# Timing and imports shared with extras.py
 # ----------------------------------------------------------------------------
 
 
@@ -124,7 +124,8 @@ def event_timer(stream: Any, body: Callable[[int], None]) -> Callable[[int], flo
     return run
 
 
-def _torch() -> Any:
+def import_torch() -> Any:
+    """``torch`` with CUDA, or :class:`~benchmarks.harness.Skip` saying why not."""
     try:
         import torch
     except ImportError as exc:
@@ -132,6 +133,11 @@ def _torch() -> Any:
     if not torch.cuda.is_available():
         raise Skip("torch sees no CUDA device")
     return torch
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
 
 
 def _torch_graph_mode(key: str, torch: Any, graph: Any, x_t: Any, y_t: Any, n: int,

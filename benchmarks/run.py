@@ -161,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_config(args)
     start = time.perf_counter()
+    meta = collect_meta(cfg, argv)  # the date is the start of the run
     print(f"jaxgraph benchmark: settings {', '.join(args.settings)}; N = {list(cfg.ns)}; "
           f"{cfg.repeats} repeats of ~{cfg.target_ms:g} ms per mode", flush=True)
     processes = {}
     with tempfile.TemporaryDirectory(prefix="jaxgraph-bench-") as tmp:
         for key in args.settings:
             processes[key] = run_worker(config.SETTINGS[key], cfg, Path(tmp), args.timeout_s)
-    meta = collect_meta(cfg, argv)
     meta["wall_s"] = round(time.perf_counter() - start, 1)
     results = stats.merge(meta, processes)
     written = write_outputs(results, args.out, plot=not args.no_plot)
