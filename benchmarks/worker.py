@@ -134,7 +134,11 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
     from benchmarks import jax_modes
 
     n = chain.n
-    step = jaxgraph.replayable(chain.graph, inputs=[chain.x_s], outputs=[chain.y_s])
+    try:
+        step = jaxgraph.replayable(chain.graph, inputs=[chain.x_s], outputs=[chain.y_s])
+    except Exception as exc:  # the jit modes then fail with this reason; raw, jax_calls, trivial_jit still run
+        traceback.print_exc()
+        step = functools.partial(_unavailable, f"jaxgraph.replayable failed: {type(exc).__name__}: {exc}")
     skip = stats.jax_calls_skip_reason(n, previous, cfg.jax_calls_budget_s)
     factories = [("raw", functools.partial(graph_modes.raw, chain, stream, rng)),
                  ("jit_loop", functools.partial(jax_modes.jit_loop, step, n, rng)),
@@ -144,6 +148,11 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
                  ("jax_calls", functools.partial(jax_modes.jax_calls, jax_modes.kernel_step(kernel), n, rng, skip)),
                  ("trivial_jit", functools.partial(jax_modes.trivial_jit, rng))]
     return factories, step
+
+
+def _unavailable(why: str, *args: Any) -> Any:
+    """Stands in for a replayable that could not be made: every use raises ``why``."""
+    raise RuntimeError(why)
 
 
 def _describe_bindings(step: Any) -> str | None:
