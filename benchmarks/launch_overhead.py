@@ -1,71 +1,49 @@
 """Host cost of one eager kernel launch: jaxgraph vs PyTorch eager vs cuda.core.
 
-Each way launches the same tiny elementwise kernel (y = x + 1 on 4096 floats)
-many times back to back; the figure is host wall time per launch once the
-queue is warm (median over repeats). Run: python benchmarks/launch_overhead.py
+Run:  python benchmarks/launch_overhead.py
+
+A thin front over the harness: the four ways of ``benchmarks/extras.py``
+(also measured by ``benchmarks/run.py`` in its no-JAX process) launch the same
+tiny kernel (y = x + 1 on 4096 floats) back to back, each checked against
+numpy first; the figure is host wall time per launch on a warm queue, median
+of interleaved repeats.
 """
 
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
-import jaxgraph
+if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-N, LAUNCHES, REPEATS = 4096, 2000, 15
-SRC = r"""
-extern "C" __global__ void add_one(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] + 1.0f;
-}
-"""
+from benchmarks import extras, harness, stats  # noqa: E402
+from benchmarks.config import SCALAR_INFO  # noqa: E402
+from benchmarks.workload import SOURCE  # noqa: E402
 
-
-def per_launch_us(launch, sync) -> float:
-    launch(), sync()
-    samples = []
-    for _ in range(REPEATS):
-        sync()
-        start = time.perf_counter()
-        for _ in range(LAUNCHES):
-            launch()
-        samples.append((time.perf_counter() - start) / LAUNCHES * 1e6)
-        sync()
-    return statistics.median(samples)
+REPEATS, TARGET_S, MAX_CALLS = 15, 0.02, 20_000
 
 
-def main() -> None:
-    kernel = jaxgraph.Kernel(SRC, "add_one")
-    x = jaxgraph.asarray(np.random.default_rng().standard_normal(N, np.float32))
-    y = jaxgraph.empty(N)
-    s = jaxgraph.Stream()
-    bound = kernel[N // 256, 256, 0, s]
-    results = {"jaxgraph kernel[grid, block](...)": per_launch_us(lambda: bound(y, x, N), s.synchronize)}
-    results["jaxgraph kernel.launch(...)"] = per_launch_us(
-        lambda: kernel.launch(y, x, N, grid=N // 256, block=256, stream=s), s.synchronize)
-    try:
-        import torch
+def main() -> int:
+    import jaxgraph
 
-        tx = torch.randn(N, device="cuda")
-        ty = torch.empty_like(tx)
-        results["torch eager torch.add(x, 1, out=y)"] = per_launch_us(
-            lambda: torch.add(tx, 1, out=ty), torch.cuda.synchronize)
-    except ImportError:
-        pass
-    from cuda.core import LaunchConfig, launch
-    from cuda.core import Stream as CoreStream
-
-    core_stream = CoreStream.from_handle(int(s))
-    config = LaunchConfig(grid=N // 256, block=256)
-    core_kernel = kernel._library.get_kernel("add_one")
-    n32 = np.int32(N)
-    results["cuda.core launch(...) (typed args)"] = per_launch_us(
-        lambda: launch(core_stream, config, core_kernel, y.ptr, x.ptr, n32), s.synchronize)
-    width = max(map(len, results))
-    print(f"{'way of launching':<{width}}  us per launch (median of {REPEATS} x {LAUNCHES})")
-    for name, us in results.items():
-        print(f"{name:<{width}}  {us:6.2f}")
+    if jaxgraph.device_count() == 0:
+        print("eager launches need a CUDA GPU: none found")
+        return 0
+    kernel = jaxgraph.Kernel(SOURCE, "add_one")
+    stream = jaxgraph.Stream()
+    factories = extras.eager_factories(kernel, stream, np.random.default_rng())
+    records = harness.measure_group("[eager]", factories, REPEATS, TARGET_S, MAX_CALLS)
+    rows = {SCALAR_INFO[key]: record for key, record in records.items()}
+    width = max(map(len, rows))
+    print(f"\n{'way of launching':<{width}}  us per launch (median of {REPEATS} interleaved repeats)")
+    for label, record in rows.items():
+        if record.get("samples"):
+            print(f"{label:<{width}}  {stats.summarize(record['samples'])['median']:6.2f}")
+        else:
+            print(f"{label:<{width}}  {record.get('skipped') or record.get('error')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

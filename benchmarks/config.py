@@ -1,0 +1,92 @@
+"""What the benchmark runs: processes and their XLA flags, chain lengths, budgets, modes.
+
+Nothing here touches a GPU; the driver (``run.py``), the workers
+(``worker.py``) and the report (``report.py``) all read these tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = [
+    "FLOOR", "FULL", "JAX_MODES", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS",
+    "RunConfig", "Setting", "fori_trips",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One worker process: whether it uses JAX and the exact ``XLA_FLAGS`` it gets."""
+
+    key: str
+    uses_jax: bool
+    xla_flags: str | None  # None: XLA_FLAGS removed from the environment (JAX's defaults)
+    label: str
+
+
+# One process per XLA flag setting: XLA reads XLA_FLAGS once, when its backend starts.
+SETTINGS = {
+    "nojax": Setting("nojax", False, None, "no JAX: raw floor, g.replay(), torch, capture, eager launch"),
+    "off": Setting("off", True, "--xla_gpu_enable_command_buffer=", "XLA command buffers off"),
+    "on": Setting("on", True, "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
+                  "--xla_gpu_graph_min_graph_size=1", "XLA command buffers on (FUSION,CUSTOM_CALL, min size 1)"),
+    "defaults": Setting("defaults", True, None, "JAX defaults (XLA_FLAGS unset)"),
+}
+
+FLOOR = "raw"  # every process measures it; ratios are to the floor of the same process
+
+NOJAX_MODES = ("raw", "replay", "torch_cupy", "torch_add")
+JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit")
+
+MODE_INFO = {
+    "raw": "`cuGraphLaunch` of the jaxgraph graph from cuda.bindings in a Python loop (the floor)",
+    "replay": "`g.replay()` in a Python loop on a jaxgraph stream",
+    "torch_cupy": "`torch.cuda.CUDAGraph` of the same source via `cupy.RawKernel`, `replay()` in a loop",
+    "torch_add": "`torch.cuda.CUDAGraph` of N `torch.add(x, 1, out=y)`, `replay()` in a loop",
+    "jit_loop": "`jax.jit(replayable)` called from a Python loop on one fixed input",
+    "jit_changing": "as jit_loop, rotating over 8 input arrays (a new input address every call)",
+    "jit_fori": "R = 10000/N (10 to 1000) replays in one jitted `lax.fori_loop`, each output the next input",
+    "jit_unrolled": "10 replays unrolled in one jit, called from a Python loop",
+    "jax_calls": "the chain as N `Kernel.jax_call`s in one jit, called from a Python loop",
+    "trivial_jit": "`jax.jit(lambda x: x + 1)` called from a Python loop (us per call)",
+}
+
+SCALAR_INFO = {
+    "capture_1000": "capture + instantiate of 1000 launches with `jaxgraph.graph` (ms)",
+    "eager.jaxgraph_bound": "`kernel[grid, block, 0, s](y, x, n)`",
+    "eager.jaxgraph_launch": "`kernel.launch(y, x, n, grid=..., block=..., stream=s)`",
+    "eager.torch_add": "torch eager `torch.add(x, 1, out=y)`",
+    "eager.cuda_core": "cuda.core `launch(stream, config, kernel, y.ptr, x.ptr, n32)`, pre-typed",
+}
+
+UNROLL = 10           # replays per jit_unrolled call
+CHANGING_INPUTS = 8   # input arrays jit_changing rotates over
+CAPTURE_LAUNCHES = 1000
+
+
+def fori_trips(n: int) -> int:
+    """Replays per ``jit_fori`` call: about 10,000 kernels, between 10 and 1000 trips."""
+    return max(10, min(1000, 10_000 // max(1, n)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Budgets of one run; the driver passes it to each worker as JSON."""
+
+    ns: tuple = (1, 10, 100, 1000)
+    repeats: int = 7             # interleaved rounds over the modes
+    target_ms: float = 25.0      # wall time aimed at per sample (calls per sample are calibrated)
+    max_calls: int = 20_000      # cap on calls per sample
+    jax_calls_budget_s: float = 40.0  # skip a jax_calls N whose compile is estimated above this
+    quick: bool = False
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "ns": list(self.ns)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunConfig":
+        return cls(**{**data, "ns": tuple(int(n) for n in data["ns"])})
+
+
+FULL = RunConfig()
+QUICK = RunConfig(ns=(1, 100), repeats=3, target_ms=5.0, jax_calls_budget_s=15.0, quick=True)

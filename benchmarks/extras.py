@@ -1,0 +1,122 @@
+"""N-independent figures: capture + instantiate of 1000 launches, and eager launch overhead.
+
+- ``capture_1000``: wall time of ``with jaxgraph.graph(g):`` around 1000
+  launches, instantiation included (``capture_end`` instantiates), in ms.
+- ``eager.*``: host time per eager launch of the same kernel, back to back
+  on a warm queue, in us: jaxgraph ``kernel[grid, block, 0, s](...)``,
+  jaxgraph ``kernel.launch(...)``, torch eager ``torch.add``, and cuda.core
+  ``launch`` with pre-typed arguments (no checks: the cheapest Python launch).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .config import CAPTURE_LAUNCHES
+from .graph_modes import import_torch
+from .harness import Mode
+from .workload import BLOCK, ELEMENTS, GRID, Chain, check_result, random_input
+
+__all__ = ["capture", "eager_factories"]
+
+
+def capture(kernel: Any, rng: np.random.Generator, launches: int = CAPTURE_LAUNCHES) -> Mode:
+    """Capture + instantiate ``launches`` kernels into a new graph per call (ms per capture)."""
+    import jaxgraph
+
+    x_s, y_s = jaxgraph.zeros(ELEMENTS, np.float32), jaxgraph.zeros(ELEMENTS, np.float32)
+    chain = Chain(kernel, launches, x_s, y_s)
+    check = chain.check(chain.graph.replay, rng)
+    chain.close()
+
+    def run(calls: int) -> float:
+        total = 0.0
+        for _ in range(calls):
+            jaxgraph.synchronize()
+            start = time.perf_counter()
+            graph = Chain(kernel, launches, x_s, y_s).graph
+            total += time.perf_counter() - start
+            graph.reset()  # destroying it is not part of the figure
+        return total
+
+    return Mode("capture_1000", run, per_call=1, unit="ms", clock="wall", check=check,
+                info={"launches": launches})
+
+
+def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[tuple[str, Callable[[], Mode]]]:
+    """The eager-launch ways, as (key, factory) pairs for :func:`~benchmarks.harness.measure_group`."""
+    def jaxgraph_bound() -> Mode:
+        bound = kernel[GRID, BLOCK, 0, stream]
+        return _jaxgraph_mode("eager.jaxgraph_bound", lambda y, x: bound(y, x, ELEMENTS), stream, rng)
+
+    def jaxgraph_launch() -> Mode:
+        def launch(y, x):
+            kernel.launch(y, x, ELEMENTS, grid=GRID, block=BLOCK, stream=stream)
+        return _jaxgraph_mode("eager.jaxgraph_launch", launch, stream, rng)
+
+    def cuda_core() -> Mode:
+        from cuda.core import LaunchConfig, ObjectCode, launch
+        from cuda.core import Stream as CoreStream
+
+        # Our own module load of the same cubin, as jaxgraph's Kernel loads it.
+        code = ObjectCode.from_cubin(kernel.cubin, symbol_mapping={"add_one": kernel.lowered_name.encode()})
+        core_kernel = code.get_kernel("add_one")
+        core_stream = CoreStream.from_handle(int(stream))
+        config = LaunchConfig(grid=GRID, block=BLOCK)
+        n32 = np.int32(ELEMENTS)  # pre-typed; Python ints pass as pointers
+
+        def launch_core(y, x, _module=code):  # the module stays loaded while the mode lives
+            launch(core_stream, config, core_kernel, y.ptr, x.ptr, n32)
+
+        return _jaxgraph_mode("eager.cuda_core", launch_core, stream, rng)
+
+    def torch_add() -> Mode:
+        torch = import_torch()
+        x_host = random_input(rng)
+        x_t = torch.from_numpy(x_host).cuda()
+        y_t = torch.full_like(x_t, float("nan"))
+        torch.add(x_t, 1, out=y_t)
+        torch.cuda.synchronize()
+        check = check_result(y_t.cpu().numpy(), x_host, 1)
+        return Mode("eager.torch_add", _host_timer(lambda: torch.add(x_t, 1, out=y_t), torch.cuda.synchronize),
+                    unit="us_per_launch", clock="wall", check=check)
+
+    return [("eager.jaxgraph_bound", jaxgraph_bound), ("eager.jaxgraph_launch", jaxgraph_launch),
+            ("eager.torch_add", torch_add), ("eager.cuda_core", cuda_core)]
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _jaxgraph_mode(key: str, launch: Callable[[Any, Any], None], stream: Any, rng: np.random.Generator) -> Mode:
+    """Check ``launch(y, x)`` once against numpy on fresh input, then time it back to back."""
+    import jaxgraph
+
+    x_host = random_input(rng)
+    x, y = jaxgraph.asarray(x_host), jaxgraph.empty(ELEMENTS, np.float32)
+    y.fill_(np.nan)
+    jaxgraph.synchronize()
+    launch(y, x)
+    stream.synchronize()
+    check = check_result(y.numpy(), x_host, 1)
+    return Mode(key, _host_timer(lambda: launch(y, x), stream.synchronize), unit="us_per_launch",
+                clock="wall", check=check)
+
+
+def _host_timer(launch: Callable[[], Any], sync: Callable[[], None]) -> Callable[[int], float]:
+    """``run(calls)``: host seconds for ``calls`` launches, queue drained before and after (not timed)."""
+    def run(calls: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            launch()
+        elapsed = time.perf_counter() - start
+        sync()
+        return elapsed
+
+    return run

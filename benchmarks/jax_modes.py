@@ -1,0 +1,143 @@
+"""Modes that run the chain inside ``jax.jit``: replayable calls, loops, unrolling, ``jax_call`` chains.
+
+Every factory takes ``step``, a JAX function computing ``x + N`` (on the GPU:
+``jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s])``), compiles its jitted
+function, checks one call against numpy on fresh random input and returns a
+:class:`~benchmarks.harness.Mode` timed by the host wall clock over many calls
+with one ``jax.block_until_ready`` at the end (jit modes are host-bound at
+small N, so device events would miss the dispatch they cost).
+
+Because ``step`` is just a function, ``tests/test_benchmarks.py`` runs these
+factories on the CPU with ``step = lambda x: x + N``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .config import CHANGING_INPUTS, UNROLL, fori_trips
+from .harness import Mode, Skip
+from .workload import check_result, random_input
+
+__all__ = ["jax_calls", "jit_changing", "jit_fori", "jit_loop", "jit_unrolled", "kernel_step", "trivial_jit"]
+
+
+def jit_loop(step: Callable, n: int, rng: np.random.Generator) -> Mode:
+    """``jax.jit(step)`` called from a Python loop on one fixed input."""
+    import jax
+
+    return _loop_mode("jit_loop", jax.jit(step), n, rng, inputs=1)
+
+
+def jit_changing(step: Callable, n: int, rng: np.random.Generator) -> Mode:
+    """As :func:`jit_loop`, rotating over several inputs: a new input address on every call."""
+    import jax
+
+    # A function of its own, so its executable (and XLA's recorded command
+    # buffer) is not the one jit_loop times.
+    return _loop_mode("jit_changing", jax.jit(lambda x: step(x)), n, rng, inputs=CHANGING_INPUTS)
+
+
+def jit_fori(step: Callable, n: int, rng: np.random.Generator) -> Mode:
+    """``lax.fori_loop`` of ``fori_trips(n)`` replays in one jit, each output the next input."""
+    import jax
+
+    trips = fori_trips(n)
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, trips, lambda i, v: step(v), x))
+    mode = _loop_mode("jit_fori", f, n * trips, rng, inputs=1)
+    mode.info["trips"] = trips
+    return mode
+
+
+def jit_unrolled(step: Callable, n: int, rng: np.random.Generator) -> Mode:
+    """``UNROLL`` chained replays in one jit (distinct operands, so XLA cannot merge them)."""
+    import jax
+
+    def unrolled(x):
+        for _ in range(UNROLL):
+            x = step(x)
+        return x
+
+    mode = _loop_mode("jit_unrolled", jax.jit(unrolled), n * UNROLL, rng, inputs=1)
+    mode.info["unroll"] = UNROLL
+    return mode
+
+
+def jax_calls(one_kernel: Callable, n: int, rng: np.random.Generator, skip: str | None = None) -> Mode:
+    """The chain as ``n`` calls of ``one_kernel`` (a ``Kernel.jax_call``) in one jit."""
+    import jax
+
+    if skip:
+        raise Skip(skip)
+
+    def chain(x):
+        for _ in range(n):
+            x = one_kernel(x)
+        return x
+
+    return _loop_mode("jax_calls", jax.jit(chain), n, rng, inputs=1)
+
+
+def trivial_jit(rng: np.random.Generator) -> Mode:
+    """``jax.jit(lambda x: x + 1)``: what any jitted call costs (us per call)."""
+    import jax
+
+    mode = _loop_mode("trivial_jit", jax.jit(lambda x: x + 1), 1, rng, inputs=1)
+    mode.unit = "us_per_call"
+    return mode
+
+
+def kernel_step(kernel: Any) -> Callable:
+    """One ``add_one`` kernel on a JAX array through ``Kernel.jax_call`` (a new output buffer)."""
+    import jax
+
+    return lambda x: kernel.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, x.size)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _loop_mode(key: str, f: Callable, steps: int, rng: np.random.Generator, inputs: int) -> Mode:
+    """Compile ``f`` (it adds ``steps``: one per kernel), check it on each of ``inputs`` fresh arrays,
+    and time calls rotating over them."""
+    import jax.numpy as jnp
+
+    hosts = [random_input(rng) for _ in range(inputs)]
+    arrays = [jnp.asarray(x) for x in hosts]
+    for x, a in zip(hosts, arrays):  # the first call compiles; every input is checked once
+        check = check_result(f(a), x, steps)
+    if inputs > 1:
+        check += f" (each of {inputs} inputs)"
+    return Mode(key, _timed_calls(f, arrays), per_call=steps, clock="wall", check=check)
+
+
+def _timed_calls(f: Callable, arrays: Sequence[Any]) -> Callable[[int], float]:
+    """``run(calls)``: call ``f`` ``calls`` times (cycling over ``arrays``), wait for the last result."""
+    import jax
+
+    count = len(arrays)
+
+    def run(calls: int) -> float:
+        jax.block_until_ready(arrays)
+        _idle()
+        out = None
+        start = time.perf_counter()
+        for i in range(calls):
+            out = f(arrays[i % count])
+        jax.block_until_ready(out)
+        return time.perf_counter() - start
+
+    return run
+
+
+def _idle() -> None:
+    """Wait for every stream of the device (XLA's included); a no-op without a GPU (CPU tests)."""
+    import jaxgraph
+
+    if jaxgraph.device_count() > 0:
+        jaxgraph.synchronize()

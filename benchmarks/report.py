@@ -1,0 +1,171 @@
+"""The markdown report of a results document (what ``run.py`` writes and prints last).
+
+Pure: :func:`markdown` reads the merged results dict (see ``stats.merge``) and
+returns text, so it can be re-rendered from a committed JSON::
+
+    python -c "import json, sys; from benchmarks import report; print(report.markdown(json.load(open(sys.argv[1]))))" results/x.json
+"""
+
+from __future__ import annotations
+
+from .config import JAX_MODES, MODE_INFO, NOJAX_MODES, SCALAR_INFO, SETTINGS
+
+__all__ = ["fmt", "markdown"]
+
+VERSION_KEYS = ("jax", "jaxlib", "cuda-bindings", "cuda-core", "torch", "cupy-cuda13x", "numpy")
+PER_CALL_MODES = ("trivial_jit", "jit_loop", "jax_calls")
+
+
+def markdown(results: dict) -> str:
+    """The whole report: header, one table per process, per-call figures, extras, problems."""
+    lines = _header(results)
+    processes = results.get("processes", {})
+    for key in _ordered(processes):
+        lines += _process_table(key, processes[key])
+    lines += _per_call_table(processes)
+    lines += _scalars_table(processes)
+    lines += _legend()
+    lines += _problems(results)
+    return "\n".join(lines) + "\n"
+
+
+def fmt(value: float | None) -> str:
+    """A time with three or four significant digits and no exponent."""
+    if value is None:
+        return "–"
+    for limit, digits in ((10, 3), (100, 2), (1000, 1)):
+        if abs(value) < limit:
+            return f"{value:.{digits}f}"
+    return f"{value:.0f}"
+
+
+# ----------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------
+
+
+def _header(results: dict) -> list[str]:
+    device = results.get("device", {})
+    versions = results.get("versions", {})
+    cfg = results.get("config", {})
+    soft = ", ".join(f"{k} {versions[k]}" for k in VERSION_KEYS if k in versions)
+    run = "quick run" if results.get("quick") else "full run"
+    facts = [results.get("date", "undated"), f"{run}, {cfg.get('repeats', '?')} interleaved repeats per N",
+             f"driver {device.get('driver', '?')}", soft, f"git {results.get('git') or '?'}"]
+    return [
+        f"# jaxgraph benchmark: {device.get('name', 'unknown device')}", "",
+        " · ".join(f for f in facts if f), "",
+        "A chain of N dependent `add_one` kernels (y = x + 1 on 4096 float32). Cells: median **us per "
+        "kernel** (time per call / N) and, in parentheses, the ratio to the raw `cuGraphLaunch` floor "
+        "measured in the same process. Spread (min-max, quartiles) and every sample are in the JSON. "
+        "Host timings drift 10-30% between processes: compare ratios, not times across tables.", "",
+    ]
+
+
+def _process_table(key: str, proc: dict) -> list[str]:
+    setting = SETTINGS.get(key)
+    title = f"## {key}: {setting.label if setting else ''}"
+    if proc.get("failed"):
+        return [title, "", f"Failed: {proc['failed']}", ""]
+    if not _ns(proc):
+        return [title, "", "Nothing measured (see *Skipped and failed*).", ""]
+    modes = [m for m in (NOJAX_MODES if key == "nojax" else JAX_MODES) if m != "trivial_jit"]  # per call
+    lines = [title, "", "| N | " + " | ".join(modes) + " |", "| ---: |" + " ---: |" * len(modes)]
+    for n in _ns(proc):
+        cells = [_cell(proc, mode, n) for mode in modes]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _cell(proc: dict, mode: str, n: str) -> str:
+    entry = proc.get("modes", {}).get(mode, {}).get("by_n", {}).get(n)
+    if entry is None:
+        return "–"
+    if "stats" not in entry:
+        return "skipped" if "skipped" in entry else "error"
+    text = fmt(entry["stats"]["median"])
+    if mode != "raw" and entry.get("ratio") is not None:
+        text += f" ({entry['ratio']:.2f}x)"
+    return text + (" (error)" if "error" in entry else "")
+
+
+def _per_call_table(processes: dict) -> list[str]:
+    keys = [k for k in _ordered(processes) if k != "nojax" and _ns(processes[k])]
+    if not keys:
+        return []
+    ns = sorted({n for k in keys for n in _ns(processes[k])}, key=int)
+    lines = ["## Per call (us per jitted call of the whole chain)", "",
+             "| setting | mode | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | --- |" + " ---: |" * len(ns)]
+    for key in keys:
+        proc = processes[key]
+        for mode in PER_CALL_MODES:
+            lines.append(f"| {key} | {mode} | " + " | ".join(_per_call(proc, mode, n) for n in ns) + " |")
+        ratios = [_changing_ratio(proc, n) for n in ns]
+        lines.append(f"| {key} | jit_changing / jit_loop | " + " | ".join(ratios) + " |")
+    return lines + [""]
+
+
+def _per_call(proc: dict, mode: str, n: str) -> str:
+    entry = proc.get("modes", {}).get(mode, {}).get("by_n", {}).get(n, {})
+    if "stats" not in entry:
+        return "skipped" if "skipped" in entry else "–"
+    per_kernel = entry["stats"]["median"]
+    # trivial_jit is recorded per call; the chain modes per kernel, N kernels per call.
+    return fmt(per_kernel if proc["modes"][mode].get("unit") == "us_per_call" else per_kernel * int(n))
+
+
+def _changing_ratio(proc: dict, n: str) -> str:
+    by_n = {m: proc.get("modes", {}).get(m, {}).get("by_n", {}).get(n, {}) for m in ("jit_changing", "jit_loop")}
+    if not all("stats" in e for e in by_n.values()):
+        return "–"
+    return f"{by_n['jit_changing']['stats']['median'] / by_n['jit_loop']['stats']['median']:.2f}x"
+
+
+def _scalars_table(processes: dict) -> list[str]:
+    rows = []
+    for key in _ordered(processes):
+        for name, entry in processes[key].get("scalars", {}).items():
+            label = SCALAR_INFO.get(name, name)
+            if "stats" not in entry:
+                rows.append(f"| {label} | {entry.get('skipped') or entry.get('error', '–')} | |")
+                continue
+            unit = "ms" if entry.get("unit") == "ms" else "us"
+            s = entry["stats"]
+            rows.append(f"| {label} | {fmt(s['median'])} {unit} | {fmt(s['min'])}-{fmt(s['max'])} |")
+    if not rows:
+        return []
+    return ["## Capture and eager launch (host wall time; eager: per launch)", "",
+            "| figure | median | min-max |", "| --- | ---: | ---: |", *rows, ""]
+
+
+def _legend() -> list[str]:
+    lines = ["## Modes", ""]
+    lines += [f"- `{key}`: {text}" for key, text in MODE_INFO.items()]
+    lines.append("- raw, replay and torch are timed with CUDA events; jit modes and extras by host wall clock "
+                 "over many calls ending in `jax.block_until_ready`. Every mode was checked against numpy "
+                 "(x + N on fresh random input) before it was timed.")
+    return lines + [""]
+
+
+def _problems(results: dict) -> list[str]:
+    lines = []
+    for key, why in results.get("failures", {}).items():
+        lines.append(f"- {key}: process failed: {why}")
+    for key in _ordered(results.get("processes", {})):
+        proc = results["processes"][key]
+        for mode, record in proc.get("modes", {}).items():
+            for n, entry in record.get("by_n", {}).items():
+                if "skipped" in entry:
+                    lines.append(f"- {key} {mode} N={n}: skipped: {entry['skipped']}")
+        lines += [f"- {key}: {error}" for error in proc.get("errors", [])]
+    return (["## Skipped and failed", "", *lines, ""]) if lines else []
+
+
+def _ordered(processes: dict) -> list[str]:
+    """Settings in the canonical order, unknown ones last."""
+    return sorted(processes, key=lambda k: list(SETTINGS).index(k) if k in SETTINGS else len(SETTINGS))
+
+
+def _ns(proc: dict) -> list[str]:
+    return sorted({n for m in proc.get("modes", {}).values() for n in m.get("by_n", {})}, key=int)

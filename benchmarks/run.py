@@ -1,0 +1,209 @@
+"""Run the whole benchmark on a GPU machine and write the results: one command.
+
+    python benchmarks/run.py            # full run: N = 1, 10, 100, 1000, 7 interleaved repeats
+    python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
+
+One worker process per setting (``nojax``, then XLA command buffers ``off``,
+``on`` and JAX ``defaults``), each with ``XLA_FLAGS`` set explicitly in its
+environment and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``; each measures the
+raw ``cuGraphLaunch`` floor itself. Their JSON is merged into
+``benchmarks/results/<device>.json`` (``<device>-quick.*`` with ``--quick``),
+rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
+<json>`` renders the PNG elsewhere), and the markdown is printed last.
+Exit status 1 when a worker or a mode failed (the outputs are still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import config, report, stats  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "cuda-bindings", "cuda-core",
+                 "nvidia-cuda-nvrtc", "torch", "cupy-cuda13x", "cupy-cuda12x", "numpy", "matplotlib", "jaxgraph")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The driver's command line; ``--settings``/``--ns`` are comma-separated lists."""
+    p = argparse.ArgumentParser(prog="benchmarks/run.py", description="jaxgraph benchmark driver")
+    p.add_argument("--quick", action="store_true", help="smoke run: N = 1, 100, 3 repeats, short samples")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
+    p.add_argument("--settings", type=_settings, default=tuple(config.SETTINGS),
+                   help="comma-separated subset of " + ",".join(config.SETTINGS))
+    p.add_argument("--ns", type=_ints, help="chain lengths, e.g. 1,10,100,1000")
+    p.add_argument("--repeats", type=int, help="interleaved rounds per N")
+    p.add_argument("--target-ms", type=float, help="wall time per sample")
+    p.add_argument("--jax-calls-budget-s", type=float, help="skip a jax_calls N estimated to compile longer")
+    p.add_argument("--timeout-s", type=float, default=None, help="per worker (default 240, quick 120)")
+    p.add_argument("--no-plot", action="store_true", help="write JSON and markdown only")
+    args = p.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.timeout_s is None:
+        args.timeout_s = 120.0 if args.quick else 240.0
+    return args
+
+
+def build_config(args: argparse.Namespace) -> config.RunConfig:
+    """The quick or full budgets, with the command line's overrides."""
+    base = config.QUICK if args.quick else config.FULL
+    overrides = {"ns": args.ns, "repeats": args.repeats, "target_ms": args.target_ms,
+                 "jax_calls_budget_s": args.jax_calls_budget_s}
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def worker_env(setting: config.Setting, base: dict[str, str]) -> dict[str, str]:
+    """The worker's environment: ``XLA_FLAGS`` exactly the setting's (removed for JAX's defaults)."""
+    env = dict(base)
+    env.pop("XLA_FLAGS", None)
+    if setting.xla_flags is not None:
+        env["XLA_FLAGS"] = setting.xla_flags
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # leave device memory to jaxgraph and torch too
+    env["PYTHONUNBUFFERED"] = "1"  # progress lines as they happen
+    return env
+
+
+def worker_command(setting: str, json_path: Path, cfg: config.RunConfig) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.worker", "--setting", setting, "--json", str(json_path),
+            "--config", json.dumps(cfg.to_json())]
+
+
+def run_worker(setting: config.Setting, cfg: config.RunConfig, tmp: Path, timeout_s: float) -> dict:
+    """Run one worker, echoing its output; return its record, or ``{"failed": why}``."""
+    json_path = tmp / f"{setting.key}.json"
+    print(f"[{setting.key}] starting: {setting.label}; XLA_FLAGS={setting.xla_flags!r}", flush=True)
+    proc = subprocess.Popen(worker_command(setting.key, json_path, cfg), cwd=ROOT,
+                            env=worker_env(setting, os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
+    tail: collections.deque = collections.deque(maxlen=30)
+    try:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            tail.append(line)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    why = f"timed out after {timeout_s:.0f} s" if killed.is_set() else f"exit code {code}"
+    if json_path.exists() and not killed.is_set():
+        record = json.loads(json_path.read_text())
+        record["exit_code"] = code
+        return record
+    return {"setting": setting.key, "xla_flags": setting.xla_flags, "failed": why,
+            "output_tail": "".join(tail)[-3000:]}
+
+
+def collect_meta(cfg: config.RunConfig, argv: list[str]) -> dict:
+    """Date, command, versions, git commit and nvidia-smi's view of the device."""
+    versions = {"python": sys.version.split()[0]}
+    for dist in DISTRIBUTIONS:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    meta = {"schema": 1, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", "benchmarks/run.py", *argv]), "quick": cfg.quick,
+            "config": cfg.to_json(), "versions": versions, "git": _run(["git", "-C", str(ROOT), "describe",
+                                                                        "--always", "--dirty"])}
+    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    if smi:
+        meta["device"] = {"nvidia_smi": smi.splitlines()[0], "driver": smi.splitlines()[0].split(",")[-1].strip()}
+    return meta
+
+
+def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]:
+    """Write ``<slug>.json`` and ``.md`` (and ``.png`` when matplotlib is there); return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = results["device"]["slug"] + ("-quick" if results.get("quick") else "")
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
+    md_path.write_text(report.markdown(results))
+    written = [json_path, md_path]
+    if plot:
+        try:
+            from benchmarks import plot as plotting
+
+            written.append(plotting.render(results, out_dir / f"{stem}.png"))
+        except ImportError as exc:
+            print(f"no PNG: {exc}; render it elsewhere with python benchmarks/plot.py {json_path}")
+        except Exception:  # a plotting bug must not cost the measured numbers
+            traceback.print_exc()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    cfg = build_config(args)
+    start = time.perf_counter()
+    meta = collect_meta(cfg, argv)  # the date is the start of the run
+    print(f"jaxgraph benchmark: settings {', '.join(args.settings)}; N = {list(cfg.ns)}; "
+          f"{cfg.repeats} repeats of ~{cfg.target_ms:g} ms per mode", flush=True)
+    processes = {}
+    with tempfile.TemporaryDirectory(prefix="jaxgraph-bench-") as tmp:
+        for key in args.settings:
+            processes[key] = run_worker(config.SETTINGS[key], cfg, Path(tmp), args.timeout_s)
+    meta["wall_s"] = round(time.perf_counter() - start, 1)
+    results = stats.merge(meta, processes)
+    written = write_outputs(results, args.out, plot=not args.no_plot)
+    print("\nwrote " + ", ".join(str(p) for p in written) + f" in {meta['wall_s']:.0f} s\n")
+    print(report.markdown(results))
+    failed = results["failures"] or any(p.get("errors") for p in results["processes"].values())
+    return 1 if failed else 0
+
+
+def _settings(text: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in config.SETTINGS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"unknown setting(s) {unknown or text!r}; choose from "
+                                         + ",".join(config.SETTINGS))
+    return keys
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"chain lengths must be >= 1, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def _run(cmd: list[str]) -> str | None:
+    """A command's stdout, or ``None`` when it is missing or fails."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""The benchmark harness on the CPU: driver arguments, statistics, the merge, markdown, the plot.
+
+The GPU measurements themselves run only on a GPU machine (``python
+benchmarks/run.py``); here every pure function is checked on synthetic
+numbers, the jit modes run on the CPU with a pure-JAX stand-in for the
+replayable, and a worker without a GPU must say so in its JSON.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
+
+from benchmarks import config, harness, report, run, stats  # noqa: E402
+from benchmarks.workload import check_result  # noqa: E402
+
+HAS_GPU = __import__("jaxgraph").device_count() > 0
+
+
+# ---------------------------------------------------------------------------
+# Synthetic records, shaped as the workers write them
+# ---------------------------------------------------------------------------
+
+
+def worker_record(setting, floor, factors, ns=("1", "100"), skipped=()):
+    """A worker record whose mode ``m`` takes ``floor * factors[m]`` us per kernel in every round."""
+    modes = {}
+    for mode, factor in {"raw": 1.0, **factors}.items():
+        unit = "us_per_call" if mode == "trivial_jit" else "us_per_kernel"
+        by_n = {}
+        for n in ns:
+            if (mode, n) in skipped:
+                by_n[n] = {"skipped": "too slow to compile"}
+                continue
+            base = floor[n] if isinstance(floor, dict) else floor
+            by_n[n] = {"samples": [base * factor * d for d in (1.0, 1.2, 0.9)], "calls": 10, "per_call": int(n),
+                       "check": "ok"}
+        modes[mode] = {"unit": unit, "clock": "wall", "by_n": by_n}
+    return {"setting": setting, "xla_flags": config.SETTINGS[setting].xla_flags, "modes": modes,
+            "scalars": {}, "errors": [], "device": {"name": "NVIDIA H100 80GB HBM3", "ordinal": 0}}
+
+
+def synthetic_results():
+    nojax = worker_record("nojax", 1.0, {"replay": 1.0, "torch_cupy": 1.2, "torch_add": 1.15})
+    nojax["scalars"] = {"capture_1000": {"unit": "ms", "clock": "wall", "samples": [15.0, 16.0, 15.5]},
+                        "eager.torch_add": {"skipped": "torch is not installed"}}
+    on = worker_record("on", {"1": 2.0, "100": 1.0},
+                       {"jit_loop": 20.0, "jit_changing": 25.0, "jax_calls": 19.0, "trivial_jit": 38.0},
+                       skipped={("jax_calls", "100")})
+    processes = {"nojax": nojax, "on": on, "off": {"setting": "off", "failed": "exit code 1"}}
+    meta = {"schema": 1, "date": "2026-11-23T10:00:00+00:00", "quick": False,
+            "config": {"repeats": 3}, "versions": {"jax": "0.11.2", "torch": "2.11.0"},
+            "device": {"driver": "580.159.04"}}
+    return stats.merge(meta, processes)
+
+
+# ---------------------------------------------------------------------------
+# The driver's command line and worker environment
+# ---------------------------------------------------------------------------
+
+
+def test_driver_defaults_run_every_setting_with_the_full_budget():
+    args = run.parse_args([])
+    assert args.settings == ("nojax", "off", "on", "defaults") and not args.quick
+    assert args.out == ROOT / "benchmarks" / "results"
+    cfg = run.build_config(args)
+    assert cfg.ns == (1, 10, 100, 1000) and cfg.repeats == 7 and not cfg.quick
+
+
+def test_driver_quick_and_overrides():
+    args = run.parse_args(["--quick", "--ns", "100,1,100", "--repeats", "2", "--settings", "on,nojax",
+                           "--out", "/tmp/x"])
+    cfg = run.build_config(args)
+    assert cfg.quick and cfg.ns == (1, 100) and cfg.repeats == 2
+    assert cfg.target_ms == config.QUICK.target_ms and args.timeout_s == 120.0
+    assert args.settings == ("on", "nojax") and args.out == Path("/tmp/x")
+
+
+@pytest.mark.parametrize("argv", [["--settings", "on,bogus"], ["--ns", "1,x"], ["--ns", "0,10"],
+                                  ["--repeats", "0"], ["--settings", ""]])
+def test_driver_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run.parse_args(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_worker_environment_sets_the_flags_explicitly():
+    inherited = {"XLA_FLAGS": "--xla_something_else", "PATH": "/bin"}
+    off = run.worker_env(config.SETTINGS["off"], inherited)
+    on = run.worker_env(config.SETTINGS["on"], inherited)
+    defaults = run.worker_env(config.SETTINGS["defaults"], inherited)
+    assert off["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer="
+    assert on["XLA_FLAGS"] == ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
+                               "--xla_gpu_graph_min_graph_size=1")
+    assert "XLA_FLAGS" not in defaults and defaults["PATH"] == "/bin"
+    assert all(env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" for env in (off, on, defaults))
+    assert inherited["XLA_FLAGS"] == "--xla_something_else"  # the driver's own environment is untouched
+
+
+def test_worker_command_round_trips_the_config(tmp_path):
+    cfg = run.build_config(run.parse_args(["--quick", "--ns", "1,10"]))
+    cmd = run.worker_command("on", tmp_path / "on.json", cfg)
+    assert cmd[:3] == [sys.executable, "-m", "benchmarks.worker"]
+    assert cmd[cmd.index("--setting") + 1] == "on"
+    assert config.RunConfig.from_json(json.loads(cmd[cmd.index("--config") + 1])) == cfg
+
+
+# ---------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------
+
+
+def test_quantile_and_summary_match_numpy():
+    samples = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    s = stats.summarize(samples)
+    assert s["median"] == pytest.approx(np.median(samples))
+    assert s["q1"] == pytest.approx(np.percentile(samples, 25)) and s["q3"] == pytest.approx(np.percentile(samples, 75))
+    assert (s["min"], s["max"], s["count"]) == (1.0, 9.0, 6)
+    assert s["spread"] == pytest.approx(8.0)
+    with pytest.raises(ValueError):
+        stats.summarize([])
+
+
+def test_ratios_are_to_the_floor_of_the_same_process_and_round():
+    proc = worker_record("on", {"1": 2.0, "100": 1.0}, {"jit_loop": 3.0, "trivial_jit": 40.0})
+    proc["modes"]["jit_loop"]["by_n"]["100"]["samples"] = [3.0, 4.0, 2.0]   # floor: 1.0, 1.2, 0.9
+    out = stats.summarize_process(proc)
+    assert "stats" not in proc["modes"]["raw"]["by_n"]["1"]  # the input is not modified
+    raw, loop = out["modes"]["raw"]["by_n"], out["modes"]["jit_loop"]["by_n"]
+    assert raw["1"]["ratio"] == pytest.approx(1.0)
+    assert loop["1"]["ratio"] == pytest.approx(3.0)  # 6.0 / 2.0 at N=1
+    assert loop["100"]["ratio"] == pytest.approx(3.0 / 1.0)  # median over median
+    assert loop["100"]["ratio_min"] == pytest.approx(2.0 / 0.9)  # round 3
+    assert loop["100"]["ratio_max"] == pytest.approx(4.0 / 1.2)  # round 2
+    assert "ratio" not in out["modes"]["trivial_jit"]["by_n"]["1"]  # per call: no per-kernel ratio
+    assert stats.paired_ratios([2.0, 3.0], [1.0, 0.0]) == [2.0]
+
+
+def test_merge_lifts_device_records_failures_and_keeps_processes_apart():
+    results = synthetic_results()
+    assert results["device"]["name"] == "NVIDIA H100 80GB HBM3" and results["device"]["driver"] == "580.159.04"
+    assert results["device"]["slug"] == "nvidia-h100-80gb-hbm3"
+    assert results["failures"] == {"off": "exit code 1"}
+    assert set(results["processes"]) == {"nojax", "on", "off"}
+    on = results["processes"]["on"]["modes"]
+    assert on["jit_loop"]["by_n"]["1"]["ratio"] == pytest.approx(20.0)  # on's floor, not nojax's
+    assert on["jax_calls"]["by_n"]["100"] == {"skipped": "too slow to compile"}
+    assert results["processes"]["nojax"]["scalars"]["capture_1000"]["stats"]["median"] == 15.5
+    json.dumps(stats.json_ready(results), allow_nan=False)  # writable as strict JSON
+
+
+def test_calls_per_sample_and_the_jax_calls_budget():
+    assert stats.calls_for_target(0.001, 10, 0.025, 20_000) == 250
+    assert stats.calls_for_target(1.0, 1, 0.025, 20_000) == 1
+    assert stats.calls_for_target(1e-9, 8, 0.025, 500) == 500
+    assert stats.calls_for_target(0.0, 8, 0.025, 500) == 500
+    assert stats.jax_calls_skip_reason(100, None, 40.0) is None
+    assert stats.jax_calls_skip_reason(1000, (100, 2.0), 40.0) is None  # 20 s estimated
+    reason = stats.jax_calls_skip_reason(1000, (100, 5.0), 40.0)
+    assert reason and "50 s" in reason and "--jax-calls-budget-s" in reason
+
+
+def test_device_slug_and_json_ready():
+    assert stats.device_slug("NVIDIA H200 (SXM) ") == "nvidia-h200-sxm"
+    assert stats.device_slug("") == "unknown-device"
+    assert stats.json_ready({"a": [1.0, math.inf], "b": math.nan}) == {"a": [1.0, None], "b": None}
+
+
+def test_check_result_is_exact():
+    x = np.arange(-5, 5, dtype=np.float32)
+    assert "matches numpy" in check_result(x + 3, x, 3)
+    with pytest.raises(AssertionError, match="expected x \\+ 3"):
+        check_result(x + 2, x, 3)
+    bad = x + 3
+    bad[7] += 0.5
+    with pytest.raises(AssertionError, match="1 of 10 elements differ"):
+        check_result(bad, x, 3)
+
+
+# ---------------------------------------------------------------------------
+# Timing machinery with fake modes
+# ---------------------------------------------------------------------------
+
+
+def fake_mode(key, seconds_per_call, log=None, fail_on=None):
+    calls_seen = []
+
+    def run_calls(calls):
+        calls_seen.append(calls)
+        if log is not None:
+            log.append(key)
+        if fail_on is not None and len(calls_seen) >= fail_on:
+            raise RuntimeError("device fell over")
+        return calls * seconds_per_call
+
+    mode = harness.Mode(key, run_calls, per_call=10)
+    mode.calls_seen = calls_seen
+    return mode
+
+
+def test_sampling_is_round_robin_and_a_failing_mode_drops_out():
+    order = []
+    modes = [fake_mode("a", 1e-3, order), fake_mode("b", 2e-3, order, fail_on=2), fake_mode("c", 1e-3, order)]
+    rounds = []
+    samples, errors = harness.sample_interleaved(modes, 3, rounds.append)
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "c"]
+    assert rounds == [0, 1, 2]
+    assert samples["a"] == pytest.approx([100.0] * 3)  # 1 ms per call / 10 kernels = 100 us per kernel
+    assert samples["b"] == pytest.approx([200.0]) and "device fell over" in errors["b"]
+    assert "a" not in errors
+
+
+def test_calibration_aims_at_the_target_and_caps_calls():
+    mode = fake_mode("a", 1e-4)
+    assert harness.calibrate(mode, 0.025, 20_000) == 250 and mode.calls == 250
+    assert mode.calls_seen == [1, 8, 64]  # grows until a run lasts a quarter of the target
+    slow = fake_mode("b", 1.0)
+    assert harness.calibrate(slow, 0.025, 20_000) == 1
+    capped = fake_mode("c", 1e-9)
+    assert harness.calibrate(capped, 0.025, 100) == 100
+
+
+def test_prepare_records_skips_and_errors_without_raising():
+    def skipping():
+        raise harness.Skip("cupy is not installed")
+
+    def broken():
+        raise ValueError("bad launch")
+
+    assert harness.prepare(skipping, 0.01, 10) == (None, {"skipped": "cupy is not installed"})
+    mode, record = harness.prepare(broken, 0.01, 10)
+    assert mode is None and record == {"error": "setup: ValueError: bad launch"}
+    mode, record = harness.prepare(lambda: fake_mode("ok", 1e-3), 0.01, 1000)
+    assert mode.key == "ok" and record["calls"] == mode.calls and record["per_call"] == 10
+
+
+def test_measure_group_returns_samples_per_mode():
+    lines = []
+    factories = [("a", lambda: fake_mode("a", 1e-4)), ("b", lambda: (_ for _ in ()).throw(harness.Skip("no")))]
+    records = harness.measure_group("[t] N=10", factories, 2, 0.002, 1000, lines.append)
+    assert len(records["a"]["samples"]) == 2 and records["b"] == {"skipped": "no"}
+    assert lines[0].startswith("[t] N=10 ready in") and "[t] N=10 repeat 2/2" in lines
+
+
+# ---------------------------------------------------------------------------
+# The jit modes on the CPU, with a pure-JAX stand-in for the replayable
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_jit_modes_check_and_time_on_cpu(n):
+    from benchmarks import jax_modes
+
+    rng = np.random.default_rng()
+    step = lambda x: x + np.float32(n)  # what the replayed chain computes
+    one_kernel = lambda x: x + np.float32(1)
+    modes = [jax_modes.jit_loop(step, n, rng), jax_modes.jit_changing(step, n, rng),
+             jax_modes.jit_fori(step, n, rng), jax_modes.jit_unrolled(step, n, rng),
+             jax_modes.jax_calls(one_kernel, n, rng), jax_modes.trivial_jit(rng)]
+    per_call = {m.key: m.per_call for m in modes}
+    assert per_call == {"jit_loop": n, "jit_changing": n, "jit_fori": n * config.fori_trips(n),
+                        "jit_unrolled": n * config.UNROLL, "jax_calls": n, "trivial_jit": 1}
+    assert "each of 8 inputs" in modes[1].check and modes[2].info["trips"] == config.fori_trips(n)
+    for mode in modes:
+        mode.calls = 3
+        assert mode.sample() > 0
+
+
+def test_jit_modes_refuse_a_wrong_answer_and_honour_skips():
+    from benchmarks import jax_modes
+
+    rng = np.random.default_rng()
+    with pytest.raises(AssertionError, match="expected x \\+ 2000"):
+        jax_modes.jit_fori(lambda x: x + np.float32(1), 2, rng)  # half the work per replay
+    with pytest.raises(harness.Skip, match="budget"):
+        jax_modes.jax_calls(lambda x: x + 1, 1000, rng, skip="over the budget")
+
+
+def test_fori_trips_bounds():
+    assert [config.fori_trips(n) for n in (1, 10, 100, 1000, 100_000)] == [1000, 1000, 100, 10, 10]
+
+
+# ---------------------------------------------------------------------------
+# Markdown, files and the plot
+# ---------------------------------------------------------------------------
+
+
+def test_markdown_tables_from_synthetic_results():
+    text = report.markdown(synthetic_results())
+    assert text.startswith("# jaxgraph benchmark: NVIDIA H100 80GB HBM3")
+    assert "| N | raw | replay | torch_cupy | torch_add |" in text
+    assert "| 1 | 1.000 | 1.000 (1.00x) | 1.200 (1.20x) | 1.150 (1.15x) |" in text
+    assert "| N | raw | jit_loop | jit_changing | jit_fori | jit_unrolled | jax_calls |" in text
+    assert "| 1 | 2.000 | 40.00 (20.00x) | 50.00 (25.00x) | – | – | 38.00 (19.00x) |" in text
+    assert "| 100 | 1.000 | 20.00 (20.00x) | 25.00 (25.00x) | – | – | skipped |" in text
+    # Per call: us per kernel times N; trivial_jit as recorded; changing over fixed.
+    assert "| on | jit_loop | 40.00 | 2000 |" in text
+    assert "| on | trivial_jit | 76.00 | 38.00 |" in text
+    assert "| on | jit_changing / jit_loop | 1.25x | 1.25x |" in text
+    assert "| capture + instantiate of 1000 launches with `jaxgraph.graph` (ms) | 15.50 ms | 15.00-16.00 |" in text
+    assert "torch is not installed" in text
+    assert "## off: XLA command buffers off" in text and "Failed: exit code 1" in text
+    assert "- on jax_calls N=100: skipped: too slow to compile" in text
+    assert "580.159.04" in text and "jax 0.11.2" in text
+
+
+def test_fmt_keeps_significant_digits_without_exponents():
+    assert [report.fmt(v) for v in (1.0234, 36.44, 123.46, 20480.4, None)] == ["1.023", "36.44", "123.5",
+                                                                              "20480", "–"]
+
+
+def test_write_outputs_names_files_after_the_device(tmp_path):
+    results = synthetic_results()
+    results["quick"] = True
+    written = run.write_outputs(results, tmp_path, plot=False)
+    assert [p.name for p in written] == ["nvidia-h100-80gb-hbm3-quick.json", "nvidia-h100-80gb-hbm3-quick.md"]
+    again = json.loads(written[0].read_text())
+    assert again["processes"]["on"]["modes"]["jit_loop"]["by_n"]["1"]["ratio"] == pytest.approx(20.0)
+    assert written[1].read_text() == report.markdown(again)
+
+
+def test_plot_series_and_png_from_json(tmp_path):
+    from benchmarks import plot
+
+    results = synthetic_results()
+    lines = plot.series(results)
+    keys = {(line["setting"], line["mode"]) for line in lines}
+    assert ("nojax", "raw") in keys and ("on", "jit_loop") in keys
+    assert ("on", "trivial_jit") not in keys  # per call, not per kernel
+    assert next(l for l in lines if l["mode"] == "jax_calls")["n"] == [1]  # N=100 was skipped
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: the PNG is rendered elsewhere")
+    json_path = tmp_path / "dev.json"
+    json_path.write_text(json.dumps(stats.json_ready(results)))
+    assert plot.main([str(json_path)]) == 0
+    png = tmp_path / "dev.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------------------
+# A worker without a GPU
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU machine the worker would really measure")
+def test_worker_without_a_gpu_writes_its_failure(tmp_path):
+    out = tmp_path / "off.json"
+    cmd = run.worker_command("off", out, config.QUICK)
+    env = run.worker_env(config.SETTINGS["off"], os.environ)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    assert record["setting"] == "off" and record["xla_flags"] == "--xla_gpu_enable_command_buffer="
+    assert record["env"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert any("no CUDA device" in e for e in record["errors"]), record["errors"]
+
+
+def test_markdown_of_a_run_that_measured_nothing():
+    processes = {key: {"setting": key, "modes": {}, "scalars": {}, "errors": ["process: RuntimeError: no CUDA device"]}
+                 for key in ("nojax", "on")}
+    text = report.markdown(stats.merge({"quick": True, "config": {"repeats": 3}}, processes))
+    assert text.startswith("# jaxgraph benchmark: unknown device")
+    assert text.count("Nothing measured") == 2 and "## Per call" not in text
+    assert "- on: process: RuntimeError: no CUDA device" in text
