@@ -94,8 +94,8 @@ struct GraphDriver {
       Driver<ExecSetKernelParamsFn>("cuGraphExecKernelNodeSetParams");
   FuncParamInfoFn func_param_info = Driver<FuncParamInfoFn>("cuFuncGetParamInfo", 12040);
   KernelParamInfoFn kernel_param_info = Driver<KernelParamInfoFn>("cuKernelGetParamInfo", 12040);
-  FuncNameFn func_name = Driver<FuncNameFn>("cuFuncGetName");
-  KernelNameFn kernel_name = Driver<KernelNameFn>("cuKernelGetName");
+  FuncNameFn func_name = Driver<FuncNameFn>("cuFuncGetName", 12030);
+  KernelNameFn kernel_name = Driver<KernelNameFn>("cuKernelGetName", 12030);
   MemcpyParamsFn memcpy_params = Driver<MemcpyParamsFn>("cuGraphMemcpyNodeGetParams");
   MemsetParamsFn memset_params = Driver<MemsetParamsFn>("cuGraphMemsetNodeGetParams");
   ChildGraphFn child_graph = Driver<ChildGraphFn>("cuGraphChildGraphNodeGetGraph");
@@ -212,22 +212,20 @@ class GraphScan {
     }
   }
 
-  // An 8-byte argument: a site of the buffer it points into. An address one
-  // past a buffer's end that is also another's start is ambiguous: copy both.
+  // An 8-byte argument: a site of the buffer it points into. jaxgraph's own
+  // kernels take arrays by their start, so only "inside" counts for them; a
+  // kernel jaxgraph did not launch may also hold an end pointer (one past a
+  // buffer, often another buffer's start, as allocations are adjacent): that
+  // buffer is copied, since rebinding it as the other buffer would be wrong.
   void ClassifyWord(uint64_t word, size_t node, size_t param, const KernelNode& k) {
     Binding* inside = nullptr;
-    Binding* end = nullptr;
     for (auto& b : *buffers_) {
       if (b.Contains(word)) inside = &b;
-      else if (b.bytes > 0 && word == b.base + b.bytes) end = &b;
+      else if (k.flags.empty() && b.bytes > 0 && word == b.base + b.bytes) {
+        b.Copy("kernel " + k.name + ", which jaxgraph did not launch, may hold a pointer to its end");
+      }
     }
-    if (inside != nullptr && end != nullptr) {
-      std::string why = "kernel " + k.name + " has an argument that may point into it or past another";
-      inside->Copy(why);
-      end->Copy(why);
-      return;
-    }
-    Binding* b = inside != nullptr ? inside : end;
+    Binding* b = inside;
     if (b == nullptr) return;
     size_t index = static_cast<size_t>(b - buffers_->data());
     if (index < num_inputs_ && !(param < k.flags.size() && k.flags[param] == 'r')) {

@@ -194,17 +194,28 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        """CUDA Array Interface v3; ``stream`` is the current stream (consumers wait on it)."""
-        s = int(current_stream(self.device))
+        """CUDA Array Interface v3; ``stream`` is the current stream (consumers wait on it).
+
+        While the current stream captures a graph, no stream is given: captured
+        work does not run, so there is nothing to wait for (and a consumer's
+        synchronization would break the capture), e.g. ``cupy.asarray(x)``
+        inside ``with jaxgraph.graph(g):``.
+        """
+        current = current_stream(self.device)
+        s = int(current)
+        if s != 0 and _captures.capture_on(current) is not None:
+            stream = None
+        else:
+            # v3: an integer stream the consumer synchronizes with; 0 is disallowed,
+            # and the legacy default stream is spelled 1.
+            stream = s if s != 0 else 1
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
             "data": (self.ptr, False),
             "version": 3,
             "strides": None,
-            # v3: an integer stream the consumer synchronizes with; 0 is disallowed,
-            # and the legacy default stream is spelled 1.
-            "stream": s if s != 0 else 1,
+            "stream": stream,
         }
 
     def __dlpack_device__(self) -> tuple[int, int]:

@@ -172,10 +172,10 @@ class Kernel:
             if stream is None:
                 stream = current_stream()
             device = _driver.ensure_context(stream._device)
-            if _captures.any_underway():  # tell a capture on this stream what the launch uses
-                self._note_operands(stream, args)
             if self._h_kernel is None:
                 self._load_locked()
+            if _captures.any_underway():  # tell a capture on this stream what the launch uses
+                self._note_operands(stream, args)
             if shared_mem > self._shared_limit:
                 self._raise_shared_limit(shared_mem, device)
             err = self._native_launch(self._function_address, grid[0], grid[1], grid[2], block[0],
@@ -196,14 +196,15 @@ class Kernel:
                 capture.note(p.name, where, asarray(a))
         capture.note_kernel(self._handles_on(stream.device), self._flags)
 
-    def _handles_on(self, device: int) -> tuple[int, int]:
-        """The CUkernel and its CUfunction in ``device``'s context: what a captured node may name."""
+    def _handles_on(self, device: int) -> tuple[int, ...]:
+        """The loaded kernel's handle and its CUfunction in ``device``'s context: what a captured node may name."""
         function = self._functions.get(device)
         if function is None:
             drv = _driver.driver()
-            function = self._functions[device] = int(check(
-                drv.cuKernelGetFunction(drv.CUkernel(self._function_address)), "cuKernelGetFunction"))
-        return self._function_address, function
+            err, handle = drv.cuKernelGetFunction(drv.CUkernel(self._function_address))
+            # A handle that is already a CUfunction (a module-loaded kernel) has no other name.
+            function = self._functions[device] = int(handle) if err == 0 and handle is not None else 0
+        return (self._function_address, function) if function else (self._function_address,)
 
     def _values(self, args: tuple) -> list:
         """The launch's values, checked: addresses for pointers, Python scalars for the rest."""
