@@ -57,6 +57,7 @@ SCALAR_INFO = {
     "eager.jaxgraph_launch": "`kernel.launch(y, x, n, grid=..., block=..., stream=s)`",
     "eager.torch_add": "torch eager `torch.add(x, 1, out=y)`",
     "eager.cuda_core": "cuda.core `launch(stream, config, kernel, y.ptr, x.ptr, n32)`, pre-typed",
+    "eager.jaxgraph_checks_cuda_core": "jaxgraph's argument checks, then cuda.core `launch` with typed args",
 }
 
 UNROLL = 10           # replays per jit_unrolled call

@@ -4,8 +4,10 @@
   launches, instantiation included (``capture_end`` instantiates), in ms.
 - ``eager.*``: host time per eager launch of the same kernel, back to back
   on a warm queue, in us: jaxgraph ``kernel[grid, block, 0, s](...)``,
-  jaxgraph ``kernel.launch(...)``, torch eager ``torch.add``, and cuda.core
-  ``launch`` with pre-typed arguments (no checks: the cheapest Python launch).
+  jaxgraph ``kernel.launch(...)``, torch eager ``torch.add``, cuda.core
+  ``launch`` with pre-typed arguments (no checks: the cheapest Python launch),
+  and jaxgraph's checks followed by cuda.core's launch (would jaxgraph be
+  faster launching through cuda.core?).
 """
 
 from __future__ import annotations
@@ -73,6 +75,25 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
 
         return _jaxgraph_mode("eager.cuda_core", launch_core, stream, rng)
 
+    def jaxgraph_checks_cuda_core() -> Mode:
+        # Would jaxgraph's launch be faster through cuda.core? The same checks
+        # and encoding as kernel[grid, block](...), then cuda.core's launch
+        # with arguments typed from the kernel's parameters.
+        from cuda.core import LaunchConfig, ObjectCode, launch
+        from cuda.core import Stream as CoreStream
+
+        code = ObjectCode.from_cubin(kernel.cubin, symbol_mapping={"add_one": kernel.lowered_name.encode()})
+        core_kernel = code.get_kernel("add_one")
+        core_stream = CoreStream.from_handle(int(stream))
+        config = LaunchConfig(grid=GRID, block=BLOCK)
+        scalar_types = [p.dtype.type for p in kernel.params]
+
+        def launch_checked(y, x, _module=code):
+            values = kernel._values((y, x, ELEMENTS))
+            launch(core_stream, config, core_kernel, values[0], values[1], scalar_types[2](values[2]))
+
+        return _jaxgraph_mode("eager.jaxgraph_checks_cuda_core", launch_checked, stream, rng)
+
     def torch_add() -> Mode:
         torch = import_torch()
         x_host = random_input(rng)
@@ -85,7 +106,8 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
                     unit="us_per_launch", clock="wall", check=check)
 
     return [("eager.jaxgraph_bound", jaxgraph_bound), ("eager.jaxgraph_launch", jaxgraph_launch),
-            ("eager.torch_add", torch_add), ("eager.cuda_core", cuda_core)]
+            ("eager.torch_add", torch_add), ("eager.cuda_core", cuda_core),
+            ("eager.jaxgraph_checks_cuda_core", jaxgraph_checks_cuda_core)]
 
 
 # ----------------------------------------------------------------------------

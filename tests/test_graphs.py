@@ -148,7 +148,7 @@ def test_graph_with_explicit_stream_makes_it_current_and_restores(k, rng, side_s
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     assert jaxgraph.current_stream() == before
     assert not jaxgraph.is_current_stream_capturing()
-    assert g._capture_stream == side_stream
+    assert g.device == side_stream.device
 
 
 @pytest.mark.gpu
