@@ -54,8 +54,6 @@ struct Binding {
   BindMode mode = BindMode::kUnused;
   std::vector<Site> sites;
   std::string reason;      // why it is copied
-  uint64_t exec_addr = 0;  // the address the executable's sites hold now
-  uint64_t template_addr = 0;  // ... and the template's
 
   void Copy(const std::string& why) {
     if (mode != BindMode::kCopied) reason = why;
@@ -155,18 +153,19 @@ class GraphScan {
     Check(d_.kernel_params(node, &k.params), "cuGraphKernelNodeGetParams");
     k.name = Name(k.params);
     k.flags = Flags(k.params);
-    if (k.params.kernelParams == nullptr) return k;  // arguments in `extra`: see ClassifyKernel
+    if (k.params.extra != nullptr) return k;  // arguments in `extra`: see ClassifyKernel
     for (size_t i = 0;; ++i) {
       size_t size = 0;
       CUresult r = ParamSize(k.params, i, &size);
       if (r == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
-      if (r != CUDA_SUCCESS) {
+      if (r != CUDA_SUCCESS || k.params.kernelParams == nullptr) {
         k.unreadable = true;
         break;
       }
       const auto* src = static_cast<const uint8_t*>(k.params.kernelParams[i]);
       k.values.emplace_back(src, src + size);
     }
+    if (k.unreadable) return k;  // keeps the driver's own arguments; every buffer is copied
     for (auto& v : k.values) k.arguments.push_back(v.data());
     k.params.kernelParams = k.arguments.data();
     return k;
@@ -188,7 +187,7 @@ class GraphScan {
   }
 
   void ClassifyKernel(size_t index, KernelNode* k) {
-    if (k->params.kernelParams == nullptr || k->params.extra != nullptr) {
+    if (k->params.extra != nullptr) {
       for (auto& b : *buffers_) b.Copy("kernel " + k->name + " passes its arguments through `extra`");
       return;
     }
@@ -264,7 +263,7 @@ class GraphScan {
       }
       case CU_GRAPH_NODE_TYPE_KERNEL: {  // inside a child graph: any use means copy
         KernelNode k = ReadKernel(node);
-        if (k.params.kernelParams == nullptr || k.unreadable) {
+        if (k.params.extra != nullptr || k.unreadable) {
           for (auto& b : *buffers_) b.Copy("a kernel in a child graph hides its arguments");
         }
         for (const auto& v : k.values) {
@@ -359,14 +358,11 @@ class GraphScan {
 // Rebinding at replay
 // ---------------------------------------------------------------------------
 
-// Points every site of `b` at `address` in the nodes' argument copies and
-// marks the nodes to update.
-inline void Retarget(const Binding& b, uint64_t address, std::vector<KernelNode>* nodes,
-                     std::vector<char>* dirty) {
+// Points every site of `b` at `address` in the nodes' argument copies.
+inline void Retarget(const Binding& b, uint64_t address, std::vector<KernelNode>* nodes) {
   for (const Site& s : b.sites) {
     uint64_t value = address + s.delta;
     std::memcpy((*nodes)[s.node].values[s.param].data(), &value, 8);
-    (*dirty)[s.node] = 1;
   }
 }
 

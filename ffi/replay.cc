@@ -10,9 +10,11 @@
 // At each call the graph's kernel nodes are pointed at XLA's operands and
 // results (graph_binding.h); a buffer that cannot be rebound safely is copied
 // into its static array before the replay (inputs) or out of it after
-// (outputs). When XLA records the call into its own command buffer (stream
-// capture), cudaGraphLaunch is not permitted: the bound template is spliced
-// into XLA's capture as a child-graph node instead.
+// (outputs). A few executables are kept per graph, each bound to one set of
+// XLA's addresses, so buffers that alternate between calls rebind nothing.
+// When XLA records the call into its own command buffer (stream capture),
+// cudaGraphLaunch is not permitted: the graph's nodes, bound to XLA's
+// buffers, are added to XLA's capture instead (graph_splice.h).
 
 #include <atomic>
 #include <cstdint>
@@ -26,6 +28,7 @@
 
 #include "common.h"
 #include "graph_binding.h"
+#include "graph_splice.h"
 #include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
@@ -39,22 +42,35 @@ namespace {
 // Graph table
 // ---------------------------------------------------------------------------
 
-// One graph on one device: our clone, its executable, and how each static
+// An executable of the graph whose bound sites hold `addr` (per static buffer).
+struct ExecSlot {
+  cudaGraphExec_t exec = nullptr;
+  std::vector<uint64_t> addr;
+  uint64_t last_use = 0;
+};
+
+constexpr size_t kMaxExecs = 4;  // executables kept per graph and device
+
+// One graph on one device: our clone, its executables, and how each static
 // buffer (inputs first, then outputs) is bound.
 struct DeviceGraph {
   int device = -1;
-  CUgraph graph = nullptr;         // our clone of the template: bound and spliced
-  cudaGraphExec_t exec = nullptr;  // our executable: bound and launched
+  CUgraph graph = nullptr;         // our clone of the template, at the static addresses
   size_t num_inputs = 0;
   std::vector<Binding> buffers;    // inputs, then outputs
   std::vector<int> alias;          // per input: the output it shares a buffer with, or -1
-  std::vector<KernelNode> nodes;
+  std::vector<size_t> bound;       // indices of bound buffers that have sites
+  std::vector<KernelNode> nodes;   // the kernel nodes, with argument copies rebound per call
   std::vector<char> dirty;         // scratch: nodes whose arguments changed this call
+  std::vector<OrderedNode> order;  // the nodes in dependency order, for splicing
+  std::string unflattenable;       // why the nodes cannot be spliced one by one ("" if they can)
+  std::vector<ExecSlot> slots;
+  uint64_t calls = 0;
   std::mutex mutex;                // one call at a time rebinds and launches
 
   ~DeviceGraph() {
     // An executable still in flight is freed by the driver when it completes.
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (ExecSlot& slot : slots) cudaGraphExecDestroy(slot.exec);
     if (graph != nullptr) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
   }
 };
@@ -81,6 +97,7 @@ std::atomic<int64_t> launch_count{0};   // launched on XLA's stream
 std::atomic<int64_t> splice_count{0};   // spliced into XLA's command buffer
 std::atomic<int64_t> rebind_count{0};   // kernel-node argument updates
 std::atomic<int64_t> copy_count{0};     // buffers copied in or out
+std::atomic<int64_t> instantiate_count{0};  // executables made for new address sets
 
 using BufferSpec = std::vector<std::pair<uint64_t, uint64_t>>;  // (address, bytes)
 
@@ -115,6 +132,17 @@ void PairAliases(DeviceGraph* g, const std::vector<std::pair<int, int>>& user_al
   }
 }
 
+// Instantiates one more executable of the clone: its sites hold the static addresses.
+ExecSlot& AddSlot(DeviceGraph* g) {
+  ExecSlot slot;
+  cudaError_t err = cudaGraphInstantiate(&slot.exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  for (const Binding& b : g->buffers) slot.addr.push_back(b.base);
+  instantiate_count.fetch_add(1, std::memory_order_relaxed);
+  g->slots.push_back(std::move(slot));
+  return g->slots.back();
+}
+
 std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const BufferSpec& inputs,
                                               const BufferSpec& outputs,
                                               const std::vector<std::pair<int, int>>& aliases,
@@ -125,7 +153,7 @@ std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const 
   for (const BufferSpec* spec : {&inputs, &outputs}) {
     for (const auto& [ptr, bytes] : *spec) {
       Binding b;
-      b.base = b.exec_addr = b.template_addr = ptr;
+      b.base = ptr;
       b.bytes = bytes;
       g->buffers.push_back(b);
     }
@@ -148,12 +176,19 @@ std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const 
   }
   PairAliases(g.get(), aliases);
   for (auto& k : g->nodes) {  // the nodes were moved into place: point at their own storage
+    if (k.unreadable || k.params.extra != nullptr) continue;  // the driver's own arguments
     for (size_t i = 0; i < k.values.size(); ++i) k.arguments[i] = k.values[i].data();
-    if (!k.values.empty()) k.params.kernelParams = k.arguments.data();
+    k.params.kernelParams = k.arguments.data();
+  }
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    if (g->buffers[i].mode == BindMode::kBound && !g->buffers[i].sites.empty()) g->bound.push_back(i);
   }
   g->dirty.assign(g->nodes.size(), 0);
-  err = cudaGraphInstantiate(&g->exec, clone, 0);
-  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  g->slots.reserve(kMaxExecs);
+  if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
+    g->unflattenable = "the graph's nodes could not be ordered";
+  }
+  AddSlot(g.get());  // the first executable now, so the first call only launches
   return g;
 }
 
@@ -261,8 +296,9 @@ ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   return ffi::Error::Success();
 }
 
-// Adds `child` as a node of the capture in progress on `stream` and makes it
-// the stream's only dependency, so later captured work follows it.
+// Adds `child` as one node of the capture in progress on `stream` and makes it
+// the stream's only dependency, so later captured work follows it (for graphs
+// whose nodes cannot be spliced one by one; see graph_splice.h).
 ffi::Error Splice(cudaGraph_t child, cudaStream_t stream) {
   cudaStreamCaptureStatus status;
   cudaGraph_t capture_graph = nullptr;
@@ -306,63 +342,96 @@ ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::Rema
   return ffi::Error::Success();
 }
 
-// Points the bound buffers' sites at XLA's addresses, in the executable
-// (launch) or the template (splice), updating only what changed.
-ffi::Error Rebind(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool splice) {
-  bool any = false;
-  for (size_t i = 0; i < g->buffers.size(); ++i) {
-    Binding& b = g->buffers[i];
-    uint64_t& bound = splice ? b.template_addr : b.exec_addr;
-    if (b.mode != BindMode::kBound || b.sites.empty() || bound == addresses[i]) continue;
-    Retarget(b, addresses[i], &g->nodes, &g->dirty);
-    bound = addresses[i];
-    any = true;
+// Points every bound buffer's sites at this call's addresses in the nodes'
+// argument copies.
+void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
+  for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
+}
+
+// The executable to launch for `addresses`: one already bound to them, else
+// a new one (up to kMaxExecs), else the least recently used, rebound.
+ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** out) {
+  ExecSlot* pick = nullptr;
+  for (ExecSlot& slot : g->slots) {
+    bool same = true;
+    for (size_t i : g->bound) same = same && slot.addr[i] == addresses[i];
+    if (same) {
+      pick = &slot;
+      break;
+    }
+    if (pick == nullptr || slot.last_use < pick->last_use) pick = &slot;
   }
-  if (!any) return ffi::Error::Success();
+  bool hit = pick != nullptr;
+  for (size_t i : g->bound) hit = hit && pick->addr[i] == addresses[i];
+  if (!hit && g->slots.size() < kMaxExecs) {
+    try {
+      pick = &AddSlot(g);
+    } catch (const std::exception& e) {
+      return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
+    }
+  }
+  pick->last_use = ++g->calls;
+  *out = pick;
+  if (hit) return ffi::Error::Success();
+  RetargetAll(g, addresses);
+  for (size_t i : g->bound) {
+    if (pick->addr[i] == addresses[i]) continue;
+    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
+    pick->addr[i] = addresses[i];
+  }
   const GraphDriver& d = GraphDriver::Get();
   for (size_t n = 0; n < g->nodes.size(); ++n) {
     if (!g->dirty[n]) continue;
     g->dirty[n] = 0;
     KernelNode& k = g->nodes[n];
-    CUresult r = splice ? d.set_kernel_params(k.node, &k.params)
-                        : d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(g->exec), k.node, &k.params);
+    CUresult r = d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(pick->exec), k.node, &k.params);
     if (r != CUDA_SUCCESS) {
       return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " +
-                                  DriverError(splice ? "cuGraphKernelNodeSetParams"
-                                                     : "cuGraphExecKernelNodeSetParams", r));
+                                  DriverError("cuGraphExecKernelNodeSetParams", r));
     }
     rebind_count.fetch_add(1, std::memory_order_relaxed);
   }
   return ffi::Error::Success();
 }
 
-ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint64_t>& addresses) {
-  for (size_t i = 0; i < g->num_inputs; ++i) {  // copied inputs: operand -> static array
+// Copies the inputs in (or, with `outputs`, the outputs out) that are copied:
+// all of them when `everything` (a graph spliced whole at its static addresses).
+ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool outputs,
+                       bool everything, cudaStream_t stream) {
+  size_t begin = outputs ? g->num_inputs : 0, end = outputs ? g->buffers.size() : g->num_inputs;
+  for (size_t i = begin; i < end; ++i) {
     const Binding& b = g->buffers[i];
-    if (b.mode != BindMode::kCopied) continue;
-    void* src = reinterpret_cast<void*>(addresses[i]);
-    if (auto e = Copy(reinterpret_cast<void*>(b.base), src, b.bytes, stream); e.failure()) return e;
+    if (b.mode != BindMode::kCopied && !everything) continue;
+    void* xla = reinterpret_cast<void*>(addresses[i]);
+    void* static_array = reinterpret_cast<void*>(b.base);
+    auto e = outputs ? Copy(xla, static_array, b.bytes, stream) : Copy(static_array, xla, b.bytes, stream);
+    if (e.failure()) return e;
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint64_t>& addresses) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t err = cudaStreamIsCapturing(stream, &status);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));
   bool splice = status == cudaStreamCaptureStatusActive;
-  if (auto e = Rebind(g, addresses, splice); e.failure()) return e;
-  if (splice) {
+  bool whole = splice && !g->unflattenable.empty();  // spliced as one child graph: copy everything
+  if (auto e = CopyBuffers(g, addresses, false, whole, stream); e.failure()) return e;
+  if (whole) {
     if (auto e = Splice(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
     splice_count.fetch_add(1, std::memory_order_relaxed);
+  } else if (splice) {
+    RetargetAll(g, addresses);
+    if (auto e = SpliceNodes(g->order, g->nodes, stream); e.failure()) return e;
+    splice_count.fetch_add(1, std::memory_order_relaxed);
   } else {
-    err = cudaGraphLaunch(g->exec, stream);
+    ExecSlot* slot = nullptr;
+    if (auto e = PrepareExec(g, addresses, &slot); e.failure()) return e;
+    err = cudaGraphLaunch(slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
     launch_count.fetch_add(1, std::memory_order_relaxed);
   }
-  for (size_t i = g->num_inputs; i < g->buffers.size(); ++i) {  // copied outputs: static -> result
-    const Binding& b = g->buffers[i];
-    if (b.mode != BindMode::kCopied) continue;
-    void* dst = reinterpret_cast<void*>(addresses[i]);
-    if (auto e = Copy(dst, reinterpret_cast<void*>(b.base), b.bytes, stream); e.failure()) return e;
-  }
-  return ffi::Error::Success();
+  return CopyBuffers(g, addresses, true, whole, stream);
 }
 
 ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
@@ -448,6 +517,8 @@ NB_MODULE(_replay, m) {
     c["splice"] = splice_count.load();
     c["rebind"] = rebind_count.load();
     c["copy"] = copy_count.load();
+    c["instantiate"] = instantiate_count.load();
     return c;
-  }, "How the handler ran graphs: launches, splices, kernel-node rebinds, buffer copies.");
+  }, "How the handler ran graphs: launches, splices, kernel-node rebinds, buffer copies, "
+     "executables made.");
 }

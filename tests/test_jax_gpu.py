@@ -395,6 +395,15 @@ WORKER = textwrap.dedent(r'''
     for _ in range(4):  # fresh input buffers each call
         x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         results.append(np.asarray(f(jnp.asarray(x), jnp.asarray(z))))
+    # The replay bound straight to the function's parameter, rotating over inputs:
+    # XLA re-records its command buffer with each new address.
+    direct = jax.jit(step)
+    inputs = [jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(3)]
+    for i in range(6):
+        got = np.asarray(direct(inputs[i % 3]))
+        want = 2 * np.asarray(inputs[i % 3]) + 99
+        if not np.allclose(got, want, rtol=1e-5, atol=1e-4):
+            raise SystemExit(f"direct replay {i} wrong: got {got[:3]}, want {want[:3]}")
     replay = _native.native("replay")
     counters = replay.counters()
     report = {"splices": counters["splice"], "launches": counters["launch"]}
