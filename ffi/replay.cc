@@ -348,22 +348,32 @@ void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
   for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
 }
 
-// The executable to launch for `addresses`: one already bound to them, else
-// a new one (up to kMaxExecs), else the least recently used, rebound.
+// The executable to launch for `addresses`: the one whose bound arguments
+// differ from them in the fewest kernel-node sites (least recently used on a
+// tie), so a buffer that alternates between a few addresses keeps one
+// executable per address while a buffer that changes on every call is
+// rebound alone. A new executable (up to kMaxExecs) is made when every one in
+// use would need many sites rewritten.
+constexpr size_t kRebindWorthAnExec = 8;
+
+size_t Cost(const DeviceGraph& g, const ExecSlot& slot, const std::vector<uint64_t>& addresses) {
+  size_t sites = 0;
+  for (size_t i : g.bound) sites += slot.addr[i] == addresses[i] ? 0 : g.buffers[i].sites.size();
+  return sites;
+}
+
 ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** out) {
   ExecSlot* pick = nullptr;
+  size_t best = SIZE_MAX;
   for (ExecSlot& slot : g->slots) {
-    bool same = true;
-    for (size_t i : g->bound) same = same && slot.addr[i] == addresses[i];
-    if (same) {
+    size_t cost = slot.last_use == 0 ? 0 : Cost(*g, slot, addresses);  // an unused one is free
+    if (cost < best || (cost == best && slot.last_use < pick->last_use)) {
       pick = &slot;
-      break;
+      best = cost;
     }
-    if (pick == nullptr || slot.last_use < pick->last_use) pick = &slot;
   }
-  bool hit = pick != nullptr;
-  for (size_t i : g->bound) hit = hit && pick->addr[i] == addresses[i];
-  if (!hit && g->slots.size() < kMaxExecs) {
+  bool hit = pick->last_use != 0 && best == 0;
+  if (!hit && best >= kRebindWorthAnExec && pick->last_use != 0 && g->slots.size() < kMaxExecs) {
     try {
       pick = &AddSlot(g);
     } catch (const std::exception& e) {
