@@ -17,6 +17,7 @@
 // buffers, are added to XLA's capture instead (graph_splice.h).
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -94,6 +95,8 @@ std::atomic<int64_t> next_graph_id{1};
 
 // How the handler ran graphs, for tests and profiles.
 std::atomic<int64_t> launch_count{0};   // launched on XLA's stream
+std::atomic<int64_t> handler_calls{0};  // calls of the handler, and their host time:
+std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
 std::atomic<int64_t> splice_count{0};   // spliced into XLA's command buffer
 std::atomic<int64_t> rebind_count{0};   // kernel-node argument updates
 std::atomic<int64_t> copy_count{0};     // buffers copied in or out
@@ -444,9 +447,8 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   return CopyBuffers(g, addresses, true, whole, stream);
 }
 
-ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
-                      ffi::RemainingRets rets, int64_t graph_id, int64_t call) {
-  (void)call;  // only makes each call site distinct, so XLA never merges two replays
+ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
+                      ffi::RemainingRets rets, int64_t graph_id) {
   HandleTable<GraphSet>::Status status;
   std::shared_ptr<GraphSet> set = graph_table.Find(graph_id, &status);
   bool retired = false;
@@ -467,6 +469,17 @@ ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs ar
   thread_local std::vector<uint64_t> addresses;
   if (auto e = XlaAddresses(*g, args, rets, &addresses); e.failure()) return e;
   return RunGraph(g.get(), stream, addresses);
+}
+
+ffi::Error ReplayImpl(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
+                      ffi::RemainingRets rets, int64_t graph_id, int64_t call) {
+  (void)call;  // only makes each call site distinct, so XLA never merges two replays
+  auto start = std::chrono::steady_clock::now();
+  ffi::Error result = ReplayBody(stream, device, args, rets, graph_id);
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  handler_calls.fetch_add(1, std::memory_order_relaxed);
+  handler_ns.fetch_add(ns.count(), std::memory_order_relaxed);
+  return result;
 }
 
 ffi::Error ReplayOnCpuImpl(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
@@ -528,7 +541,9 @@ NB_MODULE(_replay, m) {
     c["rebind"] = rebind_count.load();
     c["copy"] = copy_count.load();
     c["instantiate"] = instantiate_count.load();
+    c["handler_calls"] = handler_calls.load();
+    c["handler_ns"] = handler_ns.load();
     return c;
   }, "How the handler ran graphs: launches, splices, kernel-node rebinds, buffer copies, "
-     "executables made.");
+     "executables made; its calls and their total host time in ns.");
 }

@@ -65,6 +65,8 @@ class GraphHandles:
         The template kept after ``keep_graph=False`` finalizes the public one,
         so replay inside ``jax.jit`` can splice it into XLA's command buffer.
     graph_exec : CUgraphExec or None
+    exec_address : int
+        ``int(graph_exec)`` (0 when none): what the native launch takes.
     exec_serial : int
         jaxgraph's id of the current executable (for ``get_graph_data``).
     capture : Capture or None
@@ -73,13 +75,15 @@ class GraphHandles:
         What the captured graph holds on to: external inputs and pools.
     """
 
-    __slots__ = ("device", "graph", "private_graph", "graph_exec", "exec_serial", "capture", "inputs")
+    __slots__ = ("device", "graph", "private_graph", "graph_exec", "exec_address", "exec_serial", "capture",
+                 "inputs")
 
     _serials = itertools.count(1)
 
     def __init__(self, device: int) -> None:
         self.device = device
         self.graph = self.private_graph = self.graph_exec = None
+        self.exec_address = 0  # int(graph_exec), for the native launch
         self.exec_serial = 0
         self.capture: Capture | None = None
         self.inputs = CaptureInputs()
@@ -95,6 +99,7 @@ class GraphHandles:
         drv = _driver.driver()
         h_exec = check(drv.cuGraphInstantiate(self.graph, instantiate_flags()), "cuGraphInstantiate")
         previous, self.graph_exec = self.graph_exec, h_exec
+        self.exec_address = int(h_exec)
         self.exec_serial = next(GraphHandles._serials)
         if previous is not None:
             check(drv.cuGraphExecDestroy(previous), "cuGraphExecDestroy")
@@ -113,6 +118,7 @@ class GraphHandles:
         handles = [(self.graph_exec, "cuGraphExecDestroy"), (self.graph, "cuGraphDestroy"),
                    (self.private_graph, "cuGraphDestroy")]
         self.graph_exec = self.graph = self.private_graph = None
+        self.exec_address = 0
         self.inputs = CaptureInputs()
         first_error = None
         for handle, call in handles:

@@ -12,8 +12,8 @@ A graph captured on static device arrays becomes a function of JAX arrays::
 (``_jax_replay.py`` <-> ``ffi/replay.cc``), replays the graph on XLA's stream
 in order with the XLA operations around it, its kernels pointed at XLA's own
 operand and result buffers (no copies; see :attr:`Replayable.bindings`). When
-XLA records its own command buffer, the graph is spliced into it as a child
-graph, so a jitted step of XLA fusions plus the replay becomes one CUDA graph.
+XLA records its own command buffer, the graph's nodes are spliced into it, so a
+jitted step of XLA fusions plus the replay becomes one CUDA graph.
 
 ``via="callback"``: the same replay from a ``jax.pure_callback`` through host
 memory (``_jax_callback.py``); for JAX on the CPU, or to debug.
@@ -65,7 +65,7 @@ class Replayable:
         Per device, how each static buffer meets XLA's (``via="ffi"``).
 
     .. caution:: With XLA command buffers on, XLA records the replay into its
-       own CUDA graph (as a child-graph node) and replays that recording
+       own CUDA graph (its nodes spliced in) and replays that recording
        without calling jaxgraph again until its buffers move. After the
        CUDAGraph is reset, a compiled function whose recording is still
        current keeps replaying the graph as captured, instead of raising.

@@ -370,3 +370,19 @@ def test_markdown_of_a_run_that_measured_nothing():
     assert text.startswith("# jaxgraph benchmark: unknown device")
     assert text.count("Nothing measured") == 2 and "## Per call" not in text
     assert "- on: process: RuntimeError: no CUDA device" in text
+
+
+def test_profile_call_markdown_lists_every_probe_and_errors():
+    from benchmarks import profile_call
+
+    results = {
+        "nojax": {"g.replay()": {"median": 2.5, "min": 2.4, "max": 2.9, "n": 15}, "_flags": None},
+        "off": {"replay_jit": {"median": 41.25, "min": 40.0, "max": 44.0, "n": 15},
+                "replay_jit.handler": {"median": 1.125, "min": 1.0, "max": 1.5, "n": 15}},
+        "on": {"_error": "RuntimeError: no CUDA device"},
+    }
+    text = profile_call.markdown(results)
+    assert "| g.replay() | 2.50 | [2.40, 2.90] |" in text
+    assert "| replay_jit.handler | 1.12 | [1.00, 1.50] |" in text or "| replay_jit.handler | 1.13 |" in text
+    assert "RuntimeError: no CUDA device" in text
+    assert "_flags" not in text  # bookkeeping keys are not probes
