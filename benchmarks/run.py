@@ -128,8 +128,10 @@ def collect_meta(cfg: config.RunConfig, argv: list[str]) -> dict:
             pass
     meta = {"schema": 1, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/run.py", *argv]), "quick": cfg.quick,
-            "config": cfg.to_json(), "versions": versions, "git": _run(["git", "-C", str(ROOT), "describe",
-                                                                        "--always", "--dirty"])}
+            "config": cfg.to_json(), "versions": versions,
+            # A copy of the tree may carry a stale .git: JAXGRAPH_GIT (set by whoever copied it) wins.
+            "git": os.environ.get("JAXGRAPH_GIT") or _run(["git", "-C", str(ROOT), "describe", "--always",
+                                                           "--dirty"])}
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     if smi:
         meta["device"] = {"nvidia_smi": smi.splitlines()[0], "driver": smi.splitlines()[0].split(",")[-1].strip()}
