@@ -241,7 +241,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
             if hooks.replay_end:
                 hooks.run("replay_end", self)
         if err != 0:
-            raise CudaError("cuGraphLaunch", err)
+            raise CudaError("cuGraphLaunch", _driver.driver().CUresult(err))
 
     def reset(self) -> None:
         """Delete the graph currently held by this instance.

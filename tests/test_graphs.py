@@ -299,17 +299,10 @@ def test_replay_end_hook_fires_when_the_launch_fails(k, rng, monkeypatch):
     events = []
     g.register_replay_start_hook(lambda gr: events.append("start"))
     g.register_replay_end_hook(lambda gr: events.append("end"))
-    real = jaxgraph._driver.driver()
-
-    class FailingLaunch:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def cuGraphLaunch(self, *args):
-            return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
-
-    monkeypatch.setattr(jaxgraph._driver, "_driver_module", FailingLaunch())
-    with pytest.raises(jaxgraph.CudaError, match="cuGraphLaunch"):
+    invalid_value = int(jaxgraph._driver.driver().CUresult.CUDA_ERROR_INVALID_VALUE)
+    # replay() launches through the native cuGraphLaunch: make that one fail.
+    monkeypatch.setattr(jaxgraph._graphs, "_native_graph_launch", lambda graph_exec, stream: invalid_value)
+    with pytest.raises(jaxgraph.CudaError, match="cuGraphLaunch failed with CUDA_ERROR_INVALID_VALUE"):
         g.replay()
     assert events == ["start", "end"]
     monkeypatch.undo()
