@@ -118,6 +118,10 @@ inline bool OrderNodes(CUgraph graph, const std::vector<KernelNode>& kernels,
     }
     auto k = kernel_index.find(n.node);
     n.kernel = k != kernel_index.end() ? k->second : -1;
+    if (n.type == CU_GRAPH_NODE_TYPE_KERNEL && n.kernel < 0) {  // bind="copy": the arguments were not read
+      *why = "its kernel nodes' arguments were not read (bind='copy')";
+      return false;
+    }
     size_t num_deps = 0;
     if (d.deps(n.node, nullptr, &num_deps) != CUDA_SUCCESS) {
       return *why = "cuGraphNodeGetDependencies failed (edges with data?)", false;
@@ -184,6 +188,9 @@ inline ffi::Error SpliceNodes(const std::vector<OrderedNode>& order,
     CUresult r = CUDA_SUCCESS;
     switch (n.type) {
       case CU_GRAPH_NODE_TYPE_KERNEL:
+        if (n.kernel < 0 || static_cast<size_t>(n.kernel) >= kernels.size()) {  // OrderNodes refuses these
+          return ffi::Error::Internal("jaxgraph_replay: a kernel node has no argument copy to splice");
+        }
         r = d.add_kernel(&added[i], target, dp, deps.size(), &kernels[n.kernel].params);
         break;
       case CU_GRAPH_NODE_TYPE_MEMCPY: {

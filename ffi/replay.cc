@@ -65,6 +65,8 @@ struct DeviceGraph {
   std::vector<char> dirty;         // scratch: nodes whose arguments changed this call
   std::vector<OrderedNode> order;  // the nodes in dependency order, for splicing
   std::string unflattenable;       // why the nodes cannot be spliced one by one ("" if they can)
+  std::vector<uint64_t> static_addr;    // per buffer: its static array
+  std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
   std::vector<ExecSlot> slots;
   uint64_t calls = 0;
   std::mutex mutex;                // one call at a time rebinds and launches
@@ -135,12 +137,28 @@ void PairAliases(DeviceGraph* g, const std::vector<std::pair<int, int>>& user_al
   }
 }
 
-// Instantiates one more executable of the clone: its sites hold the static addresses.
+// Whether `graph` allocates or frees memory in its own nodes.
+bool HasMemoryNodes(CUgraph graph) {
+  const GraphDriver& d = GraphDriver::Get();
+  size_t count = 0;
+  if (d.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS) return true;  // unknown: the safe answer
+  std::vector<CUgraphNode> nodes(count);
+  if (count > 0 && d.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return true;
+  for (CUgraphNode node : nodes) {
+    CUgraphNodeType type;
+    if (d.node_type(node, &type) != CUDA_SUCCESS) return true;
+    if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || type == CU_GRAPH_NODE_TYPE_MEM_FREE) return true;
+  }
+  return false;
+}
+
+// Instantiates one more executable of the clone, at the template's addresses
+// (the static ones when registered).
 ExecSlot& AddSlot(DeviceGraph* g) {
   ExecSlot slot;
   cudaError_t err = cudaGraphInstantiate(&slot.exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
   if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
-  for (const Binding& b : g->buffers) slot.addr.push_back(b.base);
+  slot.addr = g->template_addr;
   instantiate_count.fetch_add(1, std::memory_order_relaxed);
   g->slots.push_back(std::move(slot));
   return g->slots.back();
@@ -160,6 +178,16 @@ std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const 
       b.bytes = bytes;
       g->buffers.push_back(b);
     }
+  }
+  if (HasMemoryNodes(reinterpret_cast<CUgraph>(graph))) {
+    // CUDA cannot clone such a graph (cudaErrorNotSupported), and a clone is what
+    // binds XLA's buffers and goes into XLA's command buffers.
+    throw std::runtime_error(
+        "the graph allocates or frees memory in its own nodes (stream-ordered cudaMallocAsync / "
+        "cuMemAllocAsync during the capture, e.g. by another library's allocator), which CUDA "
+        "cannot clone, so it cannot be replayed inside jit; allocate before the capture (or with "
+        "jaxgraph, whose pool needs no memory nodes), or replay from the host with "
+        "via=\"callback\"");
   }
   cudaGraph_t clone = nullptr;
   cudaError_t err = cudaGraphClone(&clone, reinterpret_cast<cudaGraph_t>(graph));
@@ -187,6 +215,8 @@ std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const 
     if (g->buffers[i].mode == BindMode::kBound && !g->buffers[i].sites.empty()) g->bound.push_back(i);
   }
   g->dirty.assign(g->nodes.size(), 0);
+  for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
+  g->template_addr = g->static_addr;
   g->slots.reserve(kMaxExecs);
   if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
     g->unflattenable = "the graph's nodes could not be ordered";
@@ -351,12 +381,79 @@ void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
   for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
 }
 
-// The executable to launch for `addresses`: the one whose bound arguments
-// differ from them in the fewest kernel-node sites (least recently used on a
-// tie), so a buffer that alternates between a few addresses keeps one
-// executable per address while a buffer that changes on every call is
-// rebound alone. A new executable (up to kMaxExecs) is made when every one in
-// use would need many sites rewritten.
+// Marks the nodes with a site of a bound buffer whose address in `have`
+// differs from `want`, and records `want` there.
+void MarkChanged(DeviceGraph* g, std::vector<uint64_t>* have, const std::vector<uint64_t>& want) {
+  for (size_t i : g->bound) {
+    if ((*have)[i] == want[i]) continue;
+    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
+    (*have)[i] = want[i];
+  }
+}
+
+// Writes the marked nodes' argument copies into the template (exec == nullptr)
+// or into an executable, clearing the marks.
+ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
+  const GraphDriver& d = GraphDriver::Get();
+  for (size_t n = 0; n < g->nodes.size(); ++n) {
+    if (!g->dirty[n]) continue;
+    g->dirty[n] = 0;
+    KernelNode& k = g->nodes[n];
+    CUresult r = exec == nullptr
+                     ? d.set_kernel_params(k.node, &k.params)
+                     : d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(exec), k.node, &k.params);
+    if (r != CUDA_SUCCESS) {
+      const char* call = exec == nullptr ? "cuGraphKernelNodeSetParams" : "cuGraphExecKernelNodeSetParams";
+      return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " + DriverError(call, r));
+    }
+    if (exec != nullptr) rebind_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ffi::Error::Success();
+}
+
+// A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
+// template is pointed at them first, then instantiated. Measured on the H100:
+// an executable whose kernel nodes were updated in place runs each of those
+// kernels ~0.25 us slower on every later launch (1000 kernels: 1.26x a fresh
+// one), so a new address set that will be seen again gets its own fresh
+// executable rather than an updated one.
+// Points the template's kernel nodes at `addresses`.
+ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
+  RetargetAll(g, addresses);
+  MarkChanged(g, &g->template_addr, addresses);
+  return WriteMarked(g, nullptr);
+}
+
+ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
+  if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;
+  try {
+    if (*slot == nullptr) {
+      *slot = &AddSlot(g);
+      return ffi::Error::Success();
+    }
+    // Never launched (see PrepareExec): nothing in flight.
+    cudaGraphExecDestroy((*slot)->exec);
+    (*slot)->exec = nullptr;
+    cudaError_t err = cudaGraphInstantiate(&(*slot)->exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+    if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+    instantiate_count.fetch_add(1, std::memory_order_relaxed);
+    (*slot)->addr = addresses;
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+// The executable to launch for `addresses`:
+// - one whose bound arguments already match (a hit): launched as it is;
+// - the executable made at registration, if never launched: instantiated
+//   afresh at these addresses (the first call);
+// - when the closest one would need many sites rewritten (kRebindWorthAnExec)
+//   and fewer than kMaxExecs exist: a fresh one at these addresses, so buffers
+//   that alternate between a few addresses keep one executable each;
+// - otherwise the closest one (least recently used on a tie), its differing
+//   kernel arguments updated in place: a buffer that changes on every call is
+//   rebound alone.
 constexpr size_t kRebindWorthAnExec = 8;
 
 size_t Cost(const DeviceGraph& g, const ExecSlot& slot, const std::vector<uint64_t>& addresses) {
@@ -369,41 +466,26 @@ ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addresses, E
   ExecSlot* pick = nullptr;
   size_t best = SIZE_MAX;
   for (ExecSlot& slot : g->slots) {
-    size_t cost = slot.last_use == 0 ? 0 : Cost(*g, slot, addresses);  // an unused one is free
+    size_t cost = Cost(*g, slot, addresses);
     if (cost < best || (cost == best && slot.last_use < pick->last_use)) {
       pick = &slot;
       best = cost;
     }
   }
-  bool hit = pick->last_use != 0 && best == 0;
-  if (!hit && best >= kRebindWorthAnExec && pick->last_use != 0 && g->slots.size() < kMaxExecs) {
-    try {
-      pick = &AddSlot(g);
-    } catch (const std::exception& e) {
-      return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
+  if (best != 0) {
+    if (pick->last_use == 0) {
+      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
+    } else if (best >= kRebindWorthAnExec && g->slots.size() < kMaxExecs) {
+      pick = nullptr;
+      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
+    } else {
+      RetargetAll(g, addresses);
+      MarkChanged(g, &pick->addr, addresses);
+      if (auto e = WriteMarked(g, pick->exec); e.failure()) return e;
     }
   }
   pick->last_use = ++g->calls;
   *out = pick;
-  if (hit) return ffi::Error::Success();
-  RetargetAll(g, addresses);
-  for (size_t i : g->bound) {
-    if (pick->addr[i] == addresses[i]) continue;
-    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
-    pick->addr[i] = addresses[i];
-  }
-  const GraphDriver& d = GraphDriver::Get();
-  for (size_t n = 0; n < g->nodes.size(); ++n) {
-    if (!g->dirty[n]) continue;
-    g->dirty[n] = 0;
-    KernelNode& k = g->nodes[n];
-    CUresult r = d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(pick->exec), k.node, &k.params);
-    if (r != CUDA_SUCCESS) {
-      return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " +
-                                  DriverError("cuGraphExecKernelNodeSetParams", r));
-    }
-    rebind_count.fetch_add(1, std::memory_order_relaxed);
-  }
   return ffi::Error::Success();
 }
 
@@ -431,6 +513,11 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   bool whole = splice && !g->unflattenable.empty();  // spliced as one child graph: copy everything
   if (auto e = CopyBuffers(g, addresses, false, whole, stream); e.failure()) return e;
   if (whole) {
+    // The template is spliced as it is, with every buffer copied to and from
+    // its static array: point it back there if a launch retargeted it.
+    if (g->template_addr != g->static_addr) {
+      if (auto e = PointTemplateAt(g, g->static_addr); e.failure()) return e;
+    }
     if (auto e = Splice(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
     splice_count.fetch_add(1, std::memory_order_relaxed);
   } else if (splice) {

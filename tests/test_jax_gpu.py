@@ -404,6 +404,13 @@ WORKER = textwrap.dedent(r'''
         want = 2 * np.asarray(inputs[i % 3]) + 99
         if not np.allclose(got, want, rtol=1e-5, atol=1e-4):
             raise SystemExit(f"direct replay {i} wrong: got {got[:3]}, want {want[:3]}")
+    # bind="copy": no kernel argument is read, so the graph goes in whole (a child
+    # graph) with every buffer copied; it must agree too.
+    copied = jax.jit(jaxgraph.replayable(g, [x_s], [y_s], bind="copy"))
+    for i in range(6):
+        got = np.asarray(copied(inputs[i % 3]))
+        if not np.allclose(got, 2 * np.asarray(inputs[i % 3]) + 99, rtol=1e-5, atol=1e-4):
+            raise SystemExit(f"bind='copy' replay {i} wrong: got {got[:3]}")
     replay = _native.native("replay")
     counters = replay.counters()
     report = {"splices": counters["splice"], "launches": counters["launch"]}

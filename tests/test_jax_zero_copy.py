@@ -283,3 +283,24 @@ def test_unused_outputs_drop_the_call_unless_side_effects(k, rng):
     assert runs(effectful) == 1   # kept: one replay per call
     del pure, effectful
     gc.collect()
+
+
+def test_a_graph_with_memory_nodes_is_refused_in_jit_and_replays_from_the_host(k, rng):
+    # cuMemAllocAsync on the capture stream records allocation nodes; CUDA cannot clone
+    # such a graph, so it cannot be bound into jit: a clear error, and via="callback" works.
+    from cuda.bindings import driver as cu
+
+    x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        h = jaxgraph.current_stream().handle
+        err, scratch = cu.cuMemAllocAsync(N * 4, h)
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        k["affine"][B, 256](y_s, x_s, 3.0, 1.0, N)
+        assert cu.cuMemFreeAsync(scratch, h)[0] == cu.CUresult.CUDA_SUCCESS
+    with pytest.raises(RuntimeError, match="allocates or frees memory in its own nodes.*via=\"callback\""):
+        jaxgraph.replayable(g, [x_s], [y_s])
+    step = jaxgraph.replayable(g, [x_s], [y_s], via="callback")
+    x = rnd(rng)
+    y_s.fill_(np.float32(np.nan))
+    np.testing.assert_allclose(np.asarray(step(jnp.asarray(x))), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
