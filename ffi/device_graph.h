@@ -1,0 +1,211 @@
+// One captured graph on one device, as the replay handler holds it: its clone
+// of the template, how each static buffer binds to XLA's, and the executables
+// it keeps, one per set of XLA addresses (replay.cc). Included by replay.cc only.
+//
+// Choosing an executable for a call's addresses is the policy here: an
+// executable whose bound kernel arguments already match is launched as it is;
+// a new address set gets a freshly instantiated executable while there is room
+// (kMaxExecs); past that the closest executable is updated in place. Measured
+// on the H100 (driver 580): a kernel node updated in place in an executable
+// (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs ~0.25 us slower
+// on every later launch, so 1000 updated kernels ran at 1.26x a fresh
+// executable; the template's nodes are updated instead and instantiated.
+
+#ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
+#define JAXGRAPH_FFI_DEVICE_GRAPH_H_
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "graph_binding.h"
+#include "graph_splice.h"
+
+namespace jaxgraph {
+
+inline std::atomic<int64_t> rebind_count{0};       // kernel-node argument updates in executables
+inline std::atomic<int64_t> instantiate_count{0};  // executables made
+
+// An executable of the graph whose bound sites hold `addr` (per static buffer).
+struct ExecSlot {
+  cudaGraphExec_t exec = nullptr;
+  std::vector<uint64_t> addr;
+  uint64_t last_use = 0;
+};
+
+constexpr size_t kMaxExecs = 4;  // executables kept per graph and device
+
+// One graph on one device: our clone, its executables, and how each static
+// buffer (inputs first, then outputs) is bound.
+struct DeviceGraph {
+  int device = -1;
+  CUgraph graph = nullptr;         // our clone of the template (see template_addr)
+  size_t num_inputs = 0;
+  std::vector<Binding> buffers;    // inputs, then outputs
+  std::vector<int> alias;          // per input: the output it shares a buffer with, or -1
+  std::vector<size_t> bound;       // indices of bound buffers that have sites
+  std::vector<KernelNode> nodes;   // the kernel nodes, with argument copies rebound per call
+  std::vector<char> dirty;         // scratch: nodes whose arguments changed this call
+  std::vector<OrderedNode> order;  // the nodes in dependency order, for splicing
+  std::string unflattenable;       // why the nodes cannot be spliced one by one ("" if they can)
+  std::vector<uint64_t> static_addr;    // per buffer: its static array
+  std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
+  std::vector<ExecSlot> slots;
+  uint64_t calls = 0;
+  std::mutex mutex;                // one call at a time rebinds and launches
+
+  ~DeviceGraph() {
+    // An executable still in flight is freed by the driver when it completes.
+    for (ExecSlot& slot : slots) cudaGraphExecDestroy(slot.exec);
+    if (graph != nullptr) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
+  }
+};
+
+// Whether `graph` allocates or frees memory in its own nodes.
+inline bool HasMemoryNodes(CUgraph graph) {
+  const GraphDriver& d = GraphDriver::Get();
+  size_t count = 0;
+  if (d.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS) return true;  // unknown: the safe answer
+  std::vector<CUgraphNode> nodes(count);
+  if (count > 0 && d.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return true;
+  for (CUgraphNode node : nodes) {
+    CUgraphNodeType type;
+    if (d.node_type(node, &type) != CUDA_SUCCESS) return true;
+    if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || type == CU_GRAPH_NODE_TYPE_MEM_FREE) return true;
+  }
+  return false;
+}
+
+// Instantiates one more executable of the clone, at the template's addresses
+// (the static ones when registered).
+inline ExecSlot& AddSlot(DeviceGraph* g) {
+  ExecSlot slot;
+  cudaError_t err = cudaGraphInstantiate(&slot.exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  slot.addr = g->template_addr;
+  instantiate_count.fetch_add(1, std::memory_order_relaxed);
+  g->slots.push_back(std::move(slot));
+  return g->slots.back();
+}
+
+// Points every bound buffer's sites at this call's addresses in the nodes'
+// argument copies.
+inline void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
+  for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
+}
+
+// Marks the nodes with a site of a bound buffer whose address in `have`
+// differs from `want`, and records `want` there.
+inline void MarkChanged(DeviceGraph* g, std::vector<uint64_t>* have, const std::vector<uint64_t>& want) {
+  for (size_t i : g->bound) {
+    if ((*have)[i] == want[i]) continue;
+    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
+    (*have)[i] = want[i];
+  }
+}
+
+// Writes the marked nodes' argument copies into the template (exec == nullptr)
+// or into an executable, clearing the marks.
+inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
+  const GraphDriver& d = GraphDriver::Get();
+  for (size_t n = 0; n < g->nodes.size(); ++n) {
+    if (!g->dirty[n]) continue;
+    g->dirty[n] = 0;
+    KernelNode& k = g->nodes[n];
+    CUresult r = exec == nullptr
+                     ? d.set_kernel_params(k.node, &k.params)
+                     : d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(exec), k.node, &k.params);
+    if (r != CUDA_SUCCESS) {
+      const char* call = exec == nullptr ? "cuGraphKernelNodeSetParams" : "cuGraphExecKernelNodeSetParams";
+      return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " + DriverError(call, r));
+    }
+    if (exec != nullptr) rebind_count.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ffi::Error::Success();
+}
+
+// A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
+// template is pointed at them first, then instantiated. Measured on the H100:
+// an executable whose kernel nodes were updated in place runs each of those
+// kernels ~0.25 us slower on every later launch (1000 kernels: 1.26x a fresh
+// one), so a new address set that will be seen again gets its own fresh
+// executable rather than an updated one.
+// Points the template's kernel nodes at `addresses`.
+inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
+  RetargetAll(g, addresses);
+  MarkChanged(g, &g->template_addr, addresses);
+  return WriteMarked(g, nullptr);
+}
+
+inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
+  if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;
+  try {
+    if (*slot == nullptr) {
+      *slot = &AddSlot(g);
+      return ffi::Error::Success();
+    }
+    // Never launched (see PrepareExec): nothing in flight.
+    cudaGraphExecDestroy((*slot)->exec);
+    (*slot)->exec = nullptr;
+    cudaError_t err = cudaGraphInstantiate(&(*slot)->exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+    if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+    instantiate_count.fetch_add(1, std::memory_order_relaxed);
+    (*slot)->addr = addresses;
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+// The executable to launch for `addresses`:
+// - one whose bound arguments already match (a hit): launched as it is;
+// - the executable made at registration, if never launched: instantiated
+//   afresh at these addresses (the first call);
+// - when the closest one would need many sites rewritten (kRebindWorthAnExec)
+//   and fewer than kMaxExecs exist: a fresh one at these addresses, so buffers
+//   that alternate between a few addresses keep one executable each;
+// - otherwise the closest one (least recently used on a tie), its differing
+//   kernel arguments updated in place: a buffer that changes on every call is
+//   rebound alone.
+constexpr size_t kRebindWorthAnExec = 8;
+
+inline size_t Cost(const DeviceGraph& g, const ExecSlot& slot, const std::vector<uint64_t>& addresses) {
+  size_t sites = 0;
+  for (size_t i : g.bound) sites += slot.addr[i] == addresses[i] ? 0 : g.buffers[i].sites.size();
+  return sites;
+}
+
+inline ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** out) {
+  ExecSlot* pick = nullptr;
+  size_t best = SIZE_MAX;
+  for (ExecSlot& slot : g->slots) {
+    size_t cost = Cost(*g, slot, addresses);
+    if (cost < best || (cost == best && slot.last_use < pick->last_use)) {
+      pick = &slot;
+      best = cost;
+    }
+  }
+  if (best != 0) {
+    if (pick->last_use == 0) {
+      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
+    } else if (best >= kRebindWorthAnExec && g->slots.size() < kMaxExecs) {
+      pick = nullptr;
+      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
+    } else {
+      RetargetAll(g, addresses);
+      MarkChanged(g, &pick->addr, addresses);
+      if (auto e = WriteMarked(g, pick->exec); e.failure()) return e;
+    }
+  }
+  pick->last_use = ++g->calls;
+  *out = pick;
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxgraph
+
+#endif  // JAXGRAPH_FFI_DEVICE_GRAPH_H_
