@@ -405,7 +405,9 @@ def test_command_buffers_on_and_off_agree_on_every_device(gpus, tmp_path, rng):
     data = np.random.default_rng(seed)
     for i in range(4):
         x, z = data.standard_normal(2 * N).astype(np.float32), data.standard_normal(2 * N).astype(np.float32)
-        h = np.float32(2) * (x * np.float32(0.5) + np.float32(1)) + offsets + np.float32(99)
+        h = np.float32(2) * (x * np.float32(0.5) + np.float32(1)) + offsets
+        for _ in range(99):  # the graph's float32 additions, one by one
+            h = h + np.float32(1)
         for got in (off, on):
             np.testing.assert_allclose(got[i], h * z + 3, rtol=1e-5, atol=1e-3)
     np.testing.assert_array_equal(on, off)
