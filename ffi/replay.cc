@@ -5,7 +5,12 @@
 // for one device; the table keeps its own clone of the template and its own
 // executable, so the Python CUDAGraph can be reset independently (a reset
 // retires the entry, and a compiled function that still names it gets a clear
-// error instead of a launch of freed memory).
+// error instead of a launch of freed memory). One id holds one graph per
+// device (jaxgraph.capture_per_device, Replayable.add_device): under
+// shard_map or pmap XLA runs the same call on every device, each on its own
+// thread and stream, and the handler picks the graph of the device ordinal
+// XLA passes the call, bound to that device's buffers. Nothing is shared
+// between devices but the id; each device's graph has its own lock.
 //
 // At each call the graph's kernel nodes are pointed at XLA's operands and
 // results (graph_binding.h); a buffer that cannot be rebound safely is copied
@@ -56,6 +61,17 @@ struct GraphSet {
     size_t d = static_cast<size_t>(device);
     *retired_out = d < retired.size() && retired[d];
     return d < by_device.size() ? by_device[d] : nullptr;
+  }
+
+  // The devices with a live graph, as "0, 1", for messages.
+  std::string LiveDevices() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::string out;
+    for (size_t d = 0; d < by_device.size(); ++d) {
+      if (by_device[d] == nullptr) continue;
+      out += (out.empty() ? "" : ", ") + std::to_string(d);
+    }
+    return out.empty() ? "none" : out;
   }
 };
 
@@ -367,9 +383,13 @@ ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs ar
   if (g == nullptr) {
     std::string what = "graph " + std::to_string(graph_id);
     if (set != nullptr && !retired) {
-      return ffi::Error::InvalidArgument("jaxgraph_replay: " + what + " was not captured for device " +
-                                         std::to_string(device) +
-                                         "; capture a graph on that device and register it");
+      // The device XLA runs this call on (its FFI device ordinal, the CUDA
+      // ordinal) has no graph: e.g. a mesh larger than the capture.
+      return ffi::Error::InvalidArgument(
+          "jaxgraph_replay: " + what + " was not captured for device " + std::to_string(device) +
+          " (it has graphs for devices " + set->LiveDevices() + "); capture it on every device the "
+          "computation runs on (jaxgraph.capture_per_device(..., devices=...), or "
+          "Replayable.add_device)");
     }
     return UnusableId("jaxgraph_replay", what, retired,
                       retired ? "it was reset or destroyed after this function was compiled; capture "
@@ -406,7 +426,7 @@ ffi::Error ReplayOnCpuImpl(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictiona
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Replay, jaxgraph::ReplayImpl,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
+                                  .Ctx<xla::ffi::DeviceOrdinal>()  // picks the device's graph
                                   .RemainingArgs()          // XLA's operands: the static inputs
                                   .RemainingRets()          // XLA's results: the static outputs
                                   .Attr<int64_t>("graph")   // graph table id

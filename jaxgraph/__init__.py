@@ -28,6 +28,8 @@ from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
 from ._replayable import Replayable as Replayable
 from ._replayable import replayable as replayable
+from ._sharded import ShardedGraph as ShardedGraph
+from ._sharded import capture_per_device as capture_per_device
 from ._kernel import Kernel as Kernel
 from ._memory import MemPool as MemPool
 from ._memory import graph_pool_handle as graph_pool_handle

@@ -35,6 +35,8 @@ __all__ = [
     "distinct_aliases",
     "jaxgraph_replay",
     "register",
+    "result_shapes",
+    "varying_axes",
 ]
 
 
@@ -115,15 +117,77 @@ def jaxgraph_replay(spec: ReplaySpec) -> Callable[..., list]:
     ``spec.side_effects`` (on an H100 ``has_side_effect`` made an empty call
     cost 114 us instead of 37): XLA removes a call whose outputs are unused.
     ``vmap`` replays once per batch element, in sequence.
+
+    Inside ``jax.shard_map`` (and ``jax.pmap``, which JAX runs as one) the
+    results vary over the mesh axes the operands vary over
+    (:func:`varying_axes`), as for any JAX operation: each device replays its
+    own graph on its own shard, so a result is per-device data unless every
+    operand is the same on every device. Since jax 0.8.2 ``ffi_call`` takes
+    that type from the result shapes it is given, so the call is built per
+    set of varying axes (:func:`result_shapes`).
     """
     import jax
 
     register_ffi_targets()
-    call = jax.ffi.ffi_call("jaxgraph_replay", list(spec.outputs), vmap_method="sequential",
-                            has_side_effect=spec.side_effects,
-                            input_output_aliases=dict(spec.aliases) or None)
     graph = np.int64(spec.graph_id)
-    return lambda *args: list(call(*args, graph=graph, call=np.int64(next(_call_sites))))
+    calls: dict[frozenset, Callable[..., Any]] = {}  # built once per set of varying axes, not per call
+
+    def replay(*args: Any) -> list:
+        varying = varying_axes(args)
+        call = calls.get(varying)
+        if call is None:
+            call = calls[varying] = jax.ffi.ffi_call(
+                "jaxgraph_replay", result_shapes(spec.outputs, varying), vmap_method="sequential",
+                has_side_effect=spec.side_effects, input_output_aliases=dict(spec.aliases) or None)
+        return list(call(*args, graph=graph, call=np.int64(next(_call_sites))))
+
+    return replay
+
+
+def varying_axes(args: Sequence[Any]) -> frozenset:
+    """The manual mesh axes (``shard_map``, ``pmap``) over which some of ``args`` varies.
+
+    Empty outside ``shard_map`` and when its ``check_vma`` is off.
+    """
+    import jax
+
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:  # jax without varying-axes types
+        return frozenset()
+    axes: frozenset = frozenset()
+    for a in args:
+        try:
+            aval = typeof(a)
+        except TypeError:
+            continue
+        mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+        varying = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+        if varying:
+            axes |= frozenset(varying)
+    return axes
+
+
+def result_shapes(outputs: Sequence[Any], varying: frozenset) -> list:
+    """``outputs`` as result shapes that vary over the mesh axes ``varying`` (unchanged when empty).
+
+    jax >= 0.10 spells it ``manual_axis_type=ManualAxisType(varying=...)``,
+    jax 0.8.2-0.9 ``vma=...``; both need a sharding on the current (abstract)
+    mesh. Older jax typed ``ffi_call`` results from the operands itself.
+    """
+    import jax
+
+    if not varying:
+        return list(outputs)
+    manual_axis_type = getattr(jax.sharding, "ManualAxisType", None)
+    try:
+        sharding = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), jax.sharding.PartitionSpec())
+        if manual_axis_type is not None:
+            kind = {"manual_axis_type": manual_axis_type(varying=varying)}
+        else:
+            kind = {"vma": varying}
+        return [jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sharding, **kind) for o in outputs]
+    except (AttributeError, TypeError):  # jax < 0.8.2: ffi_call gives the results the operands' varying axes itself
+        return list(outputs)
 
 
 _call_sites = itertools.count(1)

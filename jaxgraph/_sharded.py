@@ -1,0 +1,505 @@
+"""Several GPUs: one graph per device, replayed inside ``jax.shard_map`` and ``jax.pmap``.
+
+A CUDA graph belongs to the device it was captured on. To run a captured step
+on every GPU of a ``jax.shard_map`` (or ``jax.pmap``, which JAX runs as one),
+:func:`capture_per_device` captures the same kernel sequence once per local
+device, each on static arrays and a memory pool of that device, and returns a
+:class:`ShardedGraph`: one function of *shard-local* JAX arrays::
+
+    def step(x):                       # called once per device, with that device current
+        y = jaxgraph.empty(x.shape)    # from the graph's pool, on that device
+        add_one[blocks, 256](y, x, n)
+        return y
+
+    sg = jaxgraph.capture_per_device(step, [jax.ShapeDtypeStruct((n,), jnp.float32)])
+    mesh = jax.make_mesh((2,), ("x",))
+    f = jax.jit(jax.shard_map(sg, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    y = f(x)                           # x: (2 n,) over two GPUs; each replays its graph on its half
+
+How each shard finds its graph: the graphs share one id in the native table
+(``ffi/replay.cc``), one entry per device. XLA runs the shard program on every
+device, and each ``jaxgraph_replay`` call reads the device ordinal XLA gives it
+(the FFI call context) and replays that device's graph, its kernels bound to
+that device's buffers (zero-copy binding works per device). Nothing else is
+shared between devices, and no cache is keyed by buffer address alone (the
+same address can exist on two devices: Warp's graph cache mixed devices up
+that way, warp#1181, mujoco#3191). A device without a graph is a clear XLA
+error naming the devices that have one, never a launch on the wrong device;
+:meth:`ShardedGraph.check_devices` says so before anything is compiled.
+
+Lifetime: the sharded graph owns its graphs, their pools and the static arrays
+on every device. :meth:`ShardedGraph.close` retires them at once (compiled
+functions then fail with a clear error); the memory goes back to every device
+when the object is gone (``del sg``, with the jitted functions that hold it),
+because an XLA command buffer that recorded a replay may still use it until then.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from . import _driver, _introspect
+from ._array import DeviceArray
+from ._capture import graph as capture_graph
+from ._graphs import CUDAGraph, _capture_mode
+from ._jax_replay import fmt_all
+from ._replayable import _BIND, Replayable, _check_choice, replayable
+
+__all__ = ["DeviceCapture", "ShardedGraph", "capture_per_device", "cuda_ordinal", "device_ordinals"]
+
+
+# ----------------------------------------------------------------------------
+# ShardedGraph
+# ----------------------------------------------------------------------------
+
+
+class DeviceCapture(NamedTuple):
+    """One device's part of a :class:`ShardedGraph`: its graph and static arrays."""
+
+    graph: CUDAGraph | None
+    inputs: tuple
+    outputs: tuple
+
+
+class ShardedGraph:
+    """The same captured computation on several devices, as one function of shard-local JAX arrays.
+
+    Make one with :func:`capture_per_device`. Call it inside ``jax.shard_map``
+    or ``jax.pmap`` with one array per static input, shaped like one shard
+    (the static input's shape): on each device it replays that device's graph
+    and returns that device's outputs. Outside them it replays on the device
+    its arguments live on. :meth:`shard_map` builds the jitted ``shard_map``
+    after checking every device of the mesh has a graph.
+
+    Inside ``shard_map`` the outputs vary over the mesh axes the inputs vary
+    over, as for any JAX operation. A graph whose outputs differ between
+    devices for the same inputs (state kept in static arrays, a per-device
+    generator) should get inputs that vary over those axes (``jax.lax.pcast``
+    or ``pvary``), so JAX does not take its outputs for replicated.
+
+    Attributes
+    ----------
+    devices : tuple of int
+        The CUDA ordinals with a graph, in capture order.
+    in_shapes, out_shapes : tuple of jax.ShapeDtypeStruct
+        Per-shard shapes and dtypes of the static inputs and outputs.
+    replayable : Replayable
+        The underlying replayable (one graph id, one graph per device).
+    bindings : dict of int to list of BufferBinding
+        Per device, how each static buffer meets XLA's buffer.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise RuntimeError("ShardedGraph cannot be constructed directly; use jaxgraph.capture_per_device(...)")
+
+    @classmethod
+    def _create(cls, step: Replayable, parts: dict[int, DeviceCapture]) -> "ShardedGraph":
+        """Wrap ``step`` and each device's capture (tests pass graph-less parts to lower without a GPU)."""
+        if not parts:
+            raise ValueError("a ShardedGraph needs at least one device")
+        self = object.__new__(cls)
+        self._step = step
+        self._parts = dict(parts)
+        self._closed = False
+        self.__name__ = "sharded_graph"  # how jax.jit and shard_map name the function
+        return self
+
+    # -- introspection --------------------------------------------------------------
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(self._parts)
+
+    @property
+    def in_shapes(self) -> tuple:
+        return self._step.in_shapes
+
+    @property
+    def out_shapes(self) -> tuple:
+        return self._step.out_shapes
+
+    @property
+    def replayable(self) -> Replayable:
+        return self._step
+
+    @property
+    def graph_id(self) -> int:
+        return self._step.graph_id
+
+    @property
+    def alive(self) -> bool:
+        """Whether :meth:`close` was not called and some device's graph is still registered."""
+        return not self._closed and self._step.alive
+
+    @property
+    def bindings(self) -> dict:
+        return self._step.bindings
+
+    def graph(self, device: Any) -> CUDAGraph:
+        """The :class:`CUDAGraph` captured on ``device`` (an ordinal or a JAX device)."""
+        return self._part(device).graph
+
+    def inputs(self, device: Any) -> tuple:
+        """The static input arrays on ``device``."""
+        return self._part(device).inputs
+
+    def outputs(self, device: Any) -> tuple:
+        """The static output arrays on ``device``."""
+        return self._part(device).outputs
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else "closed" if self._closed else "retired"
+        return (f"<jaxgraph.ShardedGraph ({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)}) on "
+                f"devices {_names(self.devices)} graph={self.graph_id} {state}>")
+
+    # -- calling ----------------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        """Replay on shard-local ``args`` (one JAX array per static input); see the class docstring."""
+        self._check_open()
+        for i, a in enumerate(args):
+            self._check_placed(i, a)
+        return self._step(*args)
+
+    def replay(self, device: Any = None) -> None:
+        """Replay from the host on ``device``'s current stream (every device when ``None``).
+
+        As :meth:`CUDAGraph.replay`: it reads and writes the static arrays, no JAX involved.
+        """
+        self._check_open()
+        for d in (self.devices if device is None else (cuda_ordinal(device),)):
+            self._part(d).graph.replay()
+
+    def check_devices(self, devices: Any) -> tuple[int, ...]:
+        """Check that every device of ``devices`` has a graph; return their CUDA ordinals.
+
+        Parameters
+        ----------
+        devices : jax.sharding.Mesh, or a device, or a sequence of devices
+            JAX devices (``jax.devices()``) or CUDA ordinals, e.g. the mesh a
+            ``shard_map`` of this graph will run on.
+
+        Raises
+        ------
+        ValueError
+            A device has no graph here, is not a CUDA device, or belongs to another process.
+        RuntimeError
+            This sharded graph was closed.
+        """
+        self._check_open()
+        ordinals = device_ordinals(devices)
+        missing = [d for d in ordinals if d not in self._parts]
+        if missing:
+            raise ValueError(f"no graph for device{'s' if len(missing) > 1 else ''} {_names(missing)}: this "
+                             f"ShardedGraph was captured on device(s) {_names(self.devices)}; capture it on "
+                             "every device it runs on (jaxgraph.capture_per_device(..., devices=mesh.devices.flat))")
+        return ordinals
+
+    def shard_map(self, mesh: Any, in_specs: Any, out_specs: Any, **kwargs: Any) -> Callable[..., Any]:
+        """``jax.jit(jax.shard_map(self, mesh=mesh, in_specs=..., out_specs=...))``, checked first.
+
+        Raises ``ValueError`` (see :meth:`check_devices`) when a device of
+        ``mesh`` has no graph, instead of an error when the function runs.
+        Other keyword arguments go to ``jax.shard_map``.
+        """
+        import jax
+
+        self.check_devices(mesh)
+        return jax.jit(jax.shard_map(self, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kwargs))
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Retire every device's graph now (idempotent); calls afterwards raise.
+
+        The graphs are reset and the native table lets go of its copies. The
+        pools and static arrays are freed on every device when this object is
+        gone: until then an XLA command buffer that recorded a replay may
+        still run it (see :class:`~jaxgraph.Replayable`).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._step.close()
+        for part in self._parts.values():
+            if part.graph is not None:
+                part.graph.reset()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _part(self, device: Any) -> DeviceCapture:
+        d = cuda_ordinal(device)
+        part = self._parts.get(d)
+        if part is None:
+            raise ValueError(f"no graph for device {d}: this ShardedGraph has device(s) {_names(self.devices)}")
+        return part
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ShardedGraph was closed; capture again with jaxgraph.capture_per_device(...)")
+
+    def _check_placed(self, index: int, value: Any) -> None:
+        """A concrete JAX array must live on devices that have a graph (tracers are checked by XLA)."""
+        import jax
+
+        if not isinstance(value, jax.Array) or isinstance(value, jax.core.Tracer):
+            return
+        for device in sorted(value.devices(), key=lambda d: d.id):
+            platform = getattr(device, "platform", "?")
+            if platform not in _CUDA_PLATFORMS:
+                raise ValueError(f"argument {index} is on {device}, a {platform} device: a ShardedGraph replays "
+                                 "on CUDA devices (JAX with CUDA)")
+            ordinal = cuda_ordinal(device)
+            if ordinal not in self._parts:
+                raise ValueError(f"argument {index} is on {device} (CUDA device {ordinal}), which has no graph "
+                                 f"in this ShardedGraph (devices {_names(self.devices)}); put it on one of "
+                                 "those, or capture on that device too")
+
+
+# ----------------------------------------------------------------------------
+# capture_per_device
+# ----------------------------------------------------------------------------
+
+
+def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devices: Any = None,
+                       bind: str = "auto", input_output_aliases: dict[int, int] | None = None,
+                       side_effects: bool = False, backward: Callable[..., Any] | None = None,
+                       capture_error_mode: str = "global") -> ShardedGraph:
+    """Capture ``fn`` once per device and return the graphs as one :class:`ShardedGraph`.
+
+    For each device, with that device current: static inputs of ``in_shapes``
+    are allocated (zeroed) on it, then ``fn(*static_inputs)`` runs under
+    :class:`jaxgraph.graph` capture (on a side stream of that device, into a
+    new private pool of that device) and returns the static outputs. The
+    first device's graph becomes a :func:`~jaxgraph.replayable`; the others
+    are registered with it (:meth:`Replayable.add_device`), under one id.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(*inputs) -> output or tuple of outputs``: launches the kernels on
+        the current stream and returns the device arrays they write (allocate
+        them inside ``fn`` with :func:`jaxgraph.empty`: they come from the
+        graph's pool and stay valid as long as the graph). It runs once per
+        device; :func:`jaxgraph.current_device` says which, for per-device
+        constants made beforehand.
+    in_shapes : sequence of jax.ShapeDtypeStruct (or anything with ``shape`` and ``dtype``)
+        One per static input: the shape of one shard.
+    devices : sequence of jax.Device or int, or jax.sharding.Mesh, optional
+        Where to capture. Default: every local GPU JAX uses
+        (``jax.local_devices(backend="gpu")``), or every CUDA device when JAX
+        has no GPU backend.
+    bind, input_output_aliases, side_effects, backward
+        As for :func:`jaxgraph.replayable`; they apply on every device.
+    capture_error_mode : {"global", "thread_local", "relaxed"}
+        As for :class:`jaxgraph.graph`.
+
+    Returns
+    -------
+    ShardedGraph
+
+    Raises
+    ------
+    TypeError
+        ``fn`` is not callable, a shape has no ``shape``/``dtype``, or ``fn``
+        returned something other than device arrays.
+    ValueError
+        Bad ``devices`` (none, repeated, not CUDA, another process's), or on
+        some device: outputs on another device, or shapes differing from the
+        first device's. The message names the device.
+    RuntimeError
+        ``fn`` launched nothing on a device, or the native extension is not built.
+
+    Notes
+    -----
+    If capturing fails on any device, what was captured on the others is
+    retired and released before the error propagates.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (it launches the kernels to capture), got {type(fn).__name__}")
+    if backward is not None and not callable(backward):
+        raise TypeError(f"backward must be callable (e.g. another ShardedGraph), got {type(backward).__name__}")
+    _check_choice("bind", bind, _BIND)  # every check that needs no device comes first
+    _capture_mode(capture_error_mode)
+    shapes = _shapes(in_shapes)
+    ordinals = device_ordinals(devices)
+    parts: dict[int, DeviceCapture] = {}
+    step: Replayable | None = None
+    device = ordinals[0]
+    try:
+        for device in ordinals:
+            part = parts[device] = _capture_on(device, fn, shapes, capture_error_mode)
+            if step is None:
+                step = replayable(part.graph, part.inputs, part.outputs, bind=bind, backward=backward,
+                                  input_output_aliases=input_output_aliases, side_effects=side_effects)
+            else:
+                step.add_device(part.graph, part.inputs, part.outputs)
+    except (TypeError, ValueError) as exc:
+        _release(step, parts)
+        if type(exc) in (TypeError, ValueError):  # name the device; subclasses keep their own message
+            raise type(exc)(f"capture_per_device, device {device}: {exc}") from exc
+        raise
+    except BaseException:
+        _release(step, parts)
+        raise
+    return ShardedGraph._create(step, parts)
+
+
+# ----------------------------------------------------------------------------
+# Devices
+# ----------------------------------------------------------------------------
+
+_CUDA_PLATFORMS = ("gpu", "cuda")
+
+
+def cuda_ordinal(device: Any) -> int:
+    """The CUDA ordinal of ``device``: an int ordinal, or a local JAX GPU device.
+
+    A JAX device's ordinal is its ``local_hardware_id``: the ordinal XLA
+    hands the FFI call on that device, and the one ``jaxgraph`` allocates on.
+
+    Raises
+    ------
+    TypeError
+        Neither an int nor a JAX device.
+    ValueError
+        A negative ordinal, a device that is not a CUDA GPU, or a device of another process.
+    """
+    if isinstance(device, (bool, np.bool_)):
+        raise TypeError(f"a device must be a CUDA ordinal or a JAX device, got {device!r}")
+    if isinstance(device, (int, np.integer)):
+        if device < 0:
+            raise ValueError(f"a CUDA device ordinal is >= 0, got {device}")
+        return int(device)
+    platform = getattr(device, "platform", None)
+    if platform is None:
+        raise TypeError(f"a device must be a CUDA ordinal or a JAX device, got {type(device).__name__}")
+    if platform not in _CUDA_PLATFORMS:
+        raise ValueError(f"{device} is a {platform} device: jaxgraph graphs live on CUDA GPUs (JAX with CUDA)")
+    process = getattr(device, "process_index", 0)
+    here = _process_index()
+    if process != here:
+        raise ValueError(f"{device} belongs to process {process}, this is process {here}: each process captures "
+                         "graphs for its own devices (jax.local_devices())")
+    ordinal = getattr(device, "local_hardware_id", None)
+    if ordinal is None:
+        raise ValueError(f"{device} has no local_hardware_id, so its CUDA ordinal is unknown")
+    return int(ordinal)
+
+
+def device_ordinals(devices: Any = None) -> tuple[int, ...]:
+    """CUDA ordinals of ``devices`` (a Mesh, a device or a sequence of them); see :func:`capture_per_device`.
+
+    Raises ``ValueError`` for no devices or a device given twice.
+    """
+    if devices is None:
+        return _default_devices()
+    if hasattr(devices, "devices") and hasattr(devices, "axis_names"):  # a jax.sharding.Mesh
+        devices = list(np.asarray(devices.devices).flat)
+    elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
+        devices = [devices]
+    elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
+    ordinals = tuple(cuda_ordinal(d) for d in devices)
+    if not ordinals:
+        raise ValueError("devices is empty: name at least one device")
+    repeated = sorted({d for d in ordinals if ordinals.count(d) > 1})
+    if repeated:
+        raise ValueError(f"device(s) {_names(repeated)} given more than once: each device gets one graph")
+    return ordinals
+
+
+def _default_devices() -> tuple[int, ...]:
+    """JAX's local GPUs, or every CUDA device when JAX has no GPU backend."""
+    import jax
+
+    try:
+        gpus = jax.local_devices(backend="gpu")
+    except RuntimeError:  # no GPU backend in this JAX
+        gpus = []
+    if gpus:
+        return tuple(cuda_ordinal(d) for d in gpus)
+    count = _driver.device_count()
+    if count == 0:
+        raise _driver.CudaUnavailableError("no CUDA device: capture_per_device needs at least one GPU")
+    return tuple(range(count))
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _capture_on(device: int, fn: Callable[..., Any], shapes: tuple, mode: str) -> DeviceCapture:
+    """Allocate the static inputs on ``device`` and capture ``fn`` there; the previous device is restored."""
+    from ._array import zeros
+
+    previous = _driver.current_device()
+    _driver.set_device(device)
+    try:
+        inputs = tuple(zeros(shape, dtype) for shape, dtype in shapes)
+        g = CUDAGraph()
+        with warnings.catch_warnings():
+            # An empty capture is an error here, with a clearer message than the warning.
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            with capture_graph(g, capture_error_mode=mode):
+                result = fn(*inputs)
+        try:
+            outputs = _outputs(result)
+            if _introspect.node_count(g._handles.template) == 0:
+                raise RuntimeError(f"capture_per_device: fn launched nothing on device {device}; it must "
+                                   "launch its kernels on the current stream (jaxgraph's default), with no "
+                                   "stream= of another device")
+        except BaseException:
+            g.reset()
+            raise
+        return DeviceCapture(g, inputs, outputs)
+    finally:
+        _driver.set_device(previous)
+
+
+def _outputs(result: Any) -> tuple:
+    if isinstance(result, DeviceArray) or hasattr(result, "__cuda_array_interface__"):
+        result = (result,)
+    if not isinstance(result, (list, tuple)) or not result:
+        raise TypeError("fn must return its static outputs: a device array or a non-empty tuple of them, got "
+                        f"{type(result).__name__}")
+    return tuple(result)
+
+
+def _shapes(in_shapes: Any) -> tuple:
+    if not isinstance(in_shapes, (list, tuple)):
+        raise TypeError("in_shapes must be a list of jax.ShapeDtypeStruct (one per static input), got "
+                        f"{type(in_shapes).__name__}")
+    out = []
+    for i, s in enumerate(in_shapes):
+        if not hasattr(s, "shape") or not hasattr(s, "dtype"):
+            raise TypeError(f"in_shapes[{i}] must have a shape and a dtype (jax.ShapeDtypeStruct), "
+                            f"got {type(s).__name__}")
+        out.append((tuple(int(n) for n in s.shape), np.dtype(s.dtype)))
+    return tuple(out)
+
+
+def _release(step: Replayable | None, parts: dict[int, DeviceCapture]) -> None:
+    """Undo a partial capture: retire the id and reset every graph; never raises."""
+    try:
+        if step is not None:
+            step.close()
+        for part in parts.values():
+            if part.graph is not None:
+                part.graph.reset()
+    except Exception:  # the capture's own error is the one to report
+        pass
+
+
+def _names(devices: Sequence[int]) -> str:
+    return ", ".join(str(d) for d in devices) or "none"
