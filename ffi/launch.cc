@@ -202,6 +202,16 @@ int GraphLaunchFromPython(uintptr_t graph_exec, uintptr_t stream) {
       launch(reinterpret_cast<CUgraphExec>(graph_exec), reinterpret_cast<CUstream>(stream)));
 }
 
+// The calling thread's current CUDA context (0 when none), so Python can see
+// whether another library (XLA, CuPy, torch) switched it since jaxgraph set it.
+uintptr_t CurrentContext() {
+  using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+  static CtxGetCurrentFn get = Driver<CtxGetCurrentFn>("cuCtxGetCurrent");
+  CUcontext ctx = nullptr;
+  if (get == nullptr || get(&ctx) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<uintptr_t>(ctx);
+}
+
 }  // namespace
 }  // namespace jaxgraph
 
@@ -228,6 +238,7 @@ NB_MODULE(_launch, m) {
         nb::arg("grid_z"), nb::arg("block_x"), nb::arg("block_y"), nb::arg("block_z"),
         nb::arg("shared_mem"), nb::arg("stream"), nb::arg("params"),
         "cuLaunchKernel(function, grid, block, shared_mem, stream, params); returns the CUresult.");
+  m.def("current_context", &CurrentContext, "cuCtxGetCurrent() as an integer (0: none or failure).");
   m.def("graph_launch", &GraphLaunchFromPython, nb::arg("graph_exec"), nb::arg("stream"),
         "cuGraphLaunch(graph_exec, stream); returns the CUresult.");
 }

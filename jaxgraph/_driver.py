@@ -124,6 +124,7 @@ _init_lock = threading.Lock()
 _initialized = False
 _device_count = 0
 _primary_contexts: dict[int, Any] = {}
+_primary_context_addresses: dict[int, int] = {}  # int(context), compared with the thread's current one
 _local = threading.local()
 
 
@@ -180,11 +181,14 @@ def set_device(device: int) -> None:
 def ensure_context(device: int | None = None) -> int:
     """Make ``device``'s primary context current on this thread; return the ordinal.
 
-    Cheap after the first call per thread and device.
+    Checks the thread's actual current context every time (one native driver
+    call): XLA, CuPy or torch may have switched it since jaxgraph set it, and a
+    launch into another device's context reads memory it cannot reach.
     """
     if device is None:
         device = getattr(_local, "device", 0)
-    if getattr(_local, "context_device", None) == device:
+    address = _primary_context_addresses.get(device)
+    if address is not None and _current_context() == address:
         return device
     _init()
     device = _check_ordinal(device)
@@ -197,9 +201,25 @@ def ensure_context(device: int | None = None) -> int:
                 # Retained for the life of the process, as the CUDA runtime does.
                 ctx = check(_driver_module.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
                 _primary_contexts[device] = ctx
+                _primary_context_addresses[device] = int(ctx)
     check(_driver_module.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    _local.context_device = device
     return device
+
+
+def _current_context() -> int:
+    """``cuCtxGetCurrent()`` as an integer: natively where the extension is built (~0.1 us)."""
+    global _current_context_fn
+    if _current_context_fn is None:
+        try:
+            from ._launch import current_context as _current_context_fn  # noqa: PLW0621
+        except ImportError:
+            def _current_context_fn() -> int:
+                err, ctx = _driver_module.cuCtxGetCurrent()
+                return int(ctx) if err == _SUCCESS and ctx is not None else 0
+    return _current_context_fn()
+
+
+_current_context_fn: Any = None
 
 
 def compute_capability(device: int | None = None) -> tuple[int, int]:

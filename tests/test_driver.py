@@ -84,6 +84,27 @@ def test_primary_context_is_the_one_xla_uses():
 
 
 @pytest.mark.gpu
+def test_a_context_switched_behind_jaxgraphs_back_is_switched_back():
+    """Another library may leave its own context current on this thread (XLA, CuPy, torch):
+    jaxgraph's next operation must run in the device's primary context again."""
+    from cuda.bindings import driver as cu
+
+    x = jaxgraph.asarray(np.arange(1024, dtype=np.float32))
+    primary = int(_driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+    dev = _driver.check(cu.cuDeviceGet(jaxgraph.current_device()), "cuDeviceGet")
+    stranger = _driver.check(cu.cuCtxCreate(None, 0, dev), "cuCtxCreate")  # now current (CUDA 13 signature)
+    try:
+        assert int(_driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) != primary
+        y = jaxgraph.empty(1024)
+        y.fill_(np.float32(3.0))
+        assert int(_driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) == primary
+        np.testing.assert_array_equal(y.numpy() + x.numpy(), np.arange(1024, dtype=np.float32) + 3)
+    finally:
+        cu.cuCtxDestroy(stranger)
+        _driver.ensure_context()
+
+
+@pytest.mark.gpu
 def test_device_queries():
     assert jaxgraph.device_count() >= 1
     assert jaxgraph.current_device() == 0
