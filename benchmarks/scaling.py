@@ -283,7 +283,8 @@ def _meta(argv: list, args: argparse.Namespace) -> dict:
                        "target_ms": args.target_ms},
             "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE",
                                                    "CUDA_VISIBLE_DEVICES")},
-            "versions": versions, "git": run._run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"])}
+            "versions": versions, "git": os.environ.get("JAXGRAPH_GIT") or run._run(["git", "-C", str(ROOT), "describe", "--always",
+                                                                              "--dirty"])}
 
 
 def _write(results: dict, out_dir: Path, quick: bool) -> list[Path]:
