@@ -60,7 +60,7 @@ def summary_text(title: str, data: dict | None, pools: Sequence[Any] = (), exter
     lines.append(f"  {len(nodes)} nodes ({counts or 'none'}), {len(edges)} dependencies, "
                  f"longest chain {longest_chain(len(nodes), edges)} nodes")
     kernels = collections.Counter(
-        (names(n["kernel_name"]) or "<unnamed>", _dims(n["grid"]), _dims(n["block"]))
+        (_short(names(n["kernel_name"]) or "<unnamed>"), _dims(n["grid"]), _dims(n["block"]))
         for n in nodes if n["node_type"] == "kernel")
     if kernels:
         width = max(len(name) for name, _, _ in kernels)
@@ -87,7 +87,8 @@ def to_dot(data: dict, title: str = "CUDA graph", names: Callable[[str | None], 
     for n in data["nodes"]:
         kind = n["node_type"]
         if kind == "kernel":
-            label = f"{names(n['kernel_name']) or '<unnamed kernel>'}\\ngrid {_dims(n['grid'])}, block {_dims(n['block'])}"
+            name = _short(names(n["kernel_name"]) or "<unnamed kernel>")
+            label = f"{name}\\ngrid {_dims(n['grid'])}, block {_dims(n['block'])}"
         else:
             label = kind.replace("_", " ")
         color = _COLORS.get(kind, "#ffffff")
@@ -184,6 +185,11 @@ def _dims(dims: Sequence[int] | None) -> str:
     while len(dims) > 1 and dims[-1] == 1:
         dims.pop()
     return "x".join(str(d) for d in dims)
+
+
+def _short(name: str, limit: int = 72) -> str:
+    """A kernel name cut to ``limit`` characters (library kernels' template names run to hundreds)."""
+    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 def _bytes(n: int) -> str:

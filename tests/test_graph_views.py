@@ -27,8 +27,10 @@ DATA = {
         node(2, "kernel", "scale", [8, 8, 1], [16, 16, 1]),
         node(3, "kernel", "scale", [8, 8, 1], [16, 16, 1]),
         node(4, "memcpy"),
+        node(5, "kernel", "void at::native::vectorized_elementwise_kernel<4, " + "x" * 300 + ">", [1, 1, 1],
+             [128, 1, 1]),
     ],
-    "edges": [[0, 1], [1, 2], [1, 3], [2, 4], [3, 4]],
+    "edges": [[0, 1], [1, 2], [1, 3], [2, 4], [3, 4], [4, 5]],
 }
 NAMES = {"_Z4axpyIfEvPT_PKS0_S0_i": "axpy<float>"}.get
 
@@ -53,6 +55,8 @@ def test_dot_labels_kernels_with_name_grid_block_and_draws_every_dependency():
     assert 'n1 [label="#1 axpy<float>\\ngrid 16, block 256"' in dot
     assert 'n2 [label="#2 scale\\ngrid 8x8, block 16x16"' in dot
     assert 'n0 [label="#0 memset"' in dot and 'n4 [label="#4 memcpy"' in dot
+    long_name = "void at::native::vectorized_elementwise_kernel<4, " + "x" * 19 + "..."
+    assert f'n5 [label="#5 {long_name}\\ngrid 1, block 128"' in dot  # library template names are cut
     for a, b in DATA["edges"]:
         assert f"  n{a} -> n{b};" in dot
     assert dot.count("->") == len(DATA["edges"])
@@ -63,9 +67,11 @@ def test_summary_counts_nodes_kernels_dependencies_and_memory():
     text = _graph_views.summary_text("CUDAGraph on device 0 (ended)", DATA, pools, 2, lambda s: NAMES(s, s))
     lines = text.splitlines()
     assert lines[0] == "CUDAGraph on device 0 (ended)"
-    assert lines[1] == "  5 nodes (3 kernel, 1 memset, 1 memcpy), 5 dependencies, longest chain 4 nodes"
-    assert "    1 x axpy<float>  grid 16, block 256" in text
-    assert "    2 x scale        grid 8x8, block 16x16" in text
+    assert lines[1] == "  6 nodes (4 kernel, 1 memset, 1 memcpy), 6 dependencies, longest chain 5 nodes"
+    pad = " " * 61  # names are padded to the longest shown, 72 characters
+    assert f"    1 x axpy<float>{pad}  grid 16, block 256" in text
+    assert f"    2 x scale{pad + ' ' * 6}  grid 8x8, block 16x16" in text
+    assert "    1 x void at::native::vectorized_elementwise_kernel<4, xxxxxxxxxxxxxxxxxxx...  grid 1, block 128" in text
     assert "memory: its pool (0, 3) holds 4.0 MiB (1.0 MiB free for later captures into it)" in text
     assert "memory: an input's pool (0, 5) holds 1.5 KiB (0 B free" in text
     assert lines[-1] == "  keeps 2 external input arrays alive"
