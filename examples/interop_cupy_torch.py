@@ -18,6 +18,7 @@ their memory allocators know nothing of jaxgraph's capture. A library that is
 not installed is left out of the graph and of the numpy reference.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -62,29 +63,31 @@ def main():
         kernel = jaxgraph.Kernel(SCALE_SHIFT, "scale_shift", arch="sm_90")
         print(f"compiled {kernel}; a CUDA GPU is needed to capture and replay: none found, so this example stops here")
         return 0
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with the other libraries
     import jax
     import jax.numpy as jnp
 
     cupy, torch = optional("cupy"), optional("torch")
     libraries = ["jaxgraph"] + [m.__name__ for m in (cupy, torch) if m is not None]
+    missing = [name for name, module in (("cupy", cupy), ("torch", torch)) if module is None]
     print(f"mixing kernels of {', '.join(libraries)} in one graph"
-          + ("" if cupy and torch else "; not installed: " + ", ".join(
-              n for n, m in (("cupy", cupy), ("torch", torch)) if m is None)), flush=True)
+          + (f" ({' and '.join(missing)}: not installed or without a GPU, left out)" if missing else ""), flush=True)
 
     rng = np.random.default_rng()
     scale_shift = jaxgraph.Kernel(SCALE_SHIFT, "scale_shift")
-    x_s, w_s = jaxgraph.asarray(rng.standard_normal(SHAPE, np.float32)), jaxgraph.asarray(rng.standard_normal(SHAPE, np.float32))
+    x_s, w_s = (jaxgraph.asarray(rng.standard_normal(SHAPE, np.float32)) for _ in range(2))  # static inputs
     h, y, z = jaxgraph.empty(SHAPE), jaxgraph.empty(SHAPE), jaxgraph.empty(SHAPE)
-    s = jaxgraph.Stream()  # the capture stream: other libraries warm up on it too
+    s = jaxgraph.Stream()  # the capture stream: every library warms up on it, then is captured there
 
     stages = [lambda: scale_shift[GRID, 256](h, x_s, A, B, N)]
     out = h
     if cupy is not None:
         relu_mul = cupy.RawKernel(RELU_MUL, "relu_mul")
         h_c, w_c, y_c = (cupy.asarray(a) for a in (h, w_s, y))  # views: no copies
+        on_s = cupy.cuda.ExternalStream(int(s))                  # CuPy launches on jaxgraph's stream
 
         def cupy_stage():
-            with cupy.cuda.ExternalStream(int(jaxgraph.current_stream())):
+            with on_s:
                 relu_mul((GRID,), (256,), (y_c, h_c, w_c, np.int32(N)))
                 cupy.sin(y_c, out=y_c)
 
@@ -92,16 +95,17 @@ def main():
         out = y
     if torch is not None:
         src_t, h_t, z_t = (torch.as_tensor(a, device="cuda") for a in (out, h, z))
+        torch_s = torch.cuda.ExternalStream(int(s))               # torch launches on jaxgraph's stream
 
         def torch_stage():
-            with torch.cuda.stream(torch.cuda.ExternalStream(int(jaxgraph.current_stream()))):
+            with torch.cuda.stream(torch_s):
                 torch.mul(src_t, src_t, out=z_t)
                 torch.add(z_t, h_t, out=z_t)
 
         stages.append(torch_stage)
         out = z
 
-    with jaxgraph.stream(s):  # 1. once before the capture, on the capture stream
+    with jaxgraph.stream(s):  # 1. once before the capture (compiles, loads, sets up), on the same stream
         for stage in stages:
             stage()
     s.synchronize()

@@ -32,7 +32,8 @@ PRINTS = {
     "quickstart": ["3 kernel"],                                  # print(g): the graph's summary
     "gray_scott": ["[6/6]", "speedup", "graphed step vs XLA on the same kernels", "forward: CUDAGraph"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
-    "interop_cupy_torch": ["eager replay of the mixed graph matches numpy", "kernels replayed inside jax.jit"],
+    "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
+                           "kernels replayed inside jax.jit matches numpy"],
 }
 
 
@@ -55,16 +56,9 @@ def test_example_runs_and_checks_itself(path):
         assert "none found" in output, output
 
 
-@pytest.mark.gpu
-def test_interop_example_names_the_libraries_it_mixed():
-    code, output = run_example(ROOT / "examples" / "interop_cupy_torch.py")
-    assert code == 0, output
-    present = [name for name in ("cupy", "torch") if importlib.util.find_spec(name) is not None]
-    assert f"mixing kernels of {', '.join(['jaxgraph'] + present)} in one graph" in output, output
-
-
 def test_compare_command_buffers_table_from_worker_records():
-    spec = importlib.util.spec_from_file_location("compare_command_buffers", ROOT / "examples" / "compare_command_buffers.py")
+    path = ROOT / "examples" / "compare_command_buffers.py"
+    spec = importlib.util.spec_from_file_location("compare_command_buffers", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     stats = example.stats

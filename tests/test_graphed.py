@@ -43,7 +43,8 @@ def never_called(*args):
     (lambda: jaxgraph.make_graphed_callables(never_called, (X, {"w": "abc"})), TypeError,
      r"sample_args\[1\]\['w'\] is a str"),
     (lambda: jaxgraph.make_graphed_callables((never_called, never_called), ((X,),)), ValueError,
-     r"got 2 callables, so sample_args must be a tuple of 2 argument tuples.*got 1 entries.*\(\(forward, backward\),\)"),
+     r"got 2 callables, so sample_args must be a tuple of 2 argument tuples.*got 1 entries"
+     r".*\(\(forward, backward\),\)"),
     (lambda: jaxgraph.make_graphed_callables((never_called,), (X,)), TypeError,
      r"sample_args\[0\] must be a tuple of the callable's arguments"),
     (lambda: jaxgraph.make_graphed_callables((never_called, 5), ((X,), (X,))), TypeError,
@@ -143,8 +144,8 @@ def test_pytree_arguments_and_results_keep_their_structure(rng):
 
 def test_mismatched_pytrees_and_keywords_are_clear_errors():
     graphed = stand_in((X, {"w": X}), (jax.tree_util.tree_structure(0), [sds((8,))]), lambda x, w: (x * w,))
-    with pytest.raises(TypeError, match=r"step was captured for arguments structured as PyTreeDef\(\(\*, \{'w': \*\}\)\), "
-                                        r"got PyTreeDef\(\(\*, \*\)\)"):
+    with pytest.raises(TypeError, match=r"step was captured for arguments structured as "
+                                        r"PyTreeDef\(\(\*, \{'w': \*\}\)\), got PyTreeDef\(\(\*, \*\)\)"):
         graphed(X, X)
     with pytest.raises(TypeError, match="takes its arguments by position, as when it was captured; got keyword"):
         graphed(X, w={"w": X})
