@@ -80,13 +80,21 @@ class RunConfig:
     max_calls: int = 20_000      # cap on calls per sample
     jax_calls_budget_s: float = 40.0  # skip a jax_calls N whose compile is estimated above this
     quick: bool = False
+    modes: tuple | None = None   # run only these modes and scalars (None: all); the floor always runs
+
+    def runs(self, key: str) -> bool:
+        """Whether mode (or scalar) ``key`` is measured in this run."""
+        return self.modes is None or key == FLOOR or key in self.modes
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "ns": list(self.ns)}
+        modes = list(self.modes) if self.modes is not None else None
+        return {**dataclasses.asdict(self), "ns": list(self.ns), "modes": modes}
 
     @classmethod
     def from_json(cls, data: dict) -> "RunConfig":
-        return cls(**{**data, "ns": tuple(int(n) for n in data["ns"])})
+        modes = data.get("modes")
+        return cls(**{**data, "ns": tuple(int(n) for n in data["ns"]),
+                      "modes": tuple(modes) if modes is not None else None})
 
 
 FULL = RunConfig()

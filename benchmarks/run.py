@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settings", type=_settings, default=tuple(config.SETTINGS),
                    help="comma-separated subset of " + ",".join(config.SETTINGS))
     p.add_argument("--ns", type=_ints, help="chain lengths, e.g. 1,10,100,1000")
+    p.add_argument("--modes", type=_modes, help="comma-separated subset of the modes (the raw floor always runs)")
     p.add_argument("--repeats", type=int, help="interleaved rounds per N")
     p.add_argument("--target-ms", type=float, help="wall time per sample")
     p.add_argument("--jax-calls-budget-s", type=float, help="skip a jax_calls N estimated to compile longer")
@@ -66,7 +67,7 @@ def build_config(args: argparse.Namespace) -> config.RunConfig:
     """The quick or full budgets, with the command line's overrides."""
     base = config.QUICK if args.quick else config.FULL
     overrides = {"ns": args.ns, "repeats": args.repeats, "target_ms": args.target_ms,
-                 "jax_calls_budget_s": args.jax_calls_budget_s}
+                 "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes}
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -185,6 +186,16 @@ def _settings(text: str) -> tuple[str, ...]:
     if unknown or not keys:
         raise argparse.ArgumentTypeError(f"unknown setting(s) {unknown or text!r}; choose from "
                                          + ",".join(config.SETTINGS))
+    return keys
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    known = set(config.NOJAX_MODES) | set(config.JAX_MODES) | set(config.SCALAR_INFO)
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in known]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {unknown or text!r}; choose from "
+                                         + ",".join(sorted(known)))
     return keys
 
 

@@ -75,6 +75,7 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
             proc.setdefault("replay_bindings", {})[str(n)] = _describe_bindings(step)
         else:
             factories, step = _nojax_factories(chain, stream, rng), None
+        factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
         records = harness.measure_group(f"[{setting.key}] N={n}", factories, cfg.repeats,
                                         cfg.target_ms / 1e3, cfg.max_calls, log)
         _record(proc, n, records)
@@ -86,8 +87,9 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
     if not setting.uses_jax:
         factories = [("capture_1000", functools.partial(extras.capture, kernel, rng))]
         factories += extras.eager_factories(kernel, stream, rng)
+        factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
         records = harness.measure_group(f"[{setting.key}] capture+eager", factories, cfg.repeats,
-                                        cfg.target_ms / 1e3, cfg.max_calls, log)
+                                        cfg.target_ms / 1e3, cfg.max_calls, log) if factories else {}
         for key, record in records.items():
             proc["scalars"][key] = record
             if "error" in record:

@@ -2,7 +2,8 @@
 
 Write a CUDA C++ kernel, launch it on device arrays, capture launches into a
 CUDA graph with the API PyTorch users know (``CUDAGraph``, ``graph()``, pools,
-hooks), and replay the graph inside ``jax.jit`` on XLA's own stream.
+hooks, ``make_graphed_callables``), and replay the graph inside ``jax.jit`` on
+XLA's own stream.
 
 ``import jaxgraph`` works without a GPU and without the native extension;
 CUDA is initialised on first use.
@@ -24,6 +25,8 @@ from ._driver import current_device as current_device
 from ._driver import device_count as device_count
 from ._driver import set_device as set_device
 from ._generator import Generator as Generator
+from ._graphed import GraphedCallable as GraphedCallable
+from ._graphed import make_graphed_callables as make_graphed_callables
 from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
 from ._replayable import Replayable as Replayable

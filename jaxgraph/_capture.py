@@ -202,6 +202,21 @@ class Graph:
         """Dump the captured graph to ``path`` (Graphviz DOT); needs :meth:`enable_debug_mode`."""
         self._cuda_graph.debug_dump(path)
 
+    def summary(self) -> str:
+        """A compact text summary; see :meth:`CUDAGraph.summary`."""
+        return self._cuda_graph.summary()
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text of the captured graph; see :meth:`CUDAGraph.to_dot`."""
+        return self._cuda_graph.to_dot()
+
+    def render(self, path: Any, format: str | None = None) -> Any:
+        """Draw the captured graph to ``path``; see :meth:`CUDAGraph.render`."""
+        return self._cuda_graph.render(path, format)
+
+    def __str__(self) -> str:
+        return str(self._cuda_graph)
+
     def __enter__(self) -> "Graph":
         self.capture_begin()
         return self

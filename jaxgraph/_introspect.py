@@ -1,8 +1,10 @@
-"""Looking inside a captured graph: node lists, kernel names, edges and DOT dumps.
+"""Looking inside a captured graph: node lists, kernel names, edges, DOT dumps, summaries, pictures.
 
 :meth:`CUDAGraph.get_graph_data` and :meth:`CUDAGraph.debug_dump` are thin
 wrappers over the functions here, which walk a ``CUgraph`` template with raw
 ``cuda.bindings`` calls (cuda.core has no node introspection).
+:meth:`CUDAGraph.summary`, :meth:`CUDAGraph.to_dot` and :meth:`CUDAGraph.render`
+turn the same node list into text and pictures (``_graph_views.py``).
 
 Node ids come from the driver where it can give them: ``cuGraphNodeGetToolsId``
 and ``cuGraphExecGetId`` exist from CUDA 13.1. On an older driver the ids are
@@ -13,11 +15,13 @@ and the result says so in its ``"ids"`` entry.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from . import _driver
+from . import _driver, _graph_views
 from ._driver import check
 from ._graph_handles import CaptureState, GraphHandles, require_ended
+from ._kernel import kernel_display_name
 
 __all__ = ["GraphIntrospection", "dump_dot", "graph_data", "node_count"]
 
@@ -120,6 +124,57 @@ class GraphIntrospection:
         _driver.ensure_context(h.device)
         return graph_data(h_graph, h.graph_exec, h.exec_serial)
 
+    # -- summaries and pictures (jaxgraph's own; work after keep_graph=False too) --
+
+    def summary(self) -> str:
+        """A compact text summary of the captured graph; ``print(g)`` shows it too.
+
+        Node counts by type, the dependencies and the longest chain of them,
+        each kernel with its launch count, grid and block, the memory its pool
+        holds and the external arrays it keeps alive. Unlike
+        :meth:`get_graph_data` it needs no ``keep_graph=True``.
+        """
+        h = self._handles
+        state = self._state.value + (", instantiated" if h.graph_exec is not None else "")
+        title = f"CUDAGraph on device {h.device} ({state}, keep_graph={self._keep_graph})"
+        data = self._layout() if self._state is CaptureState.ENDED else None
+        return _graph_views.summary_text(title, data, h.inputs.pools, len(h.inputs.keep) + len(h.inputs.watched),
+                                         kernel_display_name)
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text of the captured graph: each node labelled with its kernel's
+        name, grid and block (or its type), each dependency an arrow.
+
+        More compact than :meth:`debug_dump`'s driver output, and it needs no
+        ``keep_graph=True``. Raises ``RuntimeError`` before a capture has ended.
+        """
+        require_ended(self._state, "to_dot")
+        h = self._handles
+        data = self._layout()
+        title = f"CUDAGraph on device {h.device}: {len(data['nodes'])} nodes"
+        return _graph_views.to_dot(data, title, kernel_display_name)
+
+    def render(self, path: Any, format: str | None = None) -> Path:
+        """Draw the captured graph (:meth:`to_dot`) to ``path``: ``.svg``, ``.png``, ``.pdf`` or ``.dot``.
+
+        Pictures need Graphviz's ``dot`` program; without it this raises a
+        ``RuntimeError`` saying how to install it (``.dot`` files need nothing).
+        Returns the path written.
+        """
+        return _graph_views.render_dot(self.to_dot(), path, format)
+
+    def __str__(self) -> str:
+        try:
+            return self.summary()
+        except Exception as exc:  # printing never raises
+            return f"{self!r} (no summary: {exc})"
+
+    def _layout(self) -> dict:
+        """``graph_data`` of the live template, public or private (the graph must be captured)."""
+        h = self._handles
+        _driver.ensure_context(h.device)
+        return graph_data(h.template, h.graph_exec, h.exec_serial)
+
     def _live_template(self, what: str) -> Any:
         if self._handles.graph is not None:
             return self._handles.graph
@@ -139,12 +194,13 @@ def graph_data(h_graph: Any, h_graph_exec: Any, fallback_exec_id: int) -> dict:
     """Describe ``h_graph``'s nodes and edges, with ids remapped to ``h_graph_exec``.
 
     Returns the dictionary documented in :meth:`CUDAGraph.get_graph_data`.
-    ``fallback_exec_id`` names the exec graph when the driver cannot.
+    ``fallback_exec_id`` names the exec graph when the driver cannot (or when
+    ``h_graph_exec`` is ``None``: not instantiated yet).
     """
     drv = _driver.driver()
     nodes = _graph_nodes(h_graph)
     position = {int(node): i for i, node in enumerate(nodes)}
-    driver_exec_id = _optional(drv, "cuGraphExecGetId", h_graph_exec)
+    driver_exec_id = _optional(drv, "cuGraphExecGetId", h_graph_exec) if h_graph_exec is not None else None
     exec_id = int(driver_exec_id) if driver_exec_id is not None else int(fallback_exec_id)
     infos = [_node_info(drv, i, node, exec_id) for i, node in enumerate(nodes)]
     edges = []

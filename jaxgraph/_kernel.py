@@ -29,7 +29,7 @@ from ._signature import (Param, check_count, check_pointer_dtype, dim3, find_sig
                          pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
-__all__ = ["Kernel"]
+__all__ = ["Kernel", "kernel_display_name"]
 
 _SLOT = 8  # bytes per parameter slot in the packed argument buffer
 _DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -244,6 +244,7 @@ class Kernel:
         self._check_param_sizes(core)
         self._native_launch = native("launch").launch
         self._library, self._core = library, core
+        _DISPLAY_NAMES[c.lowered_name] = c.name  # so pictures of graphs say axpy<float>, not _Z4axpy...
         self._function_address = int(core.handle)
         self._h_kernel = _driver.driver().CUfunction(self._function_address)
         return self._h_kernel
@@ -352,6 +353,13 @@ class _BoundLaunch:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+_DISPLAY_NAMES: dict[str, str] = {}  # symbol in a loaded cubin -> the name the Kernel was given
+
+
+def kernel_display_name(symbol: str | None) -> str | None:
+    """The name a loaded :class:`Kernel` was given for its cubin symbol (``symbol`` itself otherwise)."""
+    return _DISPLAY_NAMES.get(symbol, symbol) if symbol is not None else None
 
 
 def _device_operand(value: Any, p: Param, kernel: str) -> DeviceArray:

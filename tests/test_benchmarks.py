@@ -84,8 +84,17 @@ def test_driver_quick_and_overrides():
     assert args.settings == ("on", "nojax") and args.out == Path("/tmp/x")
 
 
+def test_driver_runs_a_subset_of_the_modes_and_always_the_floor(tmp_path):
+    cfg = run.build_config(run.parse_args(["--quick", "--modes", "jax_calls, jit_loop"]))
+    assert cfg.modes == ("jax_calls", "jit_loop")
+    assert cfg.runs("jax_calls") and cfg.runs("raw") and not cfg.runs("jit_fori") and not cfg.runs("capture_1000")
+    assert config.RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    everything = run.build_config(run.parse_args([]))
+    assert everything.modes is None and all(everything.runs(m) for m in config.JAX_MODES + config.NOJAX_MODES)
+
+
 @pytest.mark.parametrize("argv", [["--settings", "on,bogus"], ["--ns", "1,x"], ["--ns", "0,10"],
-                                  ["--repeats", "0"], ["--settings", ""]])
+                                  ["--repeats", "0"], ["--settings", ""], ["--modes", "jit_loop,warp"]])
 def test_driver_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         run.parse_args(argv)

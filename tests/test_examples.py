@@ -3,9 +3,12 @@
 Each example compares what it computed with a numpy reference and prints a
 line containing "matches" when it does (and raises when it does not). Without
 a GPU an example says so in one line and exits 0; the kernels it can compile
-without one are still compiled.
+without one are still compiled. The long ones run here with small sizes, so
+each takes seconds; the table of compare_command_buffers.py is also checked on
+the CPU, from made-up worker records.
 """
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -15,17 +18,69 @@ import pytest
 
 import jaxgraph
 
-EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
+ROOT = pathlib.Path(__file__).parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+HAS_GPU = jaxgraph.device_count() > 0
+
+# Small sizes, so each example runs in seconds.
+SMALL = {
+    "gray_scott": ["--grid", "48", "--steps", "5", "--substeps", "3"],
+    "compare_command_buffers": ["--ns", "10", "--repeats", "1", "--target-ms", "1", "--settings", "off,on"],
+}
+# What else a GPU run must print (beyond "matches").
+PRINTS = {
+    "quickstart": ["3 kernel"],                                  # print(g): the graph's summary
+    "gray_scott": ["[6/6]", "speedup", "graphed step vs XLA on the same kernels", "forward: CUDAGraph"],
+    "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
+    "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
+                           "kernels replayed inside jax.jit matches numpy"],
+}
+
+
+def run_example(path, *args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    result = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, env=env,
+                            timeout=600)
+    return result.returncode, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs_and_checks_itself(path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
-                            timeout=600)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    if jaxgraph.device_count() > 0:
+    code, output = run_example(path, *SMALL.get(path.stem, []))
+    assert code == 0, output
+    if HAS_GPU:
         assert "matches" in output, output
+        for text in PRINTS.get(path.stem, []):
+            assert text in output, output
     else:
         assert "none found" in output, output
+
+
+def test_compare_command_buffers_table_from_worker_records():
+    path = ROOT / "examples" / "compare_command_buffers.py"
+    spec = importlib.util.spec_from_file_location("compare_command_buffers", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    stats = example.stats
+
+    def record(setting, factors):
+        modes = {mode: {"unit": "us_per_kernel", "by_n": {"10": {
+            "samples": [2.0 * f, 2.2 * f], "check": "x + 10 on 4096 random floats matches numpy"}}}
+            for mode, f in factors.items()}
+        return {"setting": setting, "modes": modes, "errors": []}
+
+    results = stats.merge({}, {"off": record("off", {"raw": 1.0, "jax_calls": 6.0, "jit_loop": 30.0}),
+                               "on": record("on", {"raw": 1.0, "jax_calls": 4.5, "jit_fori": 1.5})})
+    text = example.table(results, (10,))
+    lines = text.splitlines()
+    assert "N = 10 kernels: us per kernel (ratio to the raw floor of the same process)" in lines
+    header = next(line for line in lines if line.startswith("| XLA setting"))
+    assert all(name in header for name in example.COLUMNS.values())
+    off = next(line for line in lines if line.startswith("| off:"))
+    assert "12.60 (6.00x)" in off and "63.00 (30.00x)" in off and "| 2.100 " in off
+    on = next(line for line in lines if line.startswith("| on:"))
+    assert "9.450 (4.50x)" in on and "3.150 (1.50x)" in on and "| – " in on  # jit_loop not measured there
+    checked, problems = example.checks(results)
+    assert checked == 6 and problems == []
+    failed = stats.merge({}, {"off": {"setting": "off", "failed": "exit code 1", "output_tail": "Traceback"}})
+    assert example.checks(failed) == (0, ["off: exit code 1\nTraceback"])
