@@ -13,6 +13,7 @@ live in ``_capture.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import warnings
 import weakref
@@ -99,7 +100,9 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         self._hooks = GraphHooks()
         self._generators: list[Generator] = []
         # Releases the handles when this object goes, without referring to it.
-        self._finalizer = weakref.finalize(self, self._handles.finalize, self._hooks.destroy)
+        # Collected in the middle of another graph's capture: released when it ends.
+        self._finalizer = weakref.finalize(self, _memory.when_no_capture,
+                                           functools.partial(self._handles.finalize, self._hooks.destroy))
 
     def __repr__(self) -> str:
         return (f"<jaxgraph.CUDAGraph {self._state.value} device={self.device} "

@@ -17,13 +17,14 @@ memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import _driver
+from . import _driver, _memory
 from ._native import native, register_ffi_targets
 
 __all__ = [
@@ -271,14 +272,19 @@ class ReplayState:
                 if device < 0 or d == device:
                     self.devices[d] = False
         if self.graph_id > 0:
-            try:
-                native("replay").unregister_graph(self.graph_id, device)
-            except Exception:  # finalizers and destroy callbacks never raise
-                pass
+            # Drops executables, which must not happen in the middle of a capture.
+            _memory.when_no_capture(functools.partial(_unregister, self.graph_id, device))
 
     def retire_callback(self, device: int) -> Callable[[], None]:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
         return lambda: self.retire(device)
+
+
+def _unregister(graph_id: int, device: int) -> None:
+    try:
+        native("replay").unregister_graph(graph_id, device)
+    except Exception:  # finalizers and destroy callbacks never raise
+        pass
 
 
 # ----------------------------------------------------------------------------

@@ -225,6 +225,7 @@ def pool_from_token(token: Any) -> MemPool:
 _frees_lock = threading.Lock()
 _frees_held = 0   # captures underway: frees wait until the last one ends
 _deferred_frees: list[tuple[int, int, Any, tuple]] = []
+_deferred_calls: list[Any] = []  # when_no_capture
 
 
 def hold_frees() -> None:
@@ -239,14 +240,34 @@ def release_frees() -> None:
     global _frees_held
     with _frees_lock:
         _frees_held -= 1
-        pending = []
+        pending, calls = [], []
         if _frees_held == 0:
             pending, _deferred_frees[:] = list(_deferred_frees), []
+            calls, _deferred_calls[:] = list(_deferred_calls), []
     for ptr, device, s, used_on in pending:
         try:
             _free_async(ptr, device, s, used_on) if s is not None else _free_sync(ptr, device)
         except Exception:
             pass
+    for fn in calls:
+        try:
+            fn()
+        except Exception:  # releases run from finalizers: they never raise
+            pass
+
+
+def when_no_capture(fn: Any) -> None:
+    """Call ``fn()`` now, or when the last capture underway ends.
+
+    For releases that garbage collection may start in the middle of a capture
+    (a collected graph's executable, a replayable's native entry): destroying
+    an executable may synchronize, which would invalidate the capture.
+    """
+    with _frees_lock:
+        if _frees_held:
+            _deferred_calls.append(fn)
+            return
+    fn()
 
 
 def _free_async(ptr: int, device: int, stream: Any, used_on: tuple = ()) -> None:

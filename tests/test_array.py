@@ -120,3 +120,23 @@ def test_torch_round_trip_is_zero_copy(rng):
     np.testing.assert_array_equal(via_dlpack.cpu().numpy(), host)
     with pytest.raises(ValueError, match="C-contiguous"):
         jaxgraph.asarray(t.t())
+
+
+def test_releases_wait_for_the_last_capture_to_end():
+    """A graph collected in the middle of another capture is released when the capture ends
+    (destroying an executable then would invalidate the capture)."""
+    from jaxgraph import _memory
+
+    calls = []
+    _memory.hold_frees()  # two captures underway
+    _memory.hold_frees()
+    try:
+        _memory.when_no_capture(lambda: calls.append("released"))
+        assert calls == []
+        _memory.release_frees()
+        assert calls == []  # one capture still underway
+    finally:
+        _memory.release_frees()
+    assert calls == ["released"]
+    _memory.when_no_capture(lambda: calls.append("now"))
+    assert calls == ["released", "now"]
