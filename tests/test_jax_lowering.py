@@ -5,6 +5,7 @@ on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
 """
 
+import pathlib
 import re
 
 import jax
@@ -303,5 +304,8 @@ def test_ffi_targets_register_for_cuda_once():
 
 
 def test_missing_extension_is_a_clear_error():
-    with pytest.raises(RuntimeError, match=r"not built or does not load .*pip install -e \."):
+    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
         _native.native("no_such_extension")
+    # The hint is the README's install step, word for word.
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme
