@@ -16,13 +16,13 @@
 # The runtime is linked statically: it opens libcuda only at the first CUDA
 # call, so the extensions load on machines without an NVIDIA driver.
 
-set(_cuda_where
+# string(CONCAT) keeps the semicolons that a list would eat.
+string(CONCAT _cuda_where
   "jaxgraph needs CUDA's headers (cuda.h) and static runtime (libcudart_static.a), no nvcc, "
   "and takes them from, in order: CUDAToolkit_ROOT or CUDA_HOME; NVIDIA's pip wheels in the "
   "building Python (${Python_EXECUTABLE} -m pip install \"nvidia-cuda-runtime>=13.0,<14\" "
   "\"nvidia-cuda-crt>=13.0,<14\", or install without --no-build-isolation, which fetches them); "
   "a CUDA toolkit found by CMake's FindCUDAToolkit (nvcc on PATH, CUDA_PATH, /usr/local/cuda).")
-string(CONCAT _cuda_where ${_cuda_where})
 
 # Sets <prefix>_INCLUDE and <prefix>_LIBRARY when `root` holds every file the
 # build needs, else <prefix>_MISSING to what it lacks.
@@ -89,9 +89,8 @@ if(NOT DEFINED _cuda_INCLUDE)
     if(_cuda_MISSING)
       # A wheel set without crt/ (nvidia-cuda-crt) or the runtime: say so if
       # no system toolkit saves the build.
-      set(_cuda_wheel_note " NVIDIA's wheels in ${_cuda_root} lack ${_cuda_MISSING} "
-          "(pip install \"nvidia-cuda-runtime>=13.0,<14\" \"nvidia-cuda-crt>=13.0,<14\").")
-      string(CONCAT _cuda_wheel_note ${_cuda_wheel_note})
+      string(CONCAT _cuda_wheel_note " NVIDIA's wheels in ${_cuda_root} lack ${_cuda_MISSING} "
+             "(pip install \"nvidia-cuda-runtime>=13.0,<14\" \"nvidia-cuda-crt>=13.0,<14\").")
     endif()
   endif()
 endif()
