@@ -123,7 +123,7 @@ def _check_or_create_options(options: Any, cls: type, arch: str) -> Any:
 
 
 def _cuda_include_dir() -> str | None:
-    """The CUDA toolkit's include directory (CUDA_HOME, /usr/local/cuda or NVIDIA's wheels)."""
+    """CUDA's include directory: NVIDIA's wheel, else a toolkit (CUDA_HOME, CUDA_PATH, /usr/local/cuda)."""
     try:
         from cuda.pathfinder import find_nvidia_header_directory
 
@@ -157,9 +157,10 @@ def _include_hint(log: str) -> str:
         return ""
     found = _cuda_include_dir()
     where = f"jaxgraph passed {found}" if found else "jaxgraph found no CUDA include directory"
-    return ("\n\nCUDA headers such as <cuda_fp16.h> come from a CUDA toolkit (CUDA_HOME, or "
-            "/usr/local/cuda) or NVIDIA's pip wheels (pip install nvidia-cuda-runtime; jax[cuda13] "
-            f"installs it); {where}. Pass options={{'include_path': [...]}} to add your own.")
+    return ("\n\nCUDA headers such as <cuda_fp16.h> come from NVIDIA's nvidia-cuda-runtime wheel "
+            "(a jaxgraph dependency: pip install \"nvidia-cuda-runtime>=13.0,<14\") or a CUDA toolkit "
+            f"(CUDA_HOME, /usr/local/cuda); {where}. Pass options={{'include_path': [...]}} to add "
+            "your own.")
 
 
 def _cache_key(source: str, name: str, opts: Any, arch: str) -> str:

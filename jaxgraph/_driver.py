@@ -122,6 +122,8 @@ def _error_string(result: Any) -> str:
 
 _init_lock = threading.Lock()
 _initialized = False
+_no_driver = False
+_NO_DRIVER = "no CUDA driver found: CUDA work needs an NVIDIA GPU and its driver"
 _device_count = 0
 _primary_contexts: dict[int, Any] = {}
 _primary_context_addresses: dict[int, int] = {}  # int(context), compared with the thread's current one
@@ -130,21 +132,24 @@ _local = threading.local()
 
 def _init() -> None:
     """Initialise the driver once; raise :class:`CudaUnavailableError` without one."""
-    global _initialized, _device_count
+    global _initialized, _device_count, _no_driver
     if _initialized:
         return
     with _init_lock:
         if _initialized:
             return
+        if _no_driver:
+            raise CudaUnavailableError(_NO_DRIVER)
         drv = driver()
         try:
             err, = drv.cuInit(0)
-        except Exception as exc:  # cuda.pathfinder: DynamicLibNotFoundError
-            if type(exc).__name__ == "DynamicLibNotFoundError" or isinstance(exc, OSError):
-                raise CudaUnavailableError(
-                    "no CUDA driver found: CUDA work needs an NVIDIA GPU and its driver"
-                ) from None
-            raise
+        except Exception as exc:
+            if not _is_missing_driver(exc):
+                raise
+            # Remembered: cuda-bindings < 13.4 cannot retry a failed dlopen (its
+            # second cuInit raises 'Function "cuInit" not found').
+            _no_driver = True
+            raise CudaUnavailableError(_NO_DRIVER) from None
         if err == drv.CUresult.CUDA_ERROR_NO_DEVICE:
             raise CudaUnavailableError("no CUDA device: the CUDA driver found no GPU")
         if err != _SUCCESS:
@@ -154,6 +159,13 @@ def _init() -> None:
             raise CudaUnavailableError("no CUDA device: the CUDA driver found no GPU")
         _device_count = count
         _initialized = True
+
+
+def _is_missing_driver(exc: Exception) -> bool:
+    """Whether cuda-bindings' ``cuInit`` failed because libcuda.so is absent."""
+    return (type(exc).__name__ == "DynamicLibNotFoundError"   # cuda.pathfinder (cuda-bindings >= 13.4)
+            or isinstance(exc, OSError)
+            or "Failed to dlopen" in str(exc))                  # cuda-bindings 13.0-13.3
 
 
 def device_count() -> int:

@@ -21,6 +21,7 @@ from typing import Any
 __all__ = ["native", "register_ffi_targets"]
 
 _EXTENSIONS = ("launch", "replay")
+_INSTALL = 'python3 -m pip install -e ".[test]"'  # README's install step, the one hint everywhere
 
 
 def native(name: str) -> Any:
@@ -36,8 +37,8 @@ def native(name: str) -> Any:
     except ImportError as exc:
         raise RuntimeError(
             f"jaxgraph's native extension jaxgraph._{name} is not built or does not load ({exc}); "
-            "reinstall jaxgraph from its checkout with `python3 -m pip install -e .` "
-            "(see BUILD.md for building without a package registry)"
+            f"reinstall jaxgraph from its checkout: {_INSTALL} (BUILD.md: where the build takes "
+            "CUDA from, and building without a package registry)"
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -11,6 +12,13 @@ import jaxgraph
 os.environ.setdefault("JAXGRAPH_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jaxgraph_cache"))
 
 HAS_GPU = jaxgraph.device_count() > 0
+
+# jax.enable_x64 is jax 0.8's name for jax.experimental.enable_x64 (gone in 0.9);
+# jaxgraph supports jax 0.6 and up.
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:
+    from jax.experimental import enable_x64
 
 
 def pytest_collection_modifyitems(config, items):

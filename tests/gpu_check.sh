@@ -29,11 +29,13 @@ PY
 } > "$dest/env.txt" 2>&1
 cat "$dest/env.txt"
 
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$dest/install.log" 2>&1; then
+# -v: the log shows CMake's line saying where CUDA came from (BUILD.md).
+if ! python3 -m pip install -v --no-build-isolation --no-deps -e . > "$dest/install.log" 2>&1; then
   tail -40 "$dest/install.log"
   echo "install failed" | tee "$dest/summary.txt"
   exit 1
 fi
+grep -o "jaxgraph: CUDA .*" "$dest/install.log" | tee -a "$dest/env.txt"
 python3 examples/quickstart.py 2>&1 | tee "$dest/quickstart.log"
 
 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$dest/junit.xml" "$@" 2>&1 | tee "$dest/pytest.log"

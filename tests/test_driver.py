@@ -55,6 +55,46 @@ def test_unavailable_is_one_clear_error():
     assert jaxgraph.device_count() == 0
 
 
+@pytest.mark.parametrize("first, then", [
+    # cuda-bindings 13.0-13.3: dlopen fails, and the next cuInit cannot be found.
+    (RuntimeError("Failed to dlopen libcuda.so.1"), RuntimeError('Function "cuInit" not found')),
+    # cuda-bindings >= 13.4: cuda.pathfinder's error, every time.
+    (type("DynamicLibNotFoundError", (RuntimeError,), {})("libcuda"), None),
+])
+def test_missing_driver_is_unavailable_on_every_call(monkeypatch, first, then):
+    """However cuda-bindings reports a missing libcuda, jaxgraph says so, on every call."""
+    calls = []
+
+    class FakeDriver:
+        @staticmethod
+        def cuInit(flags):
+            calls.append(flags)
+            raise first if len(calls) == 1 or then is None else then
+
+    monkeypatch.setattr(_driver, "_driver_module", FakeDriver)
+    monkeypatch.setattr(_driver, "_initialized", False)
+    monkeypatch.setattr(_driver, "_no_driver", False)
+    for _ in range(2):
+        with pytest.raises(jaxgraph.CudaUnavailableError, match="no CUDA driver found") as info:
+            _driver._init()
+        assert info.value.__cause__ is None
+    assert _driver.device_count() == 0
+    assert calls == [0]  # remembered: the broken second cuInit is never made
+
+
+def test_other_cuinit_failures_are_not_hidden(monkeypatch):
+    class FakeDriver:
+        @staticmethod
+        def cuInit(flags):
+            raise RuntimeError("something else")
+
+    monkeypatch.setattr(_driver, "_driver_module", FakeDriver)
+    monkeypatch.setattr(_driver, "_initialized", False)
+    monkeypatch.setattr(_driver, "_no_driver", False)
+    with pytest.raises(RuntimeError, match="something else"):
+        _driver._init()
+
+
 def test_check_raises_cuda_error_naming_call_and_result():
     from cuda.bindings import driver
 

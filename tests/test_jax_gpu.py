@@ -22,6 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
+from conftest import enable_x64  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -114,7 +115,7 @@ def chain_ref(x, a=2.0, b=0.0, launches=100):
 @pytest.mark.parametrize("n", [1, 255, 4099, 100_003])
 def test_kernel_call_in_jit_matches_numpy(kernels, rng, dtype, name, n):
     k = kernels[name]
-    with jax.enable_x64(dtype == np.float64):
+    with enable_x64(dtype == np.float64):
         if np.issubdtype(dtype, np.integer):
             x, y, a = rng.integers(-1000, 1000, n).astype(dtype), rng.integers(-1000, 1000, n).astype(dtype), 3
         else:
@@ -169,7 +170,7 @@ def test_kernel_call_inout_aliases_and_donation_reuses_the_buffer(kernels, rng):
 
 def test_kernel_call_scalar_types_reach_the_kernel(kernels):
     k = kernels["scalars"]
-    with jax.enable_x64(True):
+    with enable_x64(True):
         out = jax.jit(lambda: k.jax_call(jax.ShapeDtypeStruct((8,), jnp.float64), -3, 65535, -(2**40),
                                          2**32 - 1, 1.5, -0.25, 0.5, True, grid=1, block=1))()
         np.testing.assert_array_equal(np.asarray(out), [-3, 65535, -(2**40), 2**32 - 1, 1.5, -0.25, 0.5, 1])

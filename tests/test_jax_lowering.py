@@ -5,6 +5,7 @@ on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
 """
 
+import pathlib
 import re
 
 import jax
@@ -16,6 +17,7 @@ import jaxgraph
 from jaxgraph import _jax_launch, _native
 from jaxgraph._jax_replay import ReplaySpec
 from jaxgraph._replayable import Replayable
+from conftest import enable_x64
 
 ARCH = None if jaxgraph.device_count() else "sm_90"  # loading a kernel needs the device's arch
 
@@ -131,7 +133,7 @@ def test_scalars_are_little_endian_words_of_their_c_type():
     k = jaxgraph.Kernel(SCALARS, "scalars", arch=ARCH)
     f = lambda: k.jax_call(jax.ShapeDtypeStruct((8,), np.float64), -3, 65535, -(2**40), 2**32 - 1,
                            1.5, -0.25, 0.5, True, grid=1, block=1)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         (line,) = custom_calls(lower(f), "jaxgraph_launch")
     words = np.asarray(attr(line, "scalars"), np.int64).view(np.uint64)
 
@@ -302,5 +304,8 @@ def test_ffi_targets_register_for_cuda_once():
 
 
 def test_missing_extension_is_a_clear_error():
-    with pytest.raises(RuntimeError, match=r"not built or does not load .*pip install -e \."):
+    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
         _native.native("no_such_extension")
+    # The hint is the README's install step, word for word.
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme

@@ -1,0 +1,212 @@
+"""Installing jaxgraph: where the native build finds CUDA, and the pip-only route end to end.
+
+The build needs CUDA's headers and static runtime, not nvcc, and takes them
+from CUDAToolkit_ROOT or CUDA_HOME, then NVIDIA's pip wheels, then a system
+toolkit (cmake/cuda_runtime.cmake). The search tests configure a scratch CMake
+project against fake CUDA trees (seconds, no compiling). The install test builds
+jaxgraph in a fresh virtual environment where CMake cannot see a system toolkit,
+so only the pip wheels can provide CUDA; it needs a package registry and about a
+minute or two, so it runs only with ``JAXGRAPH_TEST_INSTALL=1`` (``.ci/run``
+sets it). With that variable set, a missing ``cmake`` fails instead of skipping.
+"""
+
+import glob
+import itertools
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+OPTED_IN = os.environ.get("JAXGRAPH_TEST_INSTALL") == "1"
+# Every place a system toolkit may live, hidden from CMake where a test says so.
+SYSTEM_CUDA = sorted(set(glob.glob("/usr/local/cuda*") + glob.glob("/opt/cuda*")))
+USED = "headers and static runtime from"
+
+
+# ---------------------------------------------------------------------------
+# Where the build finds CUDA
+# ---------------------------------------------------------------------------
+
+
+def test_wheels_provide_cuda(search, tmp_path):
+    site = fake_wheels(tmp_path)
+    out = search(pythonpath=site)
+    assert f"CUDA 13.0 {USED} NVIDIA's pip wheels: {site}/nvidia/cu13/include" in out
+
+
+def test_cuda_home_wins_over_the_wheels(search, tmp_path):
+    home = fake_cuda(tmp_path / "home", lib="lib64")
+    out = search(pythonpath=fake_wheels(tmp_path), CUDA_HOME=home)
+    assert f"{USED} CUDA_HOME: {home}/include, {home}/lib64/libcudart_static.a" in out
+
+
+def test_cudatoolkit_root_wins_over_cuda_home(search, tmp_path):
+    root = fake_cuda(tmp_path / "root")
+    out = search(f"-DCUDAToolkit_ROOT={root}", CUDA_HOME=fake_cuda(tmp_path / "home"))
+    assert f"{USED} CUDAToolkit_ROOT: {root}/include" in out
+
+
+def test_an_explicit_root_must_hold_the_files(search, tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = search(CUDA_HOME=tmp_path / "empty", ok=False)
+    assert (f"CUDA_HOME={tmp_path}/empty lacks include/cuda.h, include/cuda_runtime_api.h, "
+            "include/crt/host_defines.h, lib/libcudart_static.a" in out), out
+
+
+def test_nothing_found_names_every_route(search):
+    out = search(hide_system=True, ok=False)
+    assert "found no CUDA headers and static runtime" in out
+    for route in ("CUDAToolkit_ROOT or CUDA_HOME;", '"nvidia-cuda-runtime>=13.0,<14"',
+                  "nvidia-cuda-crt", "without --no-build-isolation", "FindCUDAToolkit"):
+        assert route in out, route
+
+
+def test_wheels_without_crt_say_what_is_missing(search, tmp_path):
+    site = fake_wheels(tmp_path, crt=False)
+    out = search(pythonpath=site, hide_system=True, ok=False)
+    assert f"NVIDIA's wheels in {site}/nvidia/cu13 lack include/crt/host_defines.h" in out
+
+
+def test_cuda_older_than_12_5_is_refused(search, tmp_path):
+    out = search(CUDA_HOME=fake_cuda(tmp_path / "old", version=12040), ok=False)
+    assert "are version 12040; jaxgraph needs CUDA 12.5 or newer" in out
+
+
+@pytest.mark.skipif(not os.path.isfile("/usr/local/cuda/include/cuda.h"), reason="no toolkit in /usr/local/cuda")
+def test_system_toolkit_is_the_fallback(search):
+    assert re.search(rf"{USED} system toolkit: /usr/local/cuda\S*/include", search())
+
+
+# ---------------------------------------------------------------------------
+# The pip-only route, end to end
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not OPTED_IN, reason="builds jaxgraph in a fresh venv from the package registry "
+                                         "(a minute or two): set JAXGRAPH_TEST_INSTALL=1 (.ci/run does)")
+def test_pip_only_install_in_a_fresh_venv(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    env = clean_env()
+    env["CMAKE_ARGS"] = f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}"
+    build = subprocess.run([python, "-m", "pip", "install", "-v", str(REPO),
+                            f"--config-settings=build-dir={tmp_path / 'build'}"],
+                           env=env, capture_output=True, text=True, timeout=1800)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log[-6000:]
+    assert re.search(rf"jaxgraph: CUDA 13\.\d+ {USED} NVIDIA's pip wheels: \S*/nvidia/cu13/include",
+                     log), log[-6000:]
+
+    # From a directory without the checkout, so the installed package is used.
+    env["JAXGRAPH_CACHE_DIR"] = str(tmp_path / "kernels")
+    run = subprocess.run([python, "-c", LOWER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    package = pathlib.Path(run.stdout.split()[0])
+    assert package.is_relative_to(venv) and "stablehlo.custom_call @jaxgraph_launch" in run.stdout
+
+    # Loads without a driver: no link to libcuda or libcudart.
+    extensions = sorted(package.glob("_*.so"))
+    assert len(extensions) == 2, extensions
+    for so in extensions:
+        ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+        assert "libcuda" not in ldd and "libcudart" not in ldd, ldd
+    assert (package / "py.typed").is_file()
+    licenses = list(package.parent.glob("jaxgraph-*.dist-info/**/LICENSE"))
+    assert licenses and "Apache License" in licenses[0].read_text(), licenses
+
+
+LOWER = textwrap.dedent(r'''
+    import jax, jax.numpy as jnp, jaxgraph
+    k = jaxgraph.Kernel(r"""
+    extern "C" __global__ void add_one(float* y, const float* x, int n) {
+      int i = blockIdx.x * blockDim.x + threadIdx.x;
+      if (i < n) y[i] = x[i] + 1.0f;
+    }""", "add_one", arch="sm_90")
+    f = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((8,), jnp.float32), x, 8))
+    lowered = f.trace(jax.ShapeDtypeStruct((8,), jnp.float32)).lower(lowering_platforms=("cuda",))
+    print(jaxgraph.__file__.rsplit("/", 1)[0])
+    print(lowered.as_text())
+''')
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """A Python that sees no site-packages of this environment (so no NVIDIA wheels)."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+@pytest.fixture
+def search(tmp_path, bare_python):
+    """``search(*cmake_args, pythonpath=, hide_system=, ok=, **env)``: configure, return the output."""
+    cmake = shutil.which("cmake")
+    version = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout if cmake else ""
+    found = re.search(r"(\d+)\.(\d+)", version)
+    if not found or (int(found[1]), int(found[2])) < (3, 24):
+        message = f"the CUDA search tests need cmake >= 3.24 on PATH (found: {version.strip() or 'none'})"
+        if OPTED_IN:
+            pytest.fail(message)
+        pytest.skip(message)
+    source = tmp_path / "src"
+    source.mkdir()
+    builds = itertools.count()
+    (source / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.24)\nproject(cuda_search LANGUAGES CXX)\n"
+        f'include("{REPO}/cmake/cuda_runtime.cmake")\n')
+
+    def configure(*args, pythonpath=None, hide_system=False, ok=True, **env_vars):
+        env = clean_env(**{k: str(v) for k, v in env_vars.items()})
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
+        command = [cmake, "-S", str(source), "-B", str(tmp_path / f"build{next(builds)}"),
+                   f"-DPython_EXECUTABLE={bare_python}", *args]
+        if hide_system:
+            command.append(f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}")
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        out = result.stdout + result.stderr
+        if not ok and f"{USED} system toolkit" in out:
+            pytest.skip("a system CUDA toolkit outside /usr/local/cuda* and /opt/cuda* cannot be hidden")
+        assert (result.returncode == 0) == ok, out
+        return " ".join(out.split())  # CMake wraps its messages
+
+    return configure
+
+
+def clean_env(**extra):
+    """This environment without CUDA's variables, PYTHONPATH, or CUDA directories on PATH."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT", "PYTHONPATH", "CMAKE_ARGS")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
+    env.update(extra)
+    return env
+
+
+def fake_cuda(root, version=13000, crt=True, lib="lib"):
+    """A directory laid out like a CUDA toolkit (or NVIDIA's nvidia/cu13), with empty files."""
+    files = ["include/cuda.h", "include/cuda_runtime_api.h", f"{lib}/libcudart_static.a"]
+    for name in files + (["include/crt/host_defines.h"] if crt else []):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#define CUDA_VERSION {version}\n" if name == "include/cuda.h" else "")
+    return root.resolve()
+
+
+def fake_wheels(tmp_path, crt=True):
+    """A site-packages directory holding a fake nvidia/cu13 (what the wheels install)."""
+    site = tmp_path / "site"
+    fake_cuda(site / "nvidia" / "cu13", crt=crt)
+    return site.resolve()
