@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import config  # noqa: E402
+from benchmarks import config, run, stats  # noqa: E402
 from benchmarks.workload import SOURCE, Chain, check_result, random_input  # noqa: E402
 
 FORI_TRIPS = 1000
@@ -86,8 +85,8 @@ def measure(setting: str, repeats: int, calls: int) -> dict:
             after = _handler_counters()
             if after[0] > before[0]:
                 extra.setdefault(f"{key}.handler", []).append((after[1] - before[1]) / (after[0] - before[0]) / 1e3)
-    out = {key: _summary(v) for key, v in samples.items()}
-    out.update({key: _summary(v) for key, v in extra.items()})
+    out = {key: stats.summarize(v) for key, v in samples.items()}
+    out.update({key: stats.summarize(v) for key, v in extra.items()})
     out["_flags"] = os.environ.get("XLA_FLAGS")
     return out
 
@@ -166,17 +165,9 @@ def _handler_counters() -> tuple[int, int]:
         return 0, 0
 
 
-def _summary(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
-
-
 def _child(key: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ)
     setting = config.SETTINGS[key]
-    env.pop("XLA_FLAGS", None)
-    if setting.xla_flags is not None:
-        env["XLA_FLAGS"] = setting.xla_flags
+    env = run.worker_env(setting, os.environ)  # the flags exactly as the harness's workers get them
     print(f"[profile_call] {key}: {setting.label}", flush=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--setting", key, "--repeats", str(args.repeats),
            "--calls", str(args.calls)]

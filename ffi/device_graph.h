@@ -80,14 +80,20 @@ inline bool HasMemoryNodes(CUgraph graph) {
   return false;
 }
 
-// Instantiates one more executable of the clone, at the template's addresses
-// (the static ones when registered).
+// A new executable of the clone, at the template's current addresses.
+inline cudaGraphExec_t Instantiate(DeviceGraph* g) {
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err = cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  instantiate_count.fetch_add(1, std::memory_order_relaxed);
+  return exec;
+}
+
+// One more executable slot, at the template's addresses (the static ones when registered).
 inline ExecSlot& AddSlot(DeviceGraph* g) {
   ExecSlot slot;
-  cudaError_t err = cudaGraphInstantiate(&slot.exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
-  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
+  slot.exec = Instantiate(g);
   slot.addr = g->template_addr;
-  instantiate_count.fetch_add(1, std::memory_order_relaxed);
   g->slots.push_back(std::move(slot));
   return g->slots.back();
 }
@@ -128,12 +134,6 @@ inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
   return ffi::Error::Success();
 }
 
-// A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
-// template is pointed at them first, then instantiated. Measured on the H100:
-// an executable whose kernel nodes were updated in place runs each of those
-// kernels ~0.25 us slower on every later launch (1000 kernels: 1.26x a fresh
-// one), so a new address set that will be seen again gets its own fresh
-// executable rather than an updated one.
 // Points the template's kernel nodes at `addresses`.
 inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
   RetargetAll(g, addresses);
@@ -141,6 +141,11 @@ inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& a
   return WriteMarked(g, nullptr);
 }
 
+// A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
+// template is pointed at them first, then instantiated. An executable updated
+// in place runs each updated kernel ~0.25 us slower on every later launch
+// (see the top of this file), so a new address set that will be seen again
+// gets its own fresh executable rather than an updated one.
 inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
   if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;
   try {
@@ -150,10 +155,8 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
     }
     // Never launched (see PrepareExec): nothing in flight.
     cudaGraphExecDestroy((*slot)->exec);
-    (*slot)->exec = nullptr;
-    cudaError_t err = cudaGraphInstantiate(&(*slot)->exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
-    if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
-    instantiate_count.fetch_add(1, std::memory_order_relaxed);
+    (*slot)->exec = nullptr;  // stays null if instantiating throws: never destroyed twice
+    (*slot)->exec = Instantiate(g);
     (*slot)->addr = addresses;
   } catch (const std::exception& e) {
     return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());

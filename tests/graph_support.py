@@ -1,5 +1,9 @@
 """Kernels, references and helpers shared by the graph and generator tests."""
 
+import json
+import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -135,3 +139,26 @@ def ref_normal(seed, offset, n):
     u2 = np.floor(b / 256) * 2.0 ** -24
     radius = np.sqrt(-2.0 * np.log(u1))
     return np.where(c & 1, radius * np.sin(2 * np.pi * u2), radius * np.cos(2 * np.pi * u2))
+
+
+# ---------------------------------------------------------------------------
+# XLA command buffers on and off, in fresh processes (XLA reads XLA_FLAGS once)
+# ---------------------------------------------------------------------------
+
+XLA_MODES = {
+    "off": "--xla_gpu_enable_command_buffer=",
+    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+}
+
+
+def run_xla_worker(worker, src, tmp_path, mode, seed):
+    """Run ``worker`` (a script taking ``src.cu seed out.npy``) with ``mode``'s XLA flags; return
+    the array it saved and the JSON it printed after ``REPORT ``."""
+    (tmp_path / "src.cu").write_text(src)
+    out = tmp_path / f"{mode}.npy"
+    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "src.cu"), str(seed), str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
+    return np.load(out), json.loads(line[len("REPORT "):])

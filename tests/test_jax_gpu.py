@@ -6,10 +6,7 @@ that the replay is spliced into XLA's own CUDA graph when it records one.
 """
 
 import gc
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -23,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from conftest import enable_x64  # noqa: E402
+from graph_support import run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -425,21 +423,8 @@ WORKER = textwrap.dedent(r'''
     print("REPORT " + json.dumps(report))
 ''')
 
-MODES = {
-    "off": "--xla_gpu_enable_command_buffer=",
-    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-}
-
-
 def run_worker(tmp_path, mode, seed):
-    (tmp_path / "src.cu").write_text(SRC)
-    out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, XLA_FLAGS=MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "src.cu"), str(seed), str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
-    return np.load(out), json.loads(line[len("REPORT "):])
+    return run_xla_worker(WORKER, SRC, tmp_path, mode, seed)
 
 
 def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rng):

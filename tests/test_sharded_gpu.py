@@ -10,10 +10,7 @@ before JAX starts).
 """
 
 import gc
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import weakref
 
@@ -29,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import _driver, _memory, _native  # noqa: E402
+from graph_support import run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -381,21 +379,8 @@ WORKER = textwrap.dedent(r'''
                                   "devices": [d.local_hardware_id for d in gpus]}))
 ''')
 
-MODES = {
-    "off": "--xla_gpu_enable_command_buffer=",
-    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-}
-
-
 def run_worker(tmp_path, mode, seed):
-    (tmp_path / "src.cu").write_text(SRC)
-    out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, XLA_FLAGS=MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "src.cu"), str(seed), str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
-    return np.load(out), json.loads(line[len("REPORT "):])
+    return run_xla_worker(WORKER, SRC, tmp_path, mode, seed)
 
 
 def test_command_buffers_on_and_off_agree_on_every_device(gpus, tmp_path, rng):
