@@ -132,7 +132,7 @@ class DeviceArray:
             # The host buffer must outlive the asynchronous copy.
             stream.synchronize()
             return self
-        other = asarray(src)
+        other = asarray(src, stream=stream)
         if other.nbytes != self.nbytes:
             raise ValueError(f"copy_: source has {other.nbytes} bytes, destination {self.nbytes}")
         if _captures.any_underway():
@@ -279,13 +279,20 @@ def asarray(obj: Any, dtype: Any = None, *, stream: Stream | None = None) -> Dev
       torch CUDA tensors) is wrapped **without a copy**; the DeviceArray keeps
       it alive and has the same pointer;
     - host data (numpy arrays, lists, scalars) is copied to the device.
+
+    ``stream`` (default: the current stream) is where the array will be used:
+    host data is copied there, and work queued there comes after the work
+    the foreign array's producer stream had queued (the CUDA Array Interface
+    v3 ``stream``): outside captures the host waits for the producer; while a
+    stream captures nothing synchronizes, and the order is kept on the device
+    (an event wait, recorded into the graph when ``stream`` captures).
     """
     if isinstance(obj, DeviceArray):
         if dtype is not None and _normalize_dtype(dtype) != obj.dtype:
             raise TypeError(f"asarray: array has dtype {obj.dtype}, asked for {np.dtype(dtype)}")
         return obj
     if hasattr(obj, "__cuda_array_interface__"):
-        arr = _wrap_cuda_array_interface(obj)
+        arr = _wrap_cuda_array_interface(obj, stream)
         if dtype is not None and _normalize_dtype(dtype) != arr.dtype:
             raise TypeError(f"asarray: device array has dtype {arr.dtype}, asked for "
                             f"{np.dtype(dtype)}; zero-copy wrapping cannot convert")
@@ -304,7 +311,7 @@ def asarray(obj: Any, dtype: Any = None, *, stream: Stream | None = None) -> Dev
 
 def to_host(array: Any, *, stream: Stream | None = None) -> np.ndarray:
     """Copy a device array to a new host ``numpy.ndarray``, waiting for ``stream``."""
-    array = asarray(array)
+    array = asarray(array, stream=stream)
     stream = _stream_for(array, stream)
     host = np.empty(array.shape, array.dtype)
     if array.nbytes:
@@ -352,7 +359,7 @@ def _is_jax_array(obj: Any) -> bool:
     return type(obj).__module__.startswith(("jax", "jaxlib"))
 
 
-def _wrap_cuda_array_interface(obj: Any) -> DeviceArray:
+def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray:
     if _is_jax_array(obj):
         obj.block_until_ready()  # the pointer is only meaningful once XLA wrote it
     cai = obj.__cuda_array_interface__
@@ -373,7 +380,10 @@ def _wrap_cuda_array_interface(obj: Any) -> DeviceArray:
     if producer_stream not in (None, 0):
         # CAI v3: the consumer must order itself after the producer's stream.
         _driver.ensure_context(device)
-        Stream.from_handle(producer_stream, device=device).synchronize()
+        producer = Stream.from_handle(producer_stream, device=device)
+        consumer = current_stream(device) if consumer is None else consumer
+        if not _captures.order_after(producer, consumer):  # no capture anywhere: wait from the host
+            producer.synchronize()
     return DeviceArray(ptr, shape, dtype, device, obj, _token=_INTERNAL)
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "capture_on",
     "end",
     "note_operands",
+    "order_after",
     "pool_for",
 ]
 
@@ -72,7 +73,7 @@ class Capture:
     """
 
     __slots__ = ("stream", "capture_id", "streams", "pool", "mode", "thread", "watch", "operands", "kernels",
-                 "_allocated", "_seen")
+                 "held", "_allocated", "_seen")
 
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
@@ -84,6 +85,7 @@ class Capture:
         self.watch = watch
         self.operands: list[tuple[str, str, Any]] = []
         self.kernels: dict[int, str] = {}   # handle -> per-parameter flags (see note_kernel)
+        self.held: dict[int, Any] = {}      # id -> objects the graph's nodes name (kernels, events)
         self._allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
         self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
 
@@ -102,12 +104,20 @@ class Capture:
             self._seen.add(id(owner))
             self.operands.append((label, where, array))
 
-    def note_kernel(self, handles: Iterable[int], flags: str) -> None:
+    def note_kernel(self, handles: Iterable[int], flags: str, kernel: Any = None) -> None:
         """Record a jaxgraph kernel launched in the capture: its handles and, per
         parameter, ``r`` (a pointer it only reads), ``w`` (a pointer it may write) or
-        ``s`` (a scalar). Replay inside jit binds XLA's operands only where kernels read them."""
+        ``s`` (a scalar). Replay inside jit binds XLA's operands only where kernels read them.
+        ``kernel`` (the :class:`~jaxgraph.Kernel`) is kept with the graph: its
+        loaded code must outlive every replay, even if the caller drops it."""
+        if kernel is not None:
+            self.hold(kernel)
         for handle in handles:
             self.kernels[int(handle)] = flags
+
+    def hold(self, obj: Any) -> None:
+        """Keep ``obj`` alive as long as the captured graph: something its nodes name."""
+        self.held[id(obj)] = obj
 
     def settle(self) -> "CaptureInputs":
         """What the captured graph must hold: external inputs (kept or watched) and pools."""
@@ -125,7 +135,8 @@ class Capture:
             pool = owner.pool if isinstance(owner, Allocation) else None
             if pool is not None and all(p is not pool for p in pools):
                 pools.append(pool)  # an input from another graph's pool keeps that pool
-        return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()))
+        return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()),
+                             tuple(self.held.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +154,17 @@ class CaptureInputs:
     kernels : tuple of (int, str)
         The jaxgraph kernels launched, by handle, with their parameter flags
         (see :meth:`Capture.note_kernel`).
+    held : tuple
+        What the graph's nodes name, kept alive with it: the
+        :class:`~jaxgraph.Kernel` objects launched (their code stays loaded)
+        and the events of external waits (:func:`order_after`).
     """
 
     keep: tuple = ()
     watched: tuple = ()
     pools: tuple = ()
     kernels: tuple = ()
+    held: tuple = ()
 
     def check_watched(self) -> None:
         """Raise naming the first watched input that was freed."""
@@ -309,6 +325,56 @@ def note_operands(stream: Any, operands: Iterable[tuple[str, Any]], where: str) 
         return
     for label, array in operands:
         capture.note(label, where, array)
+
+
+def order_after(producer: Any, consumer: Any) -> bool:
+    """Order ``consumer``'s next work after the work queued so far on ``producer``, during a capture.
+
+    What the CUDA Array Interface (v3 ``stream``) asks of a consumer. Nothing
+    may synchronize while a stream captures (CUDA refuses, and a refused call
+    invalidates a global-mode capture), so the order is kept on the device:
+
+    - ``producer`` is ``consumer``: nothing to do;
+    - both take part in the same capture: an event recorded on ``producer``
+      and waited on by ``consumer`` (an edge in the graph);
+    - ``consumer`` captures into a jaxgraph graph and ``producer`` does not
+      capture: an *external* event wait recorded into the graph, so its
+      replays (the first one, in effect) wait for the producer's work; the
+      graph keeps the event;
+    - ``producer`` captures into another graph: nothing (its work has not
+      run, and waiting on it would merge two captures); nor when ``consumer``
+      captures into a graph jaxgraph did not begin (it could not keep the event);
+    - ``consumer`` does not capture (another stream does): an event wait on
+      the device instead of a host synchronization.
+
+    Returns ``False``, doing nothing, when no stream captures: the caller then
+    synchronizes the producer from the host, as outside captures always.
+    """
+    consumer_id = 0 if int(consumer) == 0 else _capture_id(consumer)
+    if not _by_stream and consumer_id == 0:
+        return False
+    if int(producer) == int(consumer) and producer.device == consumer.device:
+        return True
+    # The legacy default stream (1 in the CUDA Array Interface) never captures.
+    producer_id = 0 if int(producer) in (0, 1) else _capture_id(producer)
+    drv = _driver.driver()
+    if producer_id != 0 and producer_id != consumer_id:
+        return True
+    if consumer_id != 0 and producer_id == 0:
+        capture = _by_id.get(consumer_id)
+        if capture is None:
+            return True
+        flags = int(drv.CUevent_wait_flags.CU_EVENT_WAIT_EXTERNAL)
+    else:
+        capture, flags = None, 0
+    from ._stream import Event
+
+    event = Event(device=consumer.device)
+    event.record(producer)
+    check(drv.cuStreamWaitEvent(consumer.handle, event.handle, flags), "cuStreamWaitEvent")
+    if capture is not None:
+        capture.hold(event)  # the graph's wait node names it
+    return True
 
 
 # ----------------------------------------------------------------------------

@@ -257,7 +257,7 @@ class Generator:
         if n == 0:
             return
         stream = current_stream(self._device)
-        _kernel(kernel, self._device)[math.ceil(n / _BLOCK), _BLOCK, 0, stream](out, self._state, n, a, b)
+        _kernel(kernel, self._device)[math.ceil(n / _BLOCK), _BLOCK, 0, stream](array, self._state, n, a, b)
         self.advance(1)
 
     def _write(self, seed: int, offset: int) -> None:

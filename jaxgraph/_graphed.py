@@ -326,9 +326,12 @@ def _entries(callables: Any, sample_args: Any, backward: Any, single: bool) -> l
                          f"argument tuples, one per callable; got {got}{hint}")
     if backward is None:
         backward = (None,) * n
-    elif not isinstance(backward, (tuple, list)) or len(backward) != n:
+    elif not isinstance(backward, (tuple, list)):
         raise TypeError(f"with {n} callables, backward must be a tuple with one entry (a callable or None) "
                         f"per callable, got {type(backward).__name__}")
+    elif len(backward) != n:
+        raise ValueError(f"with {n} callables, backward must be a tuple with one entry (a callable or None) "
+                         f"per callable, got {len(backward)} entries")
     entries = []
     for i, (c, args, bwd) in enumerate(zip(callables, sample_args, backward)):
         where = "" if single else f"[{i}]"

@@ -310,8 +310,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         if template is None or self._state is not CaptureState.ENDED:
             raise RuntimeError(f"this CUDAGraph holds no captured graph ({self._state.value}); "
                                "capture it before replaying it inside jax.jit")
-        return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep, h.inputs.kernels,
-                            self.register_destroy_callback)
+        return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep + h.inputs.held,
+                            h.inputs.kernels, self.register_destroy_callback, self)
 
     # -- internals --------------------------------------------------------------
 
@@ -334,12 +334,18 @@ class ReplaySource:
     device : int
         The device it was captured on.
     owners : tuple
-        Pools and external inputs: hold them and every address in the graph stays valid.
+        Pools, external inputs, and what the graph's nodes name (the
+        :class:`~jaxgraph.Kernel` objects launched, events): hold them and
+        every address, function and event in the graph stays valid.
     kernels : tuple of (int, str)
         The jaxgraph kernels it launches, by handle, with per-parameter flags
         (``r``: a pointer only read), so inputs are bound only where only read.
     on_destroy : callable
         ``register_destroy_callback`` of the graph: called when it is reset or collected.
+    graph : CUDAGraph or None
+        The graph itself. A replayable holds it, so the graph is collected (and
+        its destroy callbacks fire) only once the replayable is gone; only an
+        explicit :meth:`CUDAGraph.reset` retires the replayable earlier.
     """
 
     template: int
@@ -347,6 +353,7 @@ class ReplaySource:
     owners: tuple
     kernels: tuple
     on_destroy: Callable[[Callable[[], None]], RemovableHandle]
+    graph: Any = None
 
 
 def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | None, mode: str,

@@ -163,7 +163,9 @@ class Kernel:
         self._launch(dim3(grid, "grid"), dim3(block, "block"), int(shared_mem), stream, args)
 
     def _launch(self, grid: tuple, block: tuple, shared_mem: int, stream: Stream | None, args: tuple) -> None:
-        values = self._values(args)  # every argument check happens before the driver is touched
+        # Every argument check happens before the driver is touched; foreign
+        # arrays come back wrapped, ordered after their producer's stream.
+        values, args = self._values(args, stream)
         with self._lock:  # the argument buffer is shared; cuLaunchKernel copies it
             try:
                 struct.pack_into(self._fmt, self._args_buffer, 0, *values)
@@ -194,7 +196,7 @@ class Kernel:
         for p, a in zip(self.params, args):
             if p.is_pointer:
                 capture.note(p.name, where, asarray(a))
-        capture.note_kernel(self._handles_on(stream.device), self._flags)
+        capture.note_kernel(self._handles_on(stream.device), self._flags, self)
 
     def _handles_on(self, device: int) -> tuple[int, ...]:
         """The loaded kernel's handle and its CUfunction in ``device``'s context: what a captured node may name."""
@@ -206,22 +208,26 @@ class Kernel:
             function = self._functions[device] = int(handle) if err == 0 and handle is not None else 0
         return (self._function_address, function) if function else (self._function_address,)
 
-    def _values(self, args: tuple) -> list:
-        """The launch's values, checked: addresses for pointers, Python scalars for the rest."""
+    def _values(self, args: tuple, stream: Stream | None = None) -> tuple[list, tuple]:
+        """The launch's values, checked (addresses for pointers, Python scalars for the rest),
+        and ``args`` with foreign arrays wrapped once, for :meth:`_note_operands`."""
         params = self.params
         if len(args) != len(params):
             check_count(self.name, params, args)
         values = []
-        for p, a in zip(params, args):
+        wrapped = None
+        for i, (p, a) in enumerate(zip(params, args)):
             if p.is_pointer:
                 if type(a) is not DeviceArray:
-                    a = _device_operand(a, p, self.name)
+                    a = _device_operand(a, p, self.name, stream)
+                    wrapped = wrapped if wrapped is not None else list(args)
+                    wrapped[i] = a
                 if p.dtype is not None and a.dtype != p.dtype:
                     check_pointer_dtype(self.name, p, a.dtype)
                 values.append(a.ptr)
             else:
                 values.append(scalar_value(self.name, p, a))
-        return values
+        return values, (args if wrapped is None else tuple(wrapped))
 
     def _pack_error(self, values: list, exc: Exception) -> TypeError:
         for p, v in zip(self.params, values):
@@ -362,9 +368,9 @@ def kernel_display_name(symbol: str | None) -> str | None:
     return _DISPLAY_NAMES.get(symbol, symbol) if symbol is not None else None
 
 
-def _device_operand(value: Any, p: Param, kernel: str) -> DeviceArray:
+def _device_operand(value: Any, p: Param, kernel: str, stream: Stream | None) -> DeviceArray:
     if isinstance(value, np.ndarray):
         raise not_an_array(kernel, p, value, " (host memory); copy it with jaxgraph.asarray(x) first")
     if not hasattr(value, "__cuda_array_interface__"):
         raise not_an_array(kernel, p, value)
-    return asarray(value)
+    return asarray(value, stream=stream)  # the launch's stream waits for the array's producer

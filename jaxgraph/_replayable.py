@@ -51,6 +51,10 @@ class Replayable:
     sequence) and, when built with ``backward=``, under ``jax.grad``. Each call
     is one replay, as each ``g.replay()`` is: XLA never merges two calls.
 
+    It keeps what it replays alive (its graphs, their executables and memory)
+    until it is closed or collected, so a function may capture a graph and
+    return only the replayable. An explicit ``reset()`` of a graph retires it.
+
     Attributes
     ----------
     in_shapes, out_shapes : tuple of jax.ShapeDtypeStruct
@@ -69,9 +73,9 @@ class Replayable:
        without calling jaxgraph again until its buffers move. After the
        CUDAGraph is reset, a compiled function whose recording is still
        current keeps replaying the graph as captured, instead of raising.
-       That never touches freed memory: this object keeps the static arrays,
-       the graph's memory pools and its capture inputs alive (keep the
-       :class:`~jaxgraph.Kernel` objects alive too). Build a new replayable
+       That never touches freed memory: this object keeps the graph, the
+       static arrays, the graph's memory pools, its capture inputs and the
+       :class:`~jaxgraph.Kernel` objects it launched alive. Build a new replayable
        and a new jitted function after a reset; with command buffers off
        (``--xla_gpu_enable_command_buffer=``), the old function raises.
     """
@@ -161,19 +165,25 @@ class Replayable:
 
         Raises
         ------
+        TypeError
+            ``graph`` is not a CUDAGraph or Graph, or an input/output is not a device array.
         ValueError
             Shapes or dtypes differ from the first graph's, the device already
-            has a graph, or this replayable uses ``via="callback"``.
+            has a graph, arrays are on another device than the graph, or this
+            replayable uses ``via="callback"``.
+        RuntimeError
+            This replayable was closed or its graphs reset, or ``graph`` is not captured.
         """
         if self._via != "ffi":
             raise ValueError("add_device needs via='ffi': the host path replays a single graph")
-        self._state.check_alive()
+        _check_graph_type(graph)
         inputs, outputs = _static_arrays(inputs, "inputs"), _static_arrays(outputs, "outputs")
         other = ReplaySpec.from_arrays(inputs, outputs)
         if (other.inputs, other.outputs) != (self._spec.inputs, self._spec.outputs):
             raise ValueError(f"add_device: the arrays are {fmt_all(other.inputs)} -> {fmt_all(other.outputs)}, "
                              f"this replayable's are {fmt_all(self._spec.inputs)} -> "
                              f"{fmt_all(self._spec.outputs)}")
+        self._state.check_alive()
         source = _replay_source(graph)
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
@@ -187,16 +197,19 @@ class Replayable:
         self._finalizer()
 
     def _attach(self, source: Any, inputs: tuple, outputs: tuple) -> None:
-        """Hold ``source``'s memory and the static arrays; retire its device when the graph is reset."""
+        """Hold ``source``'s graph, memory and the static arrays; retire its device when the graph is reset."""
         self._state.devices[source.device] = True
         # The destroy callback holds only the state, never this object, so the
-        # graph does not keep the replayable alive.
+        # graph does not keep the replayable alive (no reference cycle).
         handle = source.on_destroy(self._state.retire_callback(source.device))
         # Everything the captured kernels touch must outlive every replay,
         # including replays of an XLA command buffer that recorded this graph
         # and keeps replaying it after a reset: the static arrays, the graph's
-        # memory pools and the external inputs of its capture.
-        self._keep.append((inputs, outputs, handle, source.owners))
+        # memory pools, the external inputs and kernels of its capture. The
+        # graph object itself is held too: a replayable returned without its
+        # graph must keep working, so only an explicit reset() retires it, and
+        # everything goes when this object does.
+        self._keep.append((source.graph, inputs, outputs, handle, source.owners))
 
 
 def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any], *,
@@ -269,15 +282,17 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
     compiled function replays it races on buffers that are copied.
     ``vmap`` replays once per batch element, in sequence.
     """
+    # Every argument is checked before the graph's state: a wrong call says what is wrong with it.
     _check_choice("via", via, _VIA)
     _check_choice("bind", bind, _BIND)
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
     inputs, outputs = _static_arrays(inputs, "inputs"), _static_arrays(outputs, "outputs")
-    source = _replay_source(graph)
-    _check_devices(source.device, inputs, outputs)
+    _check_graph_type(graph)
     aliases = _jax_replay.aliases(inputs, outputs, input_output_aliases)
     spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
+    source = _replay_source(graph)
+    _check_devices(source.device, inputs, outputs)
     host = None
     if via == "ffi":
         graph_id = _jax_replay.register(source, inputs, outputs, 0, _jax_replay.distinct_aliases(spec, inputs, outputs),
@@ -351,9 +366,13 @@ def _check_choice(what: str, value: Any, valid: tuple) -> str:
     return value
 
 
-def _replay_source(graph: Any) -> Any:
+def _check_graph_type(graph: Any) -> None:
     if not isinstance(graph, (CUDAGraph, Graph)):
         raise TypeError(f"graph must be a captured jaxgraph.CUDAGraph or jaxgraph.Graph, got {type(graph).__name__}")
+
+
+def _replay_source(graph: Any) -> Any:
+    _check_graph_type(graph)
     return graph._replay_source()
 
 

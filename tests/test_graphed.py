@@ -52,7 +52,7 @@ def never_called(*args):
     (lambda: jaxgraph.make_graphed_callables((never_called, never_called), ((X,), (X,)), backward=never_called),
      TypeError, "with 2 callables, backward must be a tuple with one entry"),
     (lambda: jaxgraph.make_graphed_callables((never_called,), ((X,),), backward=(never_called, None)),
-     TypeError, "with 1 callables, backward must be a tuple"),
+     ValueError, "with 1 callables, backward must be a tuple .* got 2 entries"),  # a count: as documented
     (lambda: jaxgraph.make_graphed_callables(never_called, (X,), backward=7), TypeError,
      "the backward of callables must be callable or None, got int"),
     (lambda: jaxgraph.make_graphed_callables(((never_called, never_called),), ((X,),), backward=(never_called,)),

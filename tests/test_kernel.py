@@ -117,7 +117,7 @@ def test_scalar_checks(axpy_f32):
         k._launch((1, 1, 1), (32, 1, 1), 0, None, (_DA(), _DA(), 1.0, 2.5))
     with pytest.raises(TypeError, match="parameter n is int"):
         k._launch((1, 1, 1), (32, 1, 1), 0, None, (_DA(), _DA(), 1.0, 2**40))
-    assert values((_DA(), _DA(), np.float32(2.0), np.int32(3)))[2:] == [2.0, 3]
+    assert values((_DA(), _DA(), np.float32(2.0), np.int32(3)))[0][2:] == [2.0, 3]
     del ptr
 
 
