@@ -38,6 +38,8 @@ fi
 grep -o "jaxgraph: CUDA .*" "$dest/install.log" | tee -a "$dest/env.txt"
 python3 examples/quickstart.py 2>&1 | tee "$dest/quickstart.log"
 
+# No CUDA device here is a failure, not a run of skipped GPU tests (tests/conftest.py).
+export JAXGRAPH_REQUIRE_GPU=1
 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$dest/junit.xml" "$@" 2>&1 | tee "$dest/pytest.log"
 status=${PIPESTATUS[0]}
 {

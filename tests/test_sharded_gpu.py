@@ -51,11 +51,16 @@ extern "C" __global__ void add(float* z, const float* x, const float* y, int n) 
 
 @pytest.fixture(scope="module")
 def gpus():
-    """The first two JAX GPU devices (skip with a reason on a machine with one)."""
+    """The first two JAX GPU devices (skip with a reason on a machine with one).
+
+    This module runs only where jaxgraph sees a CUDA device, so a JAX without
+    a GPU backend there is a broken install: fail, never skip.
+    """
     try:
         local = jax.local_devices(backend="gpu")
-    except RuntimeError:
-        pytest.skip("needs JAX with CUDA (jax[cuda13]): JAX has no GPU backend here")
+    except RuntimeError as exc:
+        pytest.fail(f"JAX has no GPU backend on this GPU machine ({jaxgraph.device_count()} CUDA device(s)): "
+                    f"install JAX with CUDA (pip install 'jax[cuda13]'); {exc}", pytrace=False)
     if jaxgraph.device_count() < 2 or len(local) < 2:
         pytest.skip(f"needs 2 CUDA devices (this machine has {min(jaxgraph.device_count(), len(local))})")
     return local[:2]
