@@ -178,7 +178,8 @@ class DeviceArray:
             ``stream`` is not a :class:`~jaxgraph.Stream`.
         ValueError
             The array wraps memory another library owns (a ``jax.Array``, CuPy
-            or torch array): that library decides when it is freed.
+            or torch array): that library decides when it is freed. Or the
+            stream is on another device than the array.
         """
         if not isinstance(stream, Stream):
             raise TypeError(f"record_stream expects a jaxgraph.Stream, got {type(stream).__name__}")

@@ -228,14 +228,25 @@ def make_graphed_callables(callables: Callable[..., Any] | tuple, sample_args: t
     Raises
     ------
     TypeError
-        A callable is not callable, ``sample_args`` is not a tuple of argument
-        tuples, holds something other than arrays or traced values, or a
-        callable returns something other than device arrays.
+        A callable or backward is not callable (or ``backward`` is not a
+        tuple for a tuple of callables), ``sample_args`` is not a tuple of
+        argument tuples, holds something other than arrays or traced values,
+        an option has the wrong type (``num_warmup_iters``,
+        ``allow_unused_input``, ``pool``), a callable returns something other
+        than device arrays, or a backward returns cotangents in another
+        structure than the arguments' or one for an integer argument.
     ValueError
-        Mismatched counts of callables, sample arguments and backwards; a bad
-        option; a callable that returns no array; a backward that returns
-        ``None`` where ``allow_unused_input`` is False, or cotangents whose
-        shapes or dtypes differ from the inputs'.
+        Mismatched counts of callables, sample arguments and backwards; a
+        backward given both in a pair and in ``backward``; a bad option value
+        (a negative ``num_warmup_iters``, an unknown ``capture_error_mode``, a
+        pool that no longer exists); a callable that returns no array, or
+        (with a backward) returns an argument updated in place; a backward
+        that returns ``None`` where ``allow_unused_input`` is False, no
+        cotangent at all, or cotangents whose shapes or dtypes differ from the
+        inputs'.
+    RuntimeError
+        No CUDA device (:class:`~jaxgraph.CudaUnavailableError`), or a capture
+        failed. Every argument is checked before any device work.
 
     Notes
     -----

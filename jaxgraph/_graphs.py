@@ -133,7 +133,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         Raises
         ------
         ValueError
-            Unknown ``capture_error_mode``, or a pool of another device.
+            Unknown ``capture_error_mode``, a pool of another device, or a
+            pool token whose pool no longer exists.
         TypeError
             ``pool`` is not a pool token.
         RuntimeError

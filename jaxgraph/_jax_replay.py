@@ -8,10 +8,10 @@ graph (its kernel nodes are pointed at XLA's operand or result: no copy) or
 after it); :func:`describe_bindings` says which and why. :func:`jaxgraph_replay`
 builds the FFI call a :class:`~jaxgraph.Replayable` binds when traced.
 
-HLO carries only a small graph id. Resetting or collecting the CUDAGraph
-retires the id on its device (:class:`ReplayState`), and a compiled function
-that still refers to it fails with a clear error instead of launching freed
-memory.
+HLO carries only a small graph id. Resetting the CUDAGraph retires the id
+on its device, closing or collecting the replayable (which holds its graphs)
+retires it everywhere (:class:`ReplayState`), and a compiled function that
+still refers to it fails with a clear error instead of launching freed memory.
 """
 
 from __future__ import annotations
@@ -297,8 +297,11 @@ def aliases(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple
 
     Raises ``ValueError`` for a static array given twice among the inputs or
     the outputs, static arrays that overlap without being the same, and bad
-    or conflicting user aliases.
+    or conflicting user aliases; ``TypeError`` when ``user`` is not a dict.
     """
+    if user is not None and not isinstance(user, dict):
+        raise TypeError(f"input_output_aliases must be a dict {{input index: output index}}, "
+                        f"got {type(user).__name__}")
     for what, arrays in (("inputs", inputs), ("outputs", outputs)):
         for i, a in enumerate(arrays):
             for j in range(i):

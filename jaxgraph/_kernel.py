@@ -63,6 +63,9 @@ class Kernel:
 
     Raises
     ------
+    TypeError
+        ``source`` or ``name`` is not a non-empty string, or ``options`` is
+        neither a ``ProgramOptions`` nor a dict of its fields.
     jaxgraph.CompileError
         NVRTC rejected the source; the message contains NVRTC's log.
     ValueError
@@ -321,10 +324,14 @@ class Kernel:
         Raises
         ------
         TypeError
-            Wrong number of arguments, an array of the wrong dtype for a typed
-            pointer, or a scalar that does not fit its C type.
+            Wrong number of arguments, something other than an array for a
+            pointer, an array of the wrong dtype for a typed pointer, a scalar
+            that does not fit its C type, or ``grid``, ``block``,
+            ``shared_mem`` or ``inout`` of the wrong type.
         ValueError
-            No outputs, or ``inout`` names something that is not a pointer.
+            No outputs, ``inout`` names something that is not a pointer, a
+            negative ``shared_mem`` or a dimension below 1, or no ``grid``
+            with a multi-dimensional ``block``.
 
         Examples
         --------

@@ -269,12 +269,15 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
     Raises
     ------
     TypeError
-        ``graph`` is not a CUDAGraph or Graph, or an input/output is not a device array.
+        ``graph`` is not a CUDAGraph or Graph, an input/output is not a device
+        array, ``backward`` is not callable, or ``input_output_aliases`` is not a dict.
     ValueError
         Unknown ``via`` or ``bind``, no outputs, arrays on another device than
         the graph, a static array given twice or overlapping another, or bad aliases.
     RuntimeError
-        The graph is not captured, or (``via="ffi"``) the native extension is not built.
+        The graph is not captured, or (``via="ffi"``) the native extension is
+        not built. Checked after the arguments: a wrong call says what is wrong
+        with it first.
 
     Notes
     -----

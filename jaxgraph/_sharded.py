@@ -184,6 +184,8 @@ class ShardedGraph:
 
         Raises
         ------
+        TypeError
+            ``devices`` is neither a mesh, a device nor a sequence of them.
         ValueError
             A device has no graph here, is not a CUDA device, or belongs to another process.
         RuntimeError
@@ -201,8 +203,9 @@ class ShardedGraph:
     def shard_map(self, mesh: Any, in_specs: Any, out_specs: Any, **kwargs: Any) -> Callable[..., Any]:
         """``jax.jit(jax.shard_map(self, mesh=mesh, in_specs=..., out_specs=...))``, checked first.
 
-        Raises ``ValueError`` (see :meth:`check_devices`) when a device of
-        ``mesh`` has no graph, instead of an error when the function runs.
+        Raises ``ValueError`` (see :meth:`check_devices`, which also lists its
+        ``TypeError`` and ``RuntimeError``) when a device of ``mesh`` has no
+        graph, instead of an error when the function runs.
         Other keyword arguments go to ``jax.shard_map``.
         """
         import jax
@@ -304,14 +307,19 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     Raises
     ------
     TypeError
-        ``fn`` is not callable, a shape has no ``shape``/``dtype``, or ``fn``
-        returned something other than device arrays.
+        ``fn`` or ``backward`` is not callable, ``in_shapes`` is not a list or
+        a shape has no ``shape``/``dtype``, ``devices`` or
+        ``input_output_aliases`` has the wrong type, or ``fn`` returned
+        something other than device arrays.
     ValueError
-        Bad ``devices`` (none, repeated, not CUDA, another process's), or on
+        Unknown ``bind`` or ``capture_error_mode``, an alias naming no input,
+        bad ``devices`` (none, repeated, not CUDA, another process's), or on
         some device: outputs on another device, or shapes differing from the
         first device's. The message names the device.
     RuntimeError
-        ``fn`` launched nothing on a device, or the native extension is not built.
+        No CUDA device (:class:`~jaxgraph.CudaUnavailableError`), ``fn``
+        launched nothing on a device, or the native extension is not built.
+        Every argument is checked before any device work.
 
     Notes
     -----
@@ -325,6 +333,7 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     _check_choice("bind", bind, _BIND)  # every check that needs no device comes first
     _capture_mode(capture_error_mode)
     shapes = _shapes(in_shapes)
+    _check_alias_inputs(input_output_aliases, len(shapes))
     ordinals = device_ordinals(devices)
     parts: dict[int, DeviceCapture] = {}
     step: Replayable | None = None
@@ -487,6 +496,19 @@ def _shapes(in_shapes: Any) -> tuple:
                             f"got {type(s).__name__}")
         out.append((tuple(int(n) for n in s.shape), np.dtype(s.dtype)))
     return tuple(out)
+
+
+def _check_alias_inputs(aliases: Any, n_inputs: int) -> None:
+    """What can be checked of ``input_output_aliases`` before the outputs exist (replayable checks the rest)."""
+    if aliases is None:
+        return
+    if not isinstance(aliases, dict):
+        raise TypeError(f"input_output_aliases must be a dict {{input index: output index}}, "
+                        f"got {type(aliases).__name__}")
+    for i, j in aliases.items():
+        if not (isinstance(i, int) and isinstance(j, int) and 0 <= i < n_inputs and j >= 0):
+            raise ValueError(f"input_output_aliases: {i!r} -> {j!r} does not name an input (of {n_inputs}) "
+                             "and an output")
 
 
 def _release(step: Replayable | None, parts: dict[int, DeviceCapture]) -> None:
