@@ -81,12 +81,12 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
     from jaxgraph import _memory, _native
 
     replay = _native.native("replay")
-    jnp.zeros(1).block_until_ready()  # JAX's own device memory is taken before measuring
+    x = rng.standard_normal(N).astype(np.float32)
+    xj = jnp.asarray(x).block_until_ready()  # JAX's own device memory is taken before measuring
     gc.collect()
     live, free_before = replay.live_graphs(), free_device_bytes()
     step, graph_ref, pool_id = make_step(scratch_bytes=BIG)
-    x = rng.standard_normal(N).astype(np.float32)
-    np.testing.assert_allclose(np.asarray(jax.jit(step)(x)), axpb_ref(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(step)(xj)), axpb_ref(x), rtol=1e-6, atol=1e-6)
     gc.collect()
     held = free_before - free_device_bytes()
     print(f"graph alive: {held / MiB:.0f} MiB held, live graphs {replay.live_graphs()} (was {live})")
@@ -96,7 +96,7 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
         step.close()
         assert replay.live_graphs() == live and not step.alive
         with pytest.raises(RuntimeError, match="was closed"):
-            step(jnp.asarray(x))
+            step(xj)
     del step  # no reference cycle: everything goes once nothing refers to the replayable
     gc.collect()
     if graph_ref() is not None:  # say so, then let JAX's caches go (they may hold the traced function)
