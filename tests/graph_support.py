@@ -45,6 +45,22 @@ extern "C" __global__ void block_sum(float* out, const float* x, int n) {
 KERNEL_NAMES = ("axpb", "scale", "add", "block_sum")
 
 
+def jax_gpus():
+    """JAX's local GPU devices, for tests that run only where jaxgraph sees a CUDA device.
+
+    There, a JAX without a GPU backend is a broken install (no ``jax[cuda13]``):
+    the test fails saying so, never skips.
+    """
+    import jax
+    import pytest
+
+    try:
+        return jax.local_devices(backend="gpu")
+    except RuntimeError as exc:
+        pytest.fail(f"JAX has no GPU backend on this GPU machine ({jaxgraph.device_count()} CUDA device(s)): "
+                    f"install JAX with CUDA (pip install 'jax[cuda13]'); {exc}", pytrace=False)
+
+
 def load_kernels():
     """Compile and load the test kernels (loading before capture keeps it out of the graph)."""
     ks = {name: jaxgraph.Kernel(GRAPH_KERNELS, name) for name in KERNEL_NAMES}

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import _driver, _memory, _native  # noqa: E402
-from graph_support import run_xla_worker  # noqa: E402
+from graph_support import jax_gpus, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -56,11 +56,7 @@ def gpus():
     This module runs only where jaxgraph sees a CUDA device, so a JAX without
     a GPU backend there is a broken install: fail, never skip.
     """
-    try:
-        local = jax.local_devices(backend="gpu")
-    except RuntimeError as exc:
-        pytest.fail(f"JAX has no GPU backend on this GPU machine ({jaxgraph.device_count()} CUDA device(s)): "
-                    f"install JAX with CUDA (pip install 'jax[cuda13]'); {exc}", pytrace=False)
+    local = jax_gpus()
     if jaxgraph.device_count() < 2 or len(local) < 2:
         pytest.skip(f"needs 2 CUDA devices (this machine has {min(jaxgraph.device_count(), len(local))})")
     return local[:2]
@@ -186,9 +182,10 @@ def test_replay_between_xla_ops_and_a_collective(k, gpus, mesh, rng):
 
 
 def test_default_devices_are_the_local_gpus_jax_uses(k, rng):
+    local = jax_gpus()
     sg = jaxgraph.capture_per_device(chain(k, launches=2), [f32(N)])
-    assert sg.devices == tuple(d.local_hardware_id for d in jax.local_devices(backend="gpu"))
-    for d in jax.local_devices(backend="gpu"):  # eager: each array replays on the device it lives on
+    assert sg.devices == tuple(d.local_hardware_id for d in local)
+    for d in local:  # eager: each array replays on the device it lives on
         x = ints(rng, N)
         out = sg(jax.device_put(x, d))
         np.testing.assert_array_equal(np.asarray(out), chain_ref(x, d.local_hardware_id, 2))
