@@ -1,4 +1,4 @@
-"""Conditional nodes in a capture, and graphs embedded in one: the mechanism under ``_regions.py``.
+"""Conditional nodes in a capture: the mechanism under ``_regions.py``.
 
 A region (IF, IF/ELSE, WHILE, SWITCH) is opened on the stream that captures
 now (the capture's own stream, or the body stream of the region around it):
@@ -22,9 +22,7 @@ cuda.core's ``GraphBuilder.if_then``/``while_loop`` do steps 1-4 only for a
 capture the builder began itself, so they cannot serve a capture begun by
 ``jaxgraph.graph()``; the driver calls are made here with ``cuda.bindings``.
 
-:func:`embed` is what ``CUDAGraph.replay()`` does while the current stream
-captures: it adds the graph's template as a child-graph node, since a graph
-cannot be launched into a capturing stream.
+Embedding a graph by ``replay()`` during a capture lives in ``_embed.py``.
 """
 
 from __future__ import annotations
@@ -42,17 +40,24 @@ from ._driver import CudaError, check
 from ._stream import Stream, current_stream
 
 __all__ = ["KINDS", "Kind", "Region", "SET_CONDITIONAL_SOURCE", "begin", "check_predicate", "check_support",
-           "driver_version", "embed", "end", "next_body", "setter_name"]
+           "driver_version", "end", "next_body", "setter_name", "unfinished"]
 
+# cudaGraphSetConditional is declared as <cuda_device_runtime_api.h> declares it (a
+# device-runtime builtin; cudaGraphConditionalHandle is unsigned long long), which gives
+# the same PTX as including the header (tests/test_conditional_errors.py compares them).
+# The header is not included because it needs crt/host_defines.h, which NVIDIA's
+# nvidia-cuda-runtime wheel lacks: this way the kernel compiles with no CUDA headers at all.
 SET_CONDITIONAL_SOURCE = r"""
-#include <cuda_device_runtime_api.h>
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
+                                                                                 unsigned int value);
+
 // Sets a conditional node's value from a one-element device array. Launched with
 // one thread just before the node (and at the end of a WHILE body).
 extern "C" __global__ void jaxgraph_set_conditional_int32(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, (unsigned int)*value);
+  cudaGraphSetConditional(handle, (unsigned int)*value);
 }
 extern "C" __global__ void jaxgraph_set_conditional_bool(unsigned long long handle, const bool* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, *value ? 1u : 0u);
+  cudaGraphSetConditional(handle, *value ? 1u : 0u);
 }
 """
 
@@ -216,7 +221,7 @@ def begin(capture: Any, kind_name: str, pred: DeviceArray, opener: str, num_bodi
         params.conditional.type = getattr(drv.CUgraphConditionalNodeType, f"CU_GRAPH_COND_TYPE_{kind.node_type}")
         params.conditional.size = num_bodies
         params.conditional.ctx = ctx
-        region.node = _add_node(stream, params)
+        region.node = _captures.add_node(stream, params)
         region.bodies = tuple(params.conditional.phGraph_out[i] for i in range(num_bodies))
         capture.conditionals.append((int(region.node), kind.node_type, tuple(int(b) for b in region.bodies)))
         region._begin_body(0)
@@ -258,43 +263,6 @@ def end(region: Region, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Embedding a captured graph
-# ----------------------------------------------------------------------------
-
-
-def embed(handles: Any, stream: Stream, capture: Any) -> None:
-    """Add the graph held by ``handles`` to ``capture`` as a child-graph node on ``stream``.
-
-    The node holds a copy of the template as it is now; the capturing graph
-    keeps the embedded graph's pools and inputs alive.
-    """
-    template = handles.template
-    if template is None:
-        raise RuntimeError("replay: this CUDAGraph holds no captured graph to embed in the capture underway "
-                           "on the current stream; capture it first")
-    if handles.device != capture.stream.device:
-        raise ValueError(f"replay: this graph was captured on device {handles.device}, the capture underway "
-                         f"on the current stream is on device {capture.stream.device}")
-    inputs = handles.inputs
-    if inputs.watched:
-        inputs.check_watched()
-    drv = _driver.driver()
-    _driver.ensure_context(handles.device)
-    params = drv.CUgraphNodeParams()
-    params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
-    params.graph.graph = template
-    try:
-        _add_node(stream, params)
-    except CudaError as exc:
-        if inputs.conditionals:
-            raise RuntimeError(f"replay: this graph has conditional nodes, and CUDA cannot place those in a "
-                               f"child graph ({exc}); capture its regions directly into this capture instead") from exc
-        raise
-    capture.retained += [*inputs.keep, *inputs.pools, *(r() for *_, r in inputs.watched if r() is not None)]
-    capture.kernels.update(dict(inputs.kernels))
-
-
-# ----------------------------------------------------------------------------
 # Checks
 # ----------------------------------------------------------------------------
 
@@ -316,6 +284,14 @@ def check_predicate(value: Any, what: str, dtypes: tuple = ("bool", "int32")) ->
     if value.dtype.name not in dtypes:
         raise TypeError(f"{what} must be {'an' if allowed[0] in 'aeiou' else 'a'} {allowed} array, got {value.dtype}")
     return value
+
+
+def unfinished(capture: Any) -> str:
+    """Why ``capture`` cannot end: the innermost region still open, or what broke it."""
+    if capture.regions:
+        return (f"{capture.regions[-1].describe()} is still open: close it (end_capture_to_conditional_node(), "
+                "or leave its `with` block) before the capture ends")
+    return capture.broken
 
 
 def driver_version() -> int:
@@ -383,19 +359,6 @@ def _capture_graph(stream: Stream) -> Any:
     """The graph ``stream`` captures into now."""
     status, _, graph, *_ = check(_driver.driver().cuStreamGetCaptureInfo(stream.handle), "cuStreamGetCaptureInfo")
     return graph
-
-
-def _add_node(stream: Stream, params: Any) -> Any:
-    """Add a node after the work captured so far on ``stream``; later work there depends on it alone."""
-    drv = _driver.driver()
-    # (status, id, graph, dependencies, [edge data,] count): edge data came with CUDA 12.3's bindings.
-    _, _, graph, *dependencies, count = check(drv.cuStreamGetCaptureInfo(stream.handle), "cuStreamGetCaptureInfo")
-    node = check(drv.cuGraphAddNode(graph, *dependencies, count, params), "cuGraphAddNode")
-    check(drv.cuStreamUpdateCaptureDependencies(
-        stream.handle, [node], None, 1,
-        drv.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES),
-        "cuStreamUpdateCaptureDependencies")
-    return node
 
 
 @contextlib.contextmanager
