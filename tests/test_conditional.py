@@ -57,7 +57,7 @@ def test_if_runs_only_where_the_predicate_holds(k, rng, dtype):
         g.replay()
         got = y.numpy()
         if value:
-            np.testing.assert_allclose(got, 3 * x.numpy() + 1, rtol=1e-6)
+            np.testing.assert_allclose(got, 3 * x.numpy() + 1, rtol=1e-6, atol=1e-6)  # FMA
         else:
             assert np.isnan(got).all(), f"IF body ran with predicate {value}"
 
@@ -97,7 +97,7 @@ def test_if_else_with_pytorch_names(k, rng):
         set_value(pred, value)
         poison(y)
         g.replay()
-        np.testing.assert_allclose(y.numpy(), (4.0 if value else -3.0) * x.numpy() + 1, rtol=1e-6)
+        np.testing.assert_allclose(y.numpy(), (4.0 if value else -3.0) * x.numpy() + 1, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("api", ["context", "pytorch"])
@@ -161,7 +161,7 @@ def test_while_runs_as_many_trips_as_the_device_says(k, rng, api):
         g.replay()
         assert counter.numpy()[0] == trips
         assert remaining.numpy()[0] == 0
-        np.testing.assert_allclose(y.numpy(), x.numpy() + trips, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), x.numpy() + trips, rtol=1e-5, atol=1e-5)
 
 
 def test_if_inside_while(k, rng):
@@ -184,7 +184,7 @@ def test_if_inside_while(k, rng):
         g.replay()
         taken = sum(1 for r in range(trips - 1, -1, -1) if r % 2 == 0)
         assert counter.numpy()[0] == trips
-        np.testing.assert_allclose(y.numpy(), x.numpy() + taken, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), x.numpy() + taken, rtol=1e-5, atol=1e-5)
 
 
 def test_while_inside_while(k, rng):
@@ -210,7 +210,7 @@ def test_while_inside_while(k, rng):
         g.replay()
         assert outer_count.numpy()[0] == trips
         assert inner_count.numpy()[0] == trips * inner_trips
-        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.5 * trips * inner_trips, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.5 * trips * inner_trips, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("unroll", [1, 4])
@@ -236,7 +236,7 @@ def test_captured_step_embedded_in_a_while_body(k, rng, unroll):
         poison(y)
         loop.replay()
         assert counter.numpy()[0] == trips
-        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.25 * unroll * trips, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.25 * unroll * trips, rtol=1e-5, atol=1e-5)
     y.copy_(x)
     step.replay()    # the step itself still replays on its own
     np.testing.assert_allclose(y.numpy(), x.numpy() + 0.25, rtol=1e-6, atol=1e-6)
@@ -268,7 +268,7 @@ def test_embedding_a_graph_with_a_loop_works_or_says_why_not(k, rng):
     poison(y)
     outer.replay()
     assert inner_count.numpy()[0] == 6
-    np.testing.assert_allclose(y.numpy(), x.numpy() + 6, rtol=1e-5)
+    np.testing.assert_allclose(y.numpy(), x.numpy() + 6, rtol=1e-5, atol=1e-5)
 
 
 def test_generator_in_a_while_body_matches_eager_draws(k, rng):
@@ -322,7 +322,7 @@ def test_allocation_inside_a_body_comes_from_the_pool_and_is_not_reused_early(k,
         want = x.numpy().astype(np.float64)
         for _ in range(trips):
             want = 2 * want + 1
-        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
     assert "mem_alloc" not in g.summary()
 
 
