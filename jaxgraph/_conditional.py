@@ -175,7 +175,7 @@ class Region:
         regions = self.capture.regions
         if self in regions:
             regions.remove(self)
-        if self.previous is not None:
+        if self.previous is not None and threading.get_ident() == self.thread:  # a finalizer may run elsewhere
             _stream._set_current(self.previous, self.stream.device)
         _give_stream(self.stream)
         self.capture.pool._release_reuse()
@@ -363,7 +363,7 @@ def _capture_graph(stream: Stream) -> Any:
 
 @contextlib.contextmanager
 def _relaxed() -> Iterator[None]:
-    """This thread's capture mode relaxed for a few calls that may be unsafe under capture (loading, stream creation)."""
+    """This thread's capture mode relaxed for calls that may be unsafe under capture (loading, stream creation)."""
     drv = _driver.driver()
     relaxed = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     previous = check(drv.cuThreadExchangeStreamCaptureMode(relaxed), "cuThreadExchangeStreamCaptureMode")

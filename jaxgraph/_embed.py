@@ -6,7 +6,9 @@ stream takes part in a jaxgraph capture (inside a conditional region too),
 node instead: the node holds a copy of the template as it is at that moment,
 and the capturing graph keeps the embedded graph's pools and inputs alive.
 Replaying a captured step K times inside a WHILE body unrolls it K times
-there, and one trip of the loop then runs all K.
+there, and one trip of the loop then runs all K. CUDA refuses a child graph
+with conditional nodes (``CUDA_ERROR_NOT_SUPPORTED`` on the H100, driver 580),
+so a graph with regions of its own cannot be embedded; the error says so.
 """
 
 from __future__ import annotations
