@@ -33,7 +33,6 @@ __all__ = [
     "Capture",
     "CaptureInputs",
     "abort",
-    "add_node",
     "any_underway",
     "attach",
     "begin",
@@ -347,25 +346,6 @@ def pool_for(stream: Any) -> Capture | None:
             "cannot allocate on a stream captured outside jaxgraph: capture with "
             "jaxgraph.graph() / CUDAGraph.capture_begin() so allocations come from a graph pool")
     return None
-
-
-def add_node(stream: Any, params: Any) -> Any:
-    """Add a node (``CUgraphNodeParams``) after the work captured so far on ``stream``.
-
-    Later work on ``stream`` depends on the new node alone. This is how a
-    conditional node or an embedded graph enters a capture.
-    """
-    drv = _driver.driver()
-    # (status, id, graph, dependencies, [edge data,] count): edge data came with CUDA 12.3's bindings.
-    _, _, graph, *dependencies, count = check(drv.cuStreamGetCaptureInfo(stream.handle), "cuStreamGetCaptureInfo")
-    if not count:  # nothing captured on the stream yet: the node is a root
-        dependencies = [None] * len(dependencies)
-    node = check(drv.cuGraphAddNode(graph, *dependencies, count, params), "cuGraphAddNode")
-    check(drv.cuStreamUpdateCaptureDependencies(
-        stream.handle, [node], None, 1,
-        drv.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES),
-        "cuStreamUpdateCaptureDependencies")
-    return node
 
 
 def note_operands(stream: Any, operands: Iterable[tuple[str, Any]], where: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _captures, _driver
+from ._conditional import add_node
 from ._driver import CudaError
 from ._stream import Stream
 
@@ -50,7 +51,7 @@ def embed(handles: Any, stream: Stream) -> None:
     params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
     params.graph.graph = template
     try:
-        _captures.add_node(stream, params)
+        add_node(stream, params)
     except CudaError as exc:
         if inputs.conditionals:
             raise RuntimeError(f"replay: this graph has conditional nodes, which CUDA does not allow in a child "

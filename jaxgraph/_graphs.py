@@ -223,10 +223,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         first. Replay-start hooks run before the launch, replay-end hooks
         after it, even when the launch raises.
 
-        While the current stream captures (inside a region too), it launches
-        nothing and runs no hooks: it adds a copy of this graph to that capture
-        as a child-graph node, which keeps this graph's memory and inputs
-        alive. That is how a captured step repeats inside a WHILE body.
+        While the current stream captures, it embeds a copy of this graph there
+        as a child-graph node instead (no hooks run): see ``_embed.py``.
 
         Raises ``RuntimeError`` if nothing was captured, or (with
         ``check_input_liveness``) if an external input of the capture was freed.

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _conditional, _graph_views
+from jaxgraph import _graph_views, _predicates
 from jaxgraph._array import _INTERNAL, DeviceArray
 
 
@@ -32,11 +32,11 @@ def test_set_conditional_kernel_compiles_to_a_cubin_without_cuda_headers(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
     script = f"""
-from jaxgraph import _compile, _conditional
+from jaxgraph import _compile, _predicates
 for dtype in ("int32", "bool"):
-    name = _conditional.setter_name(dtype)
+    name = _predicates.setter_name(dtype)
     for options in (None, {{"include_path": []}}):   # jaxgraph's defaults, and no include directory at all
-        c = _compile.compile_kernel(_conditional.SET_CONDITIONAL_SOURCE, name, options, arch="sm_90",
+        c = _compile.compile_kernel(_predicates.SET_CONDITIONAL_SOURCE, name, options, arch="sm_90",
                                     cache_dir={str(tmp_path)!r})
         assert c.cubin[:4] == b"\\x7fELF" and c.lowered_name == name and not c.cache_hit, c
     print(name, len(c.cubin), "bytes")
@@ -70,9 +70,9 @@ def test_declared_builtin_gives_the_same_ptx_as_the_cuda_header():
     include = next((d for d in candidates if d and os.path.isfile(os.path.join(d, "crt", "host_defines.h"))), None)
     if include is None:
         pytest.skip("no CUDA headers with crt/host_defines.h here to compare with")
-    kernels = "// Sets a conditional" + _conditional.SET_CONDITIONAL_SOURCE.split("// Sets a conditional", 1)[1]
+    kernels = "// Sets a conditional" + _predicates.SET_CONDITIONAL_SOURCE.split("// Sets a conditional", 1)[1]
     with_header = "#include <cuda_device_runtime_api.h>\n" + kernels
-    ours = _ptx(_conditional.SET_CONDITIONAL_SOURCE, ["-arch=sm_90"])
+    ours = _ptx(_predicates.SET_CONDITIONAL_SOURCE, ["-arch=sm_90"])
     assert ours == _ptx(with_header, ["-arch=sm_90", f"-I{include}"])
     assert any("cudaGraphSetConditional" in line for line in ours)
 
@@ -134,16 +134,16 @@ def test_regions_outside_a_capture_are_refused():
 ])
 def test_internal_version_check_names_the_cuda_each_region_needs(monkeypatch, kind, too_old, enough, need):
     monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (13, 0))
-    monkeypatch.setattr(_conditional, "driver_version", lambda: too_old)
-    label = _conditional.KINDS[kind].label
+    monkeypatch.setattr(_predicates, "driver_version", lambda: too_old)
+    label = _predicates.KINDS[kind].label
     have = f"{too_old // 1000}.{too_old % 1000 // 10}"
     with pytest.raises(RuntimeError, match=rf"{label} regions need a CUDA {need} driver .* supports CUDA {have}"):
-        _conditional.check_support(kind)
-    monkeypatch.setattr(_conditional, "driver_version", lambda: enough)
-    _conditional.check_support(kind)
+        _predicates.check_support(kind)
+    monkeypatch.setattr(_predicates, "driver_version", lambda: enough)
+    _predicates.check_support(kind)
     monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (12, 2))
     with pytest.raises(RuntimeError, match=rf"need NVRTC {need} or newer .* NVRTC is 12.2"):
-        _conditional.check_support(kind)
+        _predicates.check_support(kind)
 
 
 # ----------------------------------------------------------------------------
