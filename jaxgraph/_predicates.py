@@ -144,8 +144,8 @@ def setter(pred: DeviceArray, device: int) -> Any:
 def relaxed() -> Iterator[None]:
     """This thread's capture mode relaxed for calls that may be unsafe under capture (loading, stream creation)."""
     drv = _driver.driver()
-    relaxed = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-    previous = check(drv.cuThreadExchangeStreamCaptureMode(relaxed), "cuThreadExchangeStreamCaptureMode")
+    mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    previous = check(drv.cuThreadExchangeStreamCaptureMode(mode), "cuThreadExchangeStreamCaptureMode")
     try:
         yield
     finally:
