@@ -34,8 +34,10 @@ __all__ = [
     "CaptureInputs",
     "abort",
     "any_underway",
+    "attach",
     "begin",
     "capture_on",
+    "detach",
     "end",
     "note_operands",
     "order_after",
@@ -70,10 +72,18 @@ class Capture:
     operands : list of (label, where, array)
         External operands in first-use order: the parameter name, what used it
         (``"kernel axpy"``), and the array (a DeviceArray).
+    regions : list
+        Conditional regions open now, innermost last (``_conditional.Region``).
+    conditionals : list of (int, str, tuple)
+        Every conditional node added: its address, kind and body graphs' addresses.
+    retained : list
+        Owners kept for embedded graphs (their pools and inputs).
+    broken : str or None
+        Why the capture can no longer end well (an exception escaped a region).
     """
 
     __slots__ = ("stream", "capture_id", "streams", "pool", "mode", "thread", "watch", "operands", "kernels",
-                 "held", "_allocated", "_seen")
+                 "held", "regions", "conditionals", "retained", "broken", "_allocated", "_seen")
 
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
@@ -86,6 +96,10 @@ class Capture:
         self.operands: list[tuple[str, str, Any]] = []
         self.kernels: dict[int, str] = {}   # handle -> per-parameter flags (see note_kernel)
         self.held: dict[int, Any] = {}      # id -> objects the graph's nodes name (kernels, events)
+        self.regions: list[Any] = []
+        self.conditionals: list[tuple[int, str, tuple]] = []
+        self.retained: list[Any] = []
+        self.broken: str | None = None
         self._allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
         self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
 
@@ -130,13 +144,14 @@ class Capture:
                 except TypeError:  # not weakly referenceable: keep it alive instead
                     pass
             keep.append(array.owner)
+        keep += [owner for owner in self.retained if not isinstance(owner, MemPool)]
         pools = [self.pool]
-        for owner in keep:
-            pool = owner.pool if isinstance(owner, Allocation) else None
+        for owner in keep + [p for p in self.retained if isinstance(p, MemPool)]:
+            pool = owner if isinstance(owner, MemPool) else owner.pool if isinstance(owner, Allocation) else None
             if pool is not None and all(p is not pool for p in pools):
-                pools.append(pool)  # an input from another graph's pool keeps that pool
+                pools.append(pool)  # an input from another graph's pool (or an embedded graph's) keeps that pool
         return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()),
-                             tuple(self.held.values()))
+                             tuple(self.held.values()), tuple(self.conditionals))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +173,10 @@ class CaptureInputs:
         What the graph's nodes name, kept alive with it: the
         :class:`~jaxgraph.Kernel` objects launched (their code stays loaded)
         and the events of external waits (:func:`order_after`).
+    conditionals : tuple of (int, str, tuple)
+        The conditional nodes of the graph (at any depth): node address, kind
+        (``"IF"``, ``"WHILE"``, ``"SWITCH"``) and body graph addresses. Empty
+        for a graph without branches or loops.
     """
 
     keep: tuple = ()
@@ -165,6 +184,7 @@ class CaptureInputs:
     pools: tuple = ()
     kernels: tuple = ()
     held: tuple = ()
+    conditionals: tuple = ()
 
     def check_watched(self) -> None:
         """Raise naming the first watched input that was freed."""
@@ -245,7 +265,12 @@ def end(capture: Capture) -> Any:
 
 
 def abort(capture: Capture) -> None:
-    """End ``capture`` and discard what it recorded; never raises."""
+    """End ``capture`` and discard what it recorded (open regions first); never raises."""
+    for region in reversed(list(capture.regions)):
+        try:
+            region.discard()
+        except Exception:
+            pass
     try:
         _driver.ensure_context(capture.stream.device)
         drv = _driver.driver()
@@ -256,6 +281,29 @@ def abort(capture: Capture) -> None:
         pass
     finally:
         _unregister(capture)
+
+
+def attach(capture: Capture, stream: Any) -> int:
+    """Count ``stream`` (now capturing a conditional body of ``capture``) as part of it; return its capture id."""
+    key = _key(stream)
+    capture_id = _capture_id(stream)
+    with _lock:
+        capture.streams.add(key)
+        _by_stream[key] = capture
+        if capture_id:
+            _by_id[capture_id] = capture
+    return capture_id
+
+
+def detach(capture: Capture, stream: Any, capture_id: int) -> None:
+    """Undo :func:`attach` once the body capture on ``stream`` has ended."""
+    key = _key(stream)
+    with _lock:
+        capture.streams.discard(key)
+        if _by_stream.get(key) is capture:
+            del _by_stream[key]
+        if capture_id and _by_id.get(capture_id) is capture:
+            del _by_id[capture_id]
 
 
 def _unregister(capture: Capture) -> None:

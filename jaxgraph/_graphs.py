@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from . import _captures, _driver, _introspect, _memory
+from . import _captures, _conditional, _driver, _embed, _introspect, _memory
 from ._driver import CudaError
 from ._generator import Generator
 from ._graph_handles import CaptureState, GraphHandles, require_capturing, require_ended
@@ -27,6 +27,7 @@ from ._hooks import GraphHookMethods, GraphHooks, RemovableHandle, fire_destroy
 from ._introspect import GraphIntrospection
 from ._memory import MemPool, PoolHandle
 from ._native import native
+from ._regions import ConditionalMethods
 from ._stream import Stream, current_stream
 
 __all__ = ["CUDAGraph", "ReplaySource"]
@@ -50,7 +51,7 @@ def _graph_launch() -> Callable[[int, int], int]:
 _native_graph_launch: Callable[[int, int], int] | None = None
 
 
-class CUDAGraph(GraphHookMethods, GraphIntrospection):
+class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
     """Wrapper around a CUDA graph, as ``torch.cuda.CUDAGraph``.
 
     Parameters
@@ -223,10 +224,16 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         first. Replay-start hooks run before the launch, replay-end hooks
         after it, even when the launch raises.
 
+        While the current stream captures, it embeds a copy of this graph there
+        as a child-graph node instead (no hooks run): see ``_embed.py``.
+
         Raises ``RuntimeError`` if nothing was captured, or (with
         ``check_input_liveness``) if an external input of the capture was freed.
         """
         h = self._handles
+        if _captures.any_underway() and _captures.capture_on(current_stream(h.device)) is not None:
+            require_ended(self._state, "replay")
+            return _embed.embed(h, current_stream(h.device))
         if h.graph_exec is None:
             require_ended(self._state, "replay")
             self.instantiate()
@@ -382,6 +389,10 @@ def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
     h = self._handles
     capture = h.capture
     stream = capture.stream
+    if capture.regions or capture.broken:
+        problem = _conditional.unfinished(capture)
+        self._abort_capture()
+        raise RuntimeError(f"capture_end: {problem}. The capture was discarded; the graph can capture again")
     if capture.mode != "relaxed" and threading.get_ident() != capture.thread:
         raise RuntimeError(f"capture_end: a capture begun with capture_error_mode={capture.mode!r} must end "
                            "on the thread that began it; use 'relaxed' to end it from another thread")
