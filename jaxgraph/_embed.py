@@ -57,6 +57,6 @@ def embed(handles: Any, stream: Stream) -> None:
             raise RuntimeError(f"replay: this graph has conditional nodes, which CUDA does not allow in a child "
                                f"graph ({exc}); capture its regions directly into this capture instead") from exc
         raise
-    # What keeps the embedded graph's addresses valid now keeps this graph's too.
-    capture.retained += [*inputs.keep, *inputs.pools, *(ref() for *_, ref in inputs.watched if ref() is not None)]
+    # What keeps the embedded graph's addresses (and its kernels' code) valid now keeps this graph's too.
+    capture.retained += [*inputs.keep, *inputs.pools, *inputs.held, *(ref() for *_, ref in inputs.watched if ref() is not None)]
     capture.kernels.update(dict(inputs.kernels))
