@@ -29,6 +29,9 @@ from ._graphed import GraphedCallable as GraphedCallable
 from ._graphed import make_graphed_callables as make_graphed_callables
 from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
+from ._loops import GraphedLoop as GraphedLoop
+from ._loops import default_unroll as default_unroll
+from ._loops import graphed_loop as graphed_loop
 from ._replayable import Replayable as Replayable
 from ._replayable import replayable as replayable
 from ._sharded import ShardedGraph as ShardedGraph
