@@ -32,6 +32,12 @@ from ._hooks import RemovableHandle as RemovableHandle
 from ._loops import GraphedLoop as GraphedLoop
 from ._loops import default_unroll as default_unroll
 from ._loops import graphed_loop as graphed_loop
+from ._regions import IfElse as IfElse
+from ._regions import Switch as Switch
+from ._regions import if_else as if_else
+from ._regions import if_then as if_then
+from ._regions import switch as switch
+from ._regions import while_loop as while_loop
 from ._replayable import Replayable as Replayable
 from ._replayable import replayable as replayable
 from ._sharded import ShardedGraph as ShardedGraph
