@@ -29,6 +29,9 @@ from ._graphed import GraphedCallable as GraphedCallable
 from ._graphed import make_graphed_callables as make_graphed_callables
 from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
+from ._replay_codes import BindingMode as BindingMode
+from ._replay_codes import BufferBinding as BufferBinding
+from ._replay_codes import ReplayPath as ReplayPath
 from ._replayable import Replayable as Replayable
 from ._replayable import replayable as replayable
 from ._sharded import ShardedGraph as ShardedGraph
