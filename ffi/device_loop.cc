@@ -106,9 +106,11 @@ std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
   Check(d.clone(&clone, reinterpret_cast<CUgraph>(graph)), "cuGraphClone");
   try {
     KernelFlags flags(kernels.begin(), kernels.end());
+    ScanOptions options;
+    options.kernels = &flags;
     std::vector<KernelNode> nodes;
     // num_inputs 0: kernels writing X or Y is what a step does, not a reason to copy.
-    GraphScan(&buffers, &flags, 0).Scan(clone, &nodes);
+    GraphScan(&buffers, options, 0).Scan(clone, &nodes);
     for (const Binding& b : buffers) {
       if (b.mode == BindMode::kCopied) {
         d.destroy(clone);

@@ -38,6 +38,9 @@ from ._regions import if_else as if_else
 from ._regions import if_then as if_then
 from ._regions import switch as switch
 from ._regions import while_loop as while_loop
+from ._replay_codes import BindingMode as BindingMode
+from ._replay_codes import BufferBinding as BufferBinding
+from ._replay_codes import ReplayPath as ReplayPath
 from ._replayable import Replayable as Replayable
 from ._replayable import replayable as replayable
 from ._sharded import ShardedGraph as ShardedGraph
