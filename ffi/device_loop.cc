@@ -216,8 +216,8 @@ class Builder {
     }
     if (!guarded()) prev = Remainder(top, prev, has_while);
     for (const auto& [x, y, bytes] : p_.finals) {
-      unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));
-      prev = Kernel(top, prev, p_.finalize, blocks, {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)});
+      unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));  // a word per thread
+      prev = Kernel(top, prev, p_.finalize, blocks, {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)}, 256);
     }
   }
 
@@ -282,14 +282,14 @@ class Builder {
   }
 
   CUgraphNode Kernel(CUgraph graph, CUgraphNode prev, uint64_t function, unsigned blocks,
-                     std::vector<Arg> args) {
+                     std::vector<Arg> args, unsigned threads = 1) {
     std::vector<void*> pointers;
     for (Arg& a : args) pointers.push_back(a.data());
     CUDA_KERNEL_NODE_PARAMS params;
     std::memset(&params, 0, sizeof(params));
     params.func = reinterpret_cast<CUfunction>(function);
     params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
-    params.blockDimX = blocks > 1 ? 256 : 1, params.blockDimY = 1, params.blockDimZ = 1;
+    params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
     params.kernelParams = pointers.data();
     CUgraphNode node = nullptr;
     Check(d_.kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params), "cuGraphAddKernelNode");

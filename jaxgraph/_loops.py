@@ -400,6 +400,7 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     self.unroll, self.feed, self.ping_pong = k, feed, ping_pong
     self._until, self._remaining, self._step = until, remaining, owner
     self._fn, self._lock = None, threading.Lock()
+    self.__name__ = "graphed_loop"  # how jax.jit names the function
     return self
 
 
@@ -427,9 +428,14 @@ def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: d
 _KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_guard", "jaxgraph_loop_bits",
                  "jaxgraph_loop_finalize")
 
+# cudaGraphSetConditional is declared here, as <cuda_device_runtime_api.h> declares it (a cudart
+# builtin: no device runtime to link), because that header includes crt/ headers that NVIDIA's
+# runtime wheel lacks. With NVRTC 13 the cubin is byte-identical to the one built with the header.
 CONTROL_SOURCE = r"""
-#include <cuda_device_runtime_api.h>
 typedef unsigned long long u64;
+typedef u64 cudaGraphConditionalHandle;
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
+                                                                                   unsigned int value);
 
 __device__ __forceinline__ int jg_flag(const void* until, int bytes) {
   if (until == 0) return 0;
@@ -515,7 +521,9 @@ _kernels_lock = threading.Lock()
 
 def control_kernels(arch: str | None = None) -> dict[str, Kernel]:
     """The loop's control kernels compiled (not loaded) for ``arch``; CPU tests compile them this way."""
-    return {name: Kernel(CONTROL_SOURCE, name, signature=_SIGNATURES[name], arch=arch) for name in _KERNEL_NAMES}
+    # No include path: the source needs no header, so no CUDA toolkit or header wheel either.
+    return {name: Kernel(CONTROL_SOURCE, name, {"include_path": []}, signature=_SIGNATURES[name], arch=arch)
+            for name in _KERNEL_NAMES}
 
 
 def _control_kernels(device: int) -> dict[str, Kernel]:
