@@ -171,6 +171,10 @@ class Builder {
     Check(d_.current(&ctx_), "cuCtxGetCurrent");
   }
 
+  // Every conditional node made, at any depth: (node, "IF" or "WHILE", its bodies). CUDA before
+  // 13.2 cannot describe a conditional node, so introspection and replay in jit learn them here.
+  std::vector<std::tuple<uint64_t, std::string, std::vector<uint64_t>>> conditionals;
+
   CUgraph Build() {
     CUgraph top = nullptr;
     Check(d_.create(&top, 0), "cuGraphCreate");
@@ -278,6 +282,8 @@ class Builder {
     Check(d_.add_node(&node, graph, prev ? &prev : nullptr, nullptr, prev ? 1 : 0, &params),
           "cuGraphAddNode (conditional)");
     *body = params.conditional.phGraph_out[0];
+    conditionals.emplace_back(reinterpret_cast<uint64_t>(node), type == CU_GRAPH_COND_TYPE_WHILE ? "WHILE" : "IF",
+                              std::vector<uint64_t>{reinterpret_cast<uint64_t>(*body)});
     return node;
   }
 
@@ -312,7 +318,9 @@ class Builder {
   CUcontext ctx_ = nullptr;
 };
 
-uintptr_t BuildLoop(uint64_t step_a, uint64_t step_b,
+using Conditionals = std::vector<std::tuple<uint64_t, std::string, std::vector<uint64_t>>>;
+
+std::pair<uintptr_t, Conditionals> BuildLoop(uint64_t step_a, uint64_t step_b,
                     const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& copies, int unroll,
                     int64_t fixed, uint64_t count, uint64_t until, int until_bytes, uint64_t remaining,
                     uint64_t done, const std::vector<uint64_t>& functions,
@@ -325,7 +333,9 @@ uintptr_t BuildLoop(uint64_t step_a, uint64_t step_b,
   p.init = functions[0], p.tail = functions[1], p.guard = functions[2], p.bits = functions[3];
   p.finalize = functions[4];
   p.finals = finals, p.final_mode = final_mode;
-  return reinterpret_cast<uintptr_t>(Builder(p).Build());
+  Builder builder(p);
+  CUgraph graph = builder.Build();
+  return {reinterpret_cast<uintptr_t>(graph), builder.conditionals};
 }
 
 }  // namespace
@@ -342,5 +352,6 @@ NB_MODULE(_device_loop, m) {
         nb::arg("unroll"), nb::arg("fixed"), nb::arg("count"), nb::arg("until"), nb::arg("until_bytes"),
         nb::arg("remaining"), nb::arg("done"), nb::arg("functions"), nb::arg("finals"),
         nb::arg("final_mode"),
-        "Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph.");
+        "Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph and "
+        "its conditional nodes (node, 'IF' or 'WHILE', (body,)).");
 }

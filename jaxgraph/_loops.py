@@ -386,13 +386,13 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
     functions = [kernels[name]._handles_on(device)[-1] for name in _KERNEL_NAMES]
     try:
-        template = dl.build_loop(source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
+        template, conditionals = dl.build_loop(source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
                                  until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr,
                                  functions, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode)
     finally:
         dl.destroy_graph(swap)  # the loop's child nodes hold their own copies
     loop_graph = _adopt(template, device, source, (count, remaining, done, until, owner, *ins, *outs),
-                        step_kernels, kernels)
+                        step_kernels, kernels, conditionals)
     self = object.__new__(GraphedLoop)
     self.graph, self.inputs, self.outputs = loop_graph, ins, outs
     self.steps_run, self.count, self._count_is_own = done, count, own_count
@@ -404,7 +404,8 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     return self
 
 
-def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: dict, kernels: dict) -> CUDAGraph:
+def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: dict, kernels: dict,
+           conditionals: list) -> CUDAGraph:
     """A :class:`CUDAGraph` owning the hand-built ``template`` (``keep_graph=True``), instantiated."""
     g = CUDAGraph(keep_graph=True)
     h = g._handles
@@ -415,7 +416,8 @@ def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: d
         for handle in k._handles_on(device):
             control[int(handle)] = k._flags
     h.inputs = CaptureInputs(keep=(*source.owners, *[a for a in keep if a is not None], *kernels.values()),
-                             kernels=tuple({**step_kernels, **control}.items()))
+                             kernels=tuple({**step_kernels, **control}.items()),
+                             conditionals=tuple((node, kind, tuple(bodies)) for node, kind, bodies in conditionals))
     g._state = CaptureState.ENDED
     g.instantiate()
     return g

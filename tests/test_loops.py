@@ -235,6 +235,7 @@ def _check_jit(k, rng):
     for steps in (5, 12, 0, 9):
         x0 = rng.standard_normal(N).astype(np.float32)
         s.counter.fill_(0)
+        jaxgraph.synchronize()  # the memset runs on jaxgraph's stream, the loop on XLA's
         out = np.asarray(fn(jnp.asarray(x0), jnp.asarray(b), jnp.int32(steps)))
         np.testing.assert_allclose(out, ref(x0, b, steps), rtol=1e-5, atol=1e-6)
         assert int(s.counter.numpy()[0]) == steps
