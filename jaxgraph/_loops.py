@@ -22,6 +22,8 @@ last step the fed input *and* output both hold the result. ``until=`` names a
 one-element device flag the step's kernels set to stop early: every step is
 then guarded, so no step runs after the one that set it, and
 :attr:`GraphedLoop.steps_run` counts the steps that ran.
+
+This module is the API and its checks; ``_loop_build.py`` builds the graph.
 """
 
 from __future__ import annotations
@@ -32,14 +34,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import _driver, _introspect
-from ._array import DeviceArray, asarray, zeros
-from ._captures import CaptureInputs
-from ._graph_handles import CaptureState
+from . import _loop_build
+from ._array import DeviceArray, asarray
 from ._graphed import GraphedCallable
 from ._graphs import CUDAGraph
-from ._kernel import Kernel
-from ._native import native
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
 
@@ -352,188 +350,22 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 
 
 # ----------------------------------------------------------------------------
-# Building
+# Building (the machinery lives in _loop_build.py)
 # ----------------------------------------------------------------------------
 
 
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
            feed: dict) -> GraphedLoop:
-    source = graph._replay_source()
-    device = _driver.ensure_context(source.device)
     if k is None:
-        nodes = _introspect.node_count(_driver.driver().CUgraph(source.template))
-        k = default_unroll(max(1, nodes), even=bool(pairs))
-    for what, arrays in (("inputs", ins), ("outputs", outs), ("steps", (count,) if count is not None else ()),
-                         ("until", (until,) if until is not None else ())):
-        for a in arrays:
-            if a.device != device:
-                raise ValueError(f"{what}: an array is on device {a.device}, the step on device {device}")
-    dl = native("device_loop")
-    kernels = _control_kernels(device)
-    step_kernels = dict(source.kernels)
-    swap, copies, mode, ping_pong = 0, [], 0, "none" if not feed else "in place"
-    if pairs:
-        swap, why = dl.swap_variant(source.template, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], step_kernels)
-        if swap:
-            ping_pong = "swap"
-        else:
-            ping_pong, mode = f"copy: {why}", 1
-            copies = [(x.ptr, y.ptr, x.nbytes) for x, y in pairs]
-    own_count = count is None and fixed < 0
-    if own_count:
-        count = zeros((1,), np.int32)
-    remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
-    functions = [kernels[name]._handles_on(device)[-1] for name in _KERNEL_NAMES]
-    try:
-        template, conditionals = dl.build_loop(source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
-                                 until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr,
-                                 functions, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode)
-    finally:
-        dl.destroy_graph(swap)  # the loop's child nodes hold their own copies
-    loop_graph = _adopt(template, device, source, (count, remaining, done, until, owner, *ins, *outs),
-                        step_kernels, kernels, conditionals)
+        k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs))
+    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k)
     self = object.__new__(GraphedLoop)
-    self.graph, self.inputs, self.outputs = loop_graph, ins, outs
-    self.steps_run, self.count, self._count_is_own = done, count, own_count
+    self.graph, self.inputs, self.outputs = built.graph, ins, outs
+    self.steps_run, self.count, self._count_is_own = built.done, built.count, built.own_count
     self.steps = fixed if fixed >= 0 else None
-    self.unroll, self.feed, self.ping_pong = k, feed, ping_pong
-    self._until, self._remaining, self._step = until, remaining, owner
+    self.unroll, self.feed, self.ping_pong = k, feed, built.ping_pong
+    self._until, self._remaining, self._step = until, built.remaining, owner
     self._fn, self._lock = None, threading.Lock()
     self.__name__ = "graphed_loop"  # how jax.jit names the function
     return self
-
-
-def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: dict, kernels: dict,
-           conditionals: list) -> CUDAGraph:
-    """A :class:`CUDAGraph` owning the hand-built ``template`` (``keep_graph=True``), instantiated."""
-    g = CUDAGraph(keep_graph=True)
-    h = g._handles
-    h.device = device
-    h.graph = _driver.driver().CUgraph(template)
-    control = {}
-    for k in kernels.values():
-        for handle in k._handles_on(device):
-            control[int(handle)] = k._flags
-    h.inputs = CaptureInputs(keep=(*source.owners, *[a for a in keep if a is not None], *kernels.values()),
-                             kernels=tuple({**step_kernels, **control}.items()),
-                             conditionals=tuple((node, kind, tuple(bodies)) for node, kind, bodies in conditionals))
-    g._state = CaptureState.ENDED
-    g.instantiate()
-    return g
-
-
-# ----------------------------------------------------------------------------
-# Control kernels (NVRTC, once per process and device)
-# ----------------------------------------------------------------------------
-
-_KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_guard", "jaxgraph_loop_bits",
-                 "jaxgraph_loop_finalize")
-
-# cudaGraphSetConditional is declared here, as <cuda_device_runtime_api.h> declares it (a cudart
-# builtin: no device runtime to link), because that header includes crt/ headers that NVIDIA's
-# runtime wheel lacks. With NVRTC 13 the cubin is byte-identical to the one built with the header.
-CONTROL_SOURCE = r"""
-typedef unsigned long long u64;
-typedef u64 cudaGraphConditionalHandle;
-extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(cudaGraphConditionalHandle handle,
-                                                                                   unsigned int value);
-
-__device__ __forceinline__ int jg_flag(const void* until, int bytes) {
-  if (until == 0) return 0;
-  return bytes == 1 ? (*(const volatile unsigned char*)until != 0) : (*(const volatile int*)until != 0);
-}
-
-// R into `remaining`; `done` = R (no flag: every step will run) or 0; the flag cleared; the WHILE armed.
-extern "C" __global__ void jaxgraph_loop_init(int* remaining, int* done, const int* count, int fixed,
-                                              void* until, int until_bytes, int unroll, u64 h, int mode) {
-  int r = count ? *count : fixed;
-  if (r < 0) r = 0;
-  const int guarded = mode & 1;
-  *remaining = r;
-  *done = guarded ? 0 : r;
-  if (until) { if (until_bytes == 1) *(unsigned char*)until = 0; else *(int*)until = 0; }
-  if (mode & 2) cudaGraphSetConditional((cudaGraphConditionalHandle)h, guarded ? r > 0 : r >= unroll);
-}
-
-// End of a trip: another one while a full trip's steps remain (with a flag: while any remain, flag clear).
-extern "C" __global__ void jaxgraph_loop_tail(int* remaining, const void* until, int until_bytes, int unroll,
-                                              u64 h, int guarded) {
-  if (guarded) {
-    cudaGraphSetConditional((cudaGraphConditionalHandle)h, *remaining > 0 && !jg_flag(until, until_bytes));
-  } else {
-    int r = *remaining - unroll;
-    *remaining = r;
-    cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= unroll);
-  }
-}
-
-// Before a guarded step: run it (and count it) only while steps remain and the flag is clear.
-extern "C" __global__ void jaxgraph_loop_guard(int* remaining, int* done, const void* until, int until_bytes,
-                                               u64 h) {
-  int go = *remaining > 0 && !jg_flag(until, until_bytes);
-  if (go) { *remaining -= 1; *done += 1; }
-  cudaGraphSetConditional((cudaGraphConditionalHandle)h, go);
-}
-
-// After the trips (R read on the device): bit b of the remainder opens the IF of 2^b steps.
-extern "C" __global__ void jaxgraph_loop_bits(int* remaining, u64 h0, u64 h1, u64 h2, u64 h3, u64 h4, u64 h5,
-                                              u64 h6, u64 h7, int nbits) {
-  const u64 hs[8] = {h0, h1, h2, h3, h4, h5, h6, h7};
-  int r = *remaining;
-  *remaining = 0;
-  for (int b = 0; b < nbits; ++b) cudaGraphSetConditional((cudaGraphConditionalHandle)hs[b], (r >> b) & 1);
-}
-
-// After the loop, both buffers of a fed pair hold the result: mode 0 (ping-pong) copies the newer
-// over the older by the parity of the steps run; mode 1 (a copy after each step) only when none ran.
-extern "C" __global__ void jaxgraph_loop_finalize(unsigned char* x, unsigned char* y, u64 nbytes,
-                                                  const int* done, int mode) {
-  int n = *done;
-  const unsigned char* src = x;
-  unsigned char* dst = y;
-  if (mode == 0 && (n & 1)) { src = y; dst = x; }
-  if (mode == 1 && n > 0) return;
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if ((((u64)src | (u64)dst | nbytes) & 3) == 0) {
-    const unsigned* s = (const unsigned*)src;
-    unsigned* d = (unsigned*)dst;
-    for (u64 w = i; w < nbytes / 4; w += stride) d[w] = s[w];
-  } else {
-    for (u64 b = i; b < nbytes; b += stride) dst[b] = src[b];
-  }
-}
-"""
-
-_SIGNATURES = {
-    "jaxgraph_loop_init": "int* remaining, int* done, const int* count, int fixed, void* until, int until_bytes, "
-                          "int unroll, unsigned long long h, int mode",
-    "jaxgraph_loop_tail": "int* remaining, const void* until, int until_bytes, int unroll, unsigned long long h, "
-                          "int guarded",
-    "jaxgraph_loop_guard": "int* remaining, int* done, const void* until, int until_bytes, unsigned long long h",
-    "jaxgraph_loop_bits": "int* remaining, " + ", ".join(f"unsigned long long h{b}" for b in range(8)) + ", int nbits",
-    "jaxgraph_loop_finalize": "unsigned char* x, unsigned char* y, unsigned long long nbytes, const int* done, "
-                              "int mode",
-}
-
-_kernels: dict[int, dict[str, Kernel]] = {}
-_kernels_lock = threading.Lock()
-
-
-def control_kernels(arch: str | None = None) -> dict[str, Kernel]:
-    """The loop's control kernels compiled (not loaded) for ``arch``; CPU tests compile them this way."""
-    # No include path: the source needs no header, so no CUDA toolkit or header wheel either.
-    return {name: Kernel(CONTROL_SOURCE, name, {"include_path": []}, signature=_SIGNATURES[name], arch=arch)
-            for name in _KERNEL_NAMES}
-
-
-def _control_kernels(device: int) -> dict[str, Kernel]:
-    """The control kernels for ``device``, compiled and loaded once (they live as long as the process)."""
-    with _kernels_lock:
-        ks = _kernels.get(device)
-        if ks is None:
-            ks = _kernels[device] = control_kernels()
-            for k in ks.values():
-                k.handle  # load now, in this device's context
-        return ks

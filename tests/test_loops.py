@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _loops
+from jaxgraph import _loop_build, _loops
 
 N = 1000
 BLOCK = 256
@@ -286,8 +286,8 @@ def test_jit_command_buffer_settings(mode):
 
 
 def test_control_kernels_compile_for_sm90_without_a_device():
-    ks = _loops.control_kernels(arch="sm_90")
-    assert set(ks) == set(_loops._KERNEL_NAMES)
+    ks = _loop_build.control_kernels(arch="sm_90")
+    assert set(ks) == set(_loop_build._KERNEL_NAMES)
     assert all(len(k.cubin) > 0 for k in ks.values())
 
 
