@@ -29,6 +29,12 @@ from ._graphed import GraphedCallable as GraphedCallable
 from ._graphed import make_graphed_callables as make_graphed_callables
 from ._graphs import CUDAGraph as CUDAGraph
 from ._hooks import RemovableHandle as RemovableHandle
+from ._regions import IfElse as IfElse
+from ._regions import Switch as Switch
+from ._regions import if_else as if_else
+from ._regions import if_then as if_then
+from ._regions import switch as switch
+from ._regions import while_loop as while_loop
 from ._replay_codes import BindingMode as BindingMode
 from ._replay_codes import BufferBinding as BufferBinding
 from ._replay_codes import ReplayPath as ReplayPath

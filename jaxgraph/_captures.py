@@ -34,8 +34,10 @@ __all__ = [
     "CaptureInputs",
     "abort",
     "any_underway",
+    "attach",
     "begin",
     "capture_on",
+    "detach",
     "end",
     "note_operands",
     "pool_for",
@@ -69,10 +71,18 @@ class Capture:
     operands : list of (label, where, array)
         External operands in first-use order: the parameter name, what used it
         (``"kernel axpy"``), and the array (a DeviceArray).
+    regions : list
+        Conditional regions open now, innermost last (``_conditional.Region``).
+    conditionals : list of (int, str, tuple)
+        Every conditional node added: its address, kind and body graphs' addresses.
+    retained : list
+        Owners kept for embedded graphs (their pools and inputs).
+    broken : str or None
+        Why the capture can no longer end well (an exception escaped a region).
     """
 
     __slots__ = ("stream", "capture_id", "streams", "pool", "mode", "thread", "watch", "operands", "kernels",
-                 "_allocated", "_seen")
+                 "regions", "conditionals", "retained", "broken", "_allocated", "_seen")
 
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
@@ -84,6 +94,10 @@ class Capture:
         self.watch = watch
         self.operands: list[tuple[str, str, Any]] = []
         self.kernels: dict[int, str] = {}   # handle -> per-parameter flags (see note_kernel)
+        self.regions: list[Any] = []
+        self.conditionals: list[tuple[int, str, tuple]] = []
+        self.retained: list[Any] = []
+        self.broken: str | None = None
         self._allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
         self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
 
@@ -120,12 +134,14 @@ class Capture:
                 except TypeError:  # not weakly referenceable: keep it alive instead
                     pass
             keep.append(array.owner)
+        keep += [owner for owner in self.retained if not isinstance(owner, MemPool)]
         pools = [self.pool]
-        for owner in keep:
-            pool = owner.pool if isinstance(owner, Allocation) else None
+        for owner in keep + [p for p in self.retained if isinstance(p, MemPool)]:
+            pool = owner if isinstance(owner, MemPool) else owner.pool if isinstance(owner, Allocation) else None
             if pool is not None and all(p is not pool for p in pools):
-                pools.append(pool)  # an input from another graph's pool keeps that pool
-        return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()))
+                pools.append(pool)  # an input from another graph's pool (or an embedded graph's) keeps that pool
+        return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()),
+                             tuple(self.conditionals))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +159,17 @@ class CaptureInputs:
     kernels : tuple of (int, str)
         The jaxgraph kernels launched, by handle, with their parameter flags
         (see :meth:`Capture.note_kernel`).
+    conditionals : tuple of (int, str, tuple)
+        The conditional nodes of the graph (at any depth): node address, kind
+        (``"IF"``, ``"WHILE"``, ``"SWITCH"``) and body graph addresses. Empty
+        for a graph without branches or loops.
     """
 
     keep: tuple = ()
     watched: tuple = ()
     pools: tuple = ()
     kernels: tuple = ()
+    conditionals: tuple = ()
 
     def check_watched(self) -> None:
         """Raise naming the first watched input that was freed."""
@@ -229,7 +250,12 @@ def end(capture: Capture) -> Any:
 
 
 def abort(capture: Capture) -> None:
-    """End ``capture`` and discard what it recorded; never raises."""
+    """End ``capture`` and discard what it recorded (open regions first); never raises."""
+    for region in reversed(list(capture.regions)):
+        try:
+            region.discard()
+        except Exception:
+            pass
     try:
         _driver.ensure_context(capture.stream.device)
         drv = _driver.driver()
@@ -240,6 +266,29 @@ def abort(capture: Capture) -> None:
         pass
     finally:
         _unregister(capture)
+
+
+def attach(capture: Capture, stream: Any) -> int:
+    """Count ``stream`` (now capturing a conditional body of ``capture``) as part of it; return its capture id."""
+    key = _key(stream)
+    capture_id = _capture_id(stream)
+    with _lock:
+        capture.streams.add(key)
+        _by_stream[key] = capture
+        if capture_id:
+            _by_id[capture_id] = capture
+    return capture_id
+
+
+def detach(capture: Capture, stream: Any, capture_id: int) -> None:
+    """Undo :func:`attach` once the body capture on ``stream`` has ended."""
+    key = _key(stream)
+    with _lock:
+        capture.streams.discard(key)
+        if _by_stream.get(key) is capture:
+            del _by_stream[key]
+        if capture_id and _by_id.get(capture_id) is capture:
+            del _by_id[capture_id]
 
 
 def _unregister(capture: Capture) -> None:

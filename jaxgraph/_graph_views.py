@@ -18,11 +18,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["longest_chain", "render_dot", "summary_text", "to_dot"]
+__all__ = ["all_nodes", "longest_chain", "region_label", "render_dot", "summary_text", "to_dot"]
 
 # Fill colours by node type (kernels blue, copies orange, memsets green, memory nodes grey).
 _COLORS = {"kernel": "#d6e6f5", "memcpy": "#fbe3c4", "memset": "#dcefd0", "mem_alloc": "#e6e6e6",
-           "mem_free": "#e6e6e6", "child_graph": "#eadcf2", "host": "#f6d6d6"}
+           "mem_free": "#e6e6e6", "child_graph": "#eadcf2", "host": "#f6d6d6", "conditional": "#fff0b3"}
 
 
 def _same(name: str | None) -> str | None:
@@ -59,12 +59,16 @@ def summary_text(title: str, data: dict | None, pools: Sequence[Any] = (), exter
     counts = ", ".join(f"{c} {t}" for t, c in types.most_common())
     lines.append(f"  {len(nodes)} nodes ({counts or 'none'}), {len(edges)} dependencies, "
                  f"longest chain {longest_chain(len(nodes), edges)} nodes")
+    if any("conditional" in n for n in nodes):
+        lines.append("  conditional regions (node, kind: bodies):")
+        lines += _region_lines(nodes, "    ")
     kernels = collections.Counter(
         (_short(names(n["kernel_name"]) or "<unnamed>"), _dims(n["grid"]), _dims(n["block"]))
-        for n in nodes if n["node_type"] == "kernel")
+        for n in all_nodes(nodes) if n["node_type"] == "kernel")
     if kernels:
         width = max(len(name) for name, _, _ in kernels)
-        lines.append("  kernels (launches x name, grid, block):")
+        where = ", in the graph and its bodies" if len(list(all_nodes(nodes))) > len(nodes) else ""
+        lines.append(f"  kernels (launches x name, grid, block{where}):")
         lines += [f"    {c:>5} x {name:<{width}}  grid {grid}, block {block}"
                   for (name, grid, block), c in kernels.items()]
     for i, pool in enumerate(pools):
@@ -84,19 +88,25 @@ def to_dot(data: dict, title: str = "CUDA graph", names: Callable[[str | None], 
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
         '  edge [color="#555555"];',
     ]
-    for n in data["nodes"]:
-        kind = n["node_type"]
-        if kind == "kernel":
-            name = _short(names(n["kernel_name"]) or "<unnamed kernel>")
-            label = f"{name}\\ngrid {_dims(n['grid'])}, block {_dims(n['block'])}"
-        else:
-            label = kind.replace("_", " ")
-        color = _COLORS.get(kind, "#ffffff")
-        lines.append(f'  n{n["index"]} [label="#{n["index"]} {_escape(label, keep_newlines=True)}", '
-                     f'fillcolor="{color}"];')
-    lines += [f"  n{a} -> n{b};" for a, b in data["edges"]]
+    _dot_graph(data["nodes"], data["edges"], "", names, lines, "  ")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def all_nodes(nodes: Sequence[dict]) -> Any:
+    """Every node of a node list and of its conditional bodies, at every depth."""
+    for n in nodes:
+        yield n
+        for body in n.get("conditional", {}).get("bodies", ()):
+            yield from all_nodes(body["nodes"])
+
+
+def region_label(conditional: dict) -> str:
+    """``"WHILE"``, ``"IF"``, ``"IF/ELSE"``, ``"SWITCH of 3 cases"`` for a node's ``"conditional"`` entry."""
+    kind, count = conditional.get("kind") or "conditional", len(conditional.get("bodies", ()))
+    if kind == "IF" and count == 2:
+        return "IF/ELSE"
+    return f"SWITCH of {count} cases" if kind == "SWITCH" else kind
 
 
 def longest_chain(count: int, edges: Sequence[Sequence[int]]) -> int:
@@ -175,6 +185,64 @@ def render_dot(dot: str, path: Any, format: str | None = None) -> Path:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+def _body_names(conditional: dict) -> list[str]:
+    count = len(conditional.get("bodies", ()))
+    if conditional.get("kind") == "SWITCH":
+        return [f"case {i}" for i in range(count)]
+    if count == 2:
+        return ["then", "else"]
+    return ["body"] * count
+
+
+def _region_lines(nodes: Sequence[dict], indent: str) -> list[str]:
+    """One line per conditional node, its bodies' contents, nested regions indented below."""
+    lines = []
+    for n in nodes:
+        cond = n.get("conditional")
+        if cond is None:
+            continue
+        parts = []
+        for name, body in zip(_body_names(cond), cond["bodies"]):
+            types = collections.Counter(b["node_type"] for b in body["nodes"])
+            count = len(body["nodes"])
+            inside = f" ({', '.join(f'{c} {t}' for t, c in types.most_common())})" if count else ""
+            parts.append(f"{name} {count} node{'s' if count != 1 else ''}{inside}")
+        lines.append(f"{indent}#{n['index']} {region_label(cond)}: {'; '.join(parts) or 'no bodies'}")
+        for body in cond["bodies"]:
+            lines += _region_lines(body["nodes"], indent + "  ")
+    return lines
+
+
+def _dot_graph(nodes: Sequence[dict], edges: Sequence, prefix: str, names: Callable, lines: list,
+               indent: str) -> None:
+    """DOT statements for one graph; each conditional body becomes a dashed cluster beside its node."""
+    for n in nodes:
+        kind, ident = n["node_type"], f"{prefix}n{n['index']}"
+        if kind == "kernel":
+            name = _short(names(n["kernel_name"]) or "<unnamed kernel>")
+            label = f"{name}\\ngrid {_dims(n['grid'])}, block {_dims(n['block'])}"
+        elif "conditional" in n:
+            label = region_label(n["conditional"])
+        else:
+            label = kind.replace("_", " ")
+        color = _COLORS.get(kind, "#ffffff")
+        lines.append(f'{indent}{ident} [label="#{n["index"]} {_escape(label, keep_newlines=True)}", '
+                     f'fillcolor="{color}"];')
+        cond = n.get("conditional")
+        for b, (name, body) in enumerate(zip(_body_names(cond or {}), (cond or {}).get("bodies", ()))):
+            cluster = f"{ident}_b{b}"
+            lines.append(f'{indent}subgraph cluster_{cluster} {{')
+            lines.append(f'{indent}  label="{_escape(region_label(cond).split(" of ")[0])} {name}"; style="rounded,dashed"; '
+                         'color="#999999";')
+            if not body["nodes"]:
+                lines.append(f'{indent}  {cluster}_n0 [label="(empty)", shape=plaintext, style=""];')
+            _dot_graph(body["nodes"], body["edges"], f"{cluster}_", names, lines, indent + "  ")
+            lines.append(f"{indent}}}")
+            entries = [m["index"] for m in body["nodes"] if not m["dependencies"]] or [0]
+            lines += [f'{indent}{ident} -> {cluster}_n{i} [style=dashed];' for i in entries]
+    lines += [f"{indent}{prefix}n{a} -> {prefix}n{b};" for a, b in edges]
 
 
 def _dims(dims: Sequence[int] | None) -> str:

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from . import _captures, _driver, _introspect, _memory
+from . import _captures, _conditional, _driver, _introspect, _memory
 from ._driver import CudaError
 from ._generator import Generator
 from ._graph_handles import CaptureState, GraphHandles, require_capturing, require_ended
@@ -27,6 +27,7 @@ from ._hooks import GraphHookMethods, GraphHooks, RemovableHandle, fire_destroy
 from ._introspect import GraphIntrospection
 from ._memory import MemPool, PoolHandle
 from ._native import native
+from ._regions import ConditionalMethods
 from ._stream import Stream, current_stream
 
 __all__ = ["CUDAGraph", "ReplaySource"]
@@ -50,7 +51,7 @@ def _graph_launch() -> Callable[[int, int], int]:
 _native_graph_launch: Callable[[int, int], int] | None = None
 
 
-class CUDAGraph(GraphHookMethods, GraphIntrospection):
+class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
     """Wrapper around a CUDA graph, as ``torch.cuda.CUDAGraph``.
 
     Parameters
@@ -222,10 +223,22 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         first. Replay-start hooks run before the launch, replay-end hooks
         after it, even when the launch raises.
 
+        Called while the current stream captures into a jaxgraph graph (also
+        inside a conditional region), it launches nothing: it adds a copy of
+        this graph as a child-graph node of that capture (CUDA cannot launch
+        a graph into a capturing stream), which keeps this graph's memory and
+        inputs alive. That is how a captured step repeats inside a WHILE
+        body. Hooks do not run then.
+
         Raises ``RuntimeError`` if nothing was captured, or (with
         ``check_input_liveness``) if an external input of the capture was freed.
         """
         h = self._handles
+        if _captures.any_underway():
+            capture = _captures.capture_on(current_stream(h.device))
+            if capture is not None:
+                require_ended(self._state, "replay")
+                return _conditional.embed(h, current_stream(h.device), capture)
         if h.graph_exec is None:
             require_ended(self._state, "replay")
             self.instantiate()
@@ -310,9 +323,9 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection):
         if template is None or self._state is not CaptureState.ENDED:
             raise RuntimeError(f"this CUDAGraph holds no captured graph ({self._state.value}); "
                                "capture it before replaying it inside jax.jit")
+        bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
         return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep, h.inputs.kernels,
-                            self.register_destroy_callback, bodies=tuple(getattr(h, "bodies", ())),
-                            exec=h.exec_address, holder=self)
+                            self.register_destroy_callback, bodies=bodies, exec=h.exec_address, holder=self)
 
     # -- internals --------------------------------------------------------------
 
@@ -343,8 +356,8 @@ class ReplaySource:
         ``register_destroy_callback`` of the graph: called when it is reset or collected.
     bodies : tuple of int
         The ``CUgraph`` of every conditional-node body the capture made, nested
-        ones too (``GraphHandles.bodies``), so replay inside jit can bind the
-        kernels inside them on drivers that cannot list a node's bodies.
+        ones too (``CaptureInputs.conditionals``), so replay inside jit can bind
+        the kernels inside them on drivers that cannot list a node's bodies.
     exec : int
         Address of the graph's executable (0 if none): CUDA may allow only one
         executable of a graph with conditional nodes, and replay then shares it.
@@ -388,6 +401,11 @@ def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
     h = self._handles
     capture = h.capture
     stream = capture.stream
+    if capture.regions or capture.broken:
+        problem = (f"{capture.regions[-1].describe()} is still open: close it (end_capture_to_conditional_node(), "
+                   "or leave its `with` block) before the capture ends" if capture.regions else capture.broken)
+        self._abort_capture()
+        raise RuntimeError(f"capture_end: {problem}. The capture was discarded; the graph can capture again")
     if capture.mode != "relaxed" and threading.get_ident() != capture.thread:
         raise RuntimeError(f"capture_end: a capture begun with capture_error_mode={capture.mode!r} must end "
                            "on the thread that began it; use 'relaxed' to end it from another thread")

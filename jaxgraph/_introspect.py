@@ -23,7 +23,7 @@ from ._driver import check
 from ._graph_handles import CaptureState, GraphHandles, require_ended
 from ._kernel import kernel_display_name
 
-__all__ = ["GraphIntrospection", "dump_dot", "graph_data", "node_count"]
+__all__ = ["GraphIntrospection", "dump_dot", "graph_data", "nested_node_count", "node_count"]
 
 _NODE_TYPE_NAMES = {
     "KERNEL": "kernel",
@@ -116,13 +116,19 @@ class GraphIntrospection:
         ``nodes``: they tell a true dependency from one a profile shows only
         because independent streams shared a hardware queue. ``"ids"`` is
         ``"jaxgraph"`` when the driver predates CUDA 13.1's id queries.
+
+        A conditional node (``node_type`` ``"conditional"``, from
+        :func:`~jaxgraph.if_then` and friends) also has ``"conditional":
+        {"kind": "IF" | "WHILE" | "SWITCH", "bodies": [{"nodes": [...],
+        "edges": [...]}, ...]}``: one entry per body (an IF/ELSE node is an IF
+        with two), described like the graph itself, nested regions included.
         """
         h_graph = self._live_template("get_graph_data")
         h = self._handles
         if h.graph_exec is None:
             raise RuntimeError("get_graph_data: the graph is not instantiated yet; call instantiate() first")
         _driver.ensure_context(h.device)
-        return graph_data(h_graph, h.graph_exec, h.exec_serial)
+        return graph_data(h_graph, h.graph_exec, h.exec_serial, h.inputs.conditionals)
 
     # -- summaries and pictures (jaxgraph's own; work after keep_graph=False too) --
 
@@ -163,6 +169,19 @@ class GraphIntrospection:
         """
         return _graph_views.render_dot(self.to_dot(), path, format)
 
+    def node_count(self, nested: bool = True) -> int:
+        """Number of nodes in the captured graph.
+
+        With ``nested`` (default), nodes inside conditional bodies count too, at
+        every depth (a child-graph node counts as one). Needs no ``keep_graph=True``;
+        raises ``RuntimeError`` before a capture has ended.
+        """
+        require_ended(self._state, "node_count")
+        if not nested:
+            _driver.ensure_context(self._handles.device)
+            return node_count(self._handles.template)
+        return nested_node_count(self._layout())
+
     def __str__(self) -> str:
         try:
             return self.summary()
@@ -173,7 +192,7 @@ class GraphIntrospection:
         """``graph_data`` of the live template, public or private (the graph must be captured)."""
         h = self._handles
         _driver.ensure_context(h.device)
-        return graph_data(h.template, h.graph_exec, h.exec_serial)
+        return graph_data(h.template, h.graph_exec, h.exec_serial, h.inputs.conditionals)
 
     def _live_template(self, what: str) -> Any:
         if self._handles.graph is not None:
@@ -190,33 +209,32 @@ class GraphIntrospection:
 # ----------------------------------------------------------------------------
 
 
-def graph_data(h_graph: Any, h_graph_exec: Any, fallback_exec_id: int) -> dict:
+def graph_data(h_graph: Any, h_graph_exec: Any, fallback_exec_id: int, conditionals: tuple = ()) -> dict:
     """Describe ``h_graph``'s nodes and edges, with ids remapped to ``h_graph_exec``.
 
     Returns the dictionary documented in :meth:`CUDAGraph.get_graph_data`.
     ``fallback_exec_id`` names the exec graph when the driver cannot (or when
-    ``h_graph_exec`` is ``None``: not instantiated yet).
+    ``h_graph_exec`` is ``None``: not instantiated yet). ``conditionals``
+    (``CaptureInputs.conditionals``) says what jaxgraph knows of the graph's
+    conditional nodes, for drivers that cannot describe them (before CUDA 13.2).
     """
     drv = _driver.driver()
-    nodes = _graph_nodes(h_graph)
-    position = {int(node): i for i, node in enumerate(nodes)}
     driver_exec_id = _optional(drv, "cuGraphExecGetId", h_graph_exec) if h_graph_exec is not None else None
     exec_id = int(driver_exec_id) if driver_exec_id is not None else int(fallback_exec_id)
-    infos = [_node_info(drv, i, node, exec_id) for i, node in enumerate(nodes)]
-    edges = []
-    for src, dst in _graph_edges(h_graph):
-        a, b = position.get(int(src)), position.get(int(dst))
-        if a is None or b is None:
-            continue
-        infos[a]["dependents"].append(b)
-        infos[b]["dependencies"].append(a)
-        edges.append([a, b])
+    known = {node: (kind, bodies) for node, kind, bodies in conditionals}
+    infos, edges = _describe(drv, h_graph, exec_id, known)
     return {
         "exec_graph_id": exec_id,
         "nodes": infos,
         "edges": edges,
         "ids": "driver" if driver_exec_id is not None else "jaxgraph",
     }
+
+
+def nested_node_count(data: dict) -> int:
+    """Nodes of a ``graph_data`` result, counting those in conditional bodies at every depth."""
+    return sum(1 + sum(nested_node_count(body) for body in n["conditional"]["bodies"]) if "conditional" in n else 1
+               for n in data["nodes"])
 
 
 def dump_dot(h_graph: Any, path: Any, verbose: bool) -> None:
@@ -257,7 +275,37 @@ def _graph_edges(h_graph: Any) -> list:
     return list(zip(list(sources)[:count], list(targets)[:count]))
 
 
-def _node_info(drv: Any, index: int, node: Any, exec_id: int) -> dict:
+def _describe(drv: Any, h_graph: Any, exec_id: int, known: dict) -> tuple[list, list]:
+    """``(nodes, edges)`` of one graph (a conditional node's bodies described inside its entry)."""
+    nodes = _graph_nodes(h_graph)
+    position = {int(node): i for i, node in enumerate(nodes)}
+    infos = [_node_info(drv, i, node, exec_id, known) for i, node in enumerate(nodes)]
+    edges = []
+    for src, dst in _graph_edges(h_graph):
+        a, b = position.get(int(src)), position.get(int(dst))
+        if a is None or b is None:
+            continue
+        infos[a]["dependents"].append(b)
+        infos[b]["dependencies"].append(a)
+        edges.append([a, b])
+    return infos, edges
+
+
+def _conditional_info(drv: Any, node: Any, exec_id: int, known: dict) -> dict:
+    """``{"kind": "IF"/"WHILE"/"SWITCH", "bodies": [{"nodes", "edges"}, ...]}`` of a conditional node."""
+    kind, bodies = known.get(int(node), (None, ()))
+    bodies = [drv.CUgraph(b) for b in bodies]
+    if kind is None:  # not made by jaxgraph: ask the driver (CUDA 13.2 and newer can say)
+        params = _optional(drv, "cuGraphNodeGetParams", node)
+        if params is not None:
+            cond = params.conditional
+            kind = getattr(cond.type, "name", str(cond.type)).replace("CU_GRAPH_COND_TYPE_", "")
+            bodies = list(cond.phGraph_out)[: int(cond.size)]
+    described = [_describe(drv, body, exec_id, known) for body in bodies]
+    return {"kind": kind, "bodies": [{"nodes": n, "edges": e} for n, e in described]}
+
+
+def _node_info(drv: Any, index: int, node: Any, exec_id: int, known: dict) -> dict:
     """One entry of ``get_graph_data()["nodes"]``."""
     node_type = check(drv.cuGraphNodeGetType(node), "cuGraphNodeGetType")
     tools_id = _optional(drv, "cuGraphNodeGetToolsId", node)
@@ -281,6 +329,8 @@ def _node_info(drv: Any, index: int, node: Any, exec_id: int) -> dict:
     }
     if node_type == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
         info["kernel_name"], info["grid"], info["block"] = _kernel_info(drv, node)
+    elif node_type == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL:
+        info["conditional"] = _conditional_info(drv, node, exec_id, known)
     return info
 
 

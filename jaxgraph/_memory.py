@@ -122,6 +122,8 @@ class MemPool:
         self._lock = threading.Lock()
         self._free: dict[int, list[int]] = {}   # rounded size -> free block addresses
         self._blocks: dict[int, int] = {}       # address -> rounded size (every block owned)
+        self._holds = 0                         # conditional regions open in captures into this pool
+        self._set_aside: list[int] = []         # blocks released while a region was open
         _pools[self.id] = self
 
     @property
@@ -154,8 +156,33 @@ class MemPool:
     def _release(self, ptr: int, nbytes: int) -> None:
         with self._lock:
             size = self._blocks.get(ptr)
-            if size is not None:
+            if size is None:
+                return
+            if self._holds:
+                self._set_aside.append(ptr)
+            else:
                 self._free.setdefault(size, []).append(ptr)
+
+    def _hold_reuse(self) -> None:
+        """A conditional region opened: blocks freed from now on wait until it closes.
+
+        A WHILE body runs its nodes again after later ones: a block freed inside
+        (or before) the loop and handed to a later allocation of the same body
+        would be overwritten while an earlier node of the next trip still reads
+        it. Freed blocks therefore return to the pool only once the outermost
+        region has closed, after which every later node runs after the whole loop.
+        """
+        with self._lock:
+            self._holds += 1
+
+    def _release_reuse(self) -> None:
+        """Undo one :meth:`_hold_reuse`; the last one returns the set-aside blocks."""
+        with self._lock:
+            self._holds -= 1
+            if self._holds == 0:
+                for ptr in self._set_aside:
+                    self._free.setdefault(self._blocks[ptr], []).append(ptr)
+                self._set_aside.clear()
 
     def __del__(self) -> None:
         blocks = getattr(self, "_blocks", None)

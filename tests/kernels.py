@@ -32,3 +32,28 @@ extern "C" __global__ void scalars(double* out, signed char a, unsigned short b,
   out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
 }
 """
+
+# Conditional-node tests: loop bookkeeping done by the graph's own kernels.
+CONDITIONAL = r"""
+extern "C" __global__ void add_inplace(float* y, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a;
+}
+
+// One trip of a counted loop: counter[0] += 1, remaining[0] -= 1 (one thread).
+extern "C" __global__ void count_down(int* remaining, int* counter) {
+  counter[0] += 1;
+  remaining[0] -= 1;
+}
+
+// flag[0] = remaining[0] is even (one thread).
+extern "C" __global__ void is_even(bool* flag, const int* remaining) {
+  flag[0] = (remaining[0] % 2) == 0;
+}
+
+// history[row[0] * n + i] = x[i]
+extern "C" __global__ void store_row(float* history, const float* x, const int* row, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) history[(long long)row[0] * n + i] = x[i];
+}
+"""

@@ -1,0 +1,386 @@
+"""Branches and loops inside a capture (CUDA conditional nodes), on the GPU.
+
+Every graph is replayed several times with the predicate changed between
+replays from the host, and every result is checked against numpy on fresh
+random inputs, with outputs poisoned (NaN) first.
+"""
+
+import numpy as np
+import pytest
+
+import jaxgraph
+from graph_support import blocks, load_kernels, poison, ref_uniform
+from kernels import CONDITIONAL
+
+pytestmark = pytest.mark.gpu
+
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def k():
+    ks = load_kernels()
+    for name in ("add_inplace", "count_down", "is_even", "store_row"):
+        kernel = jaxgraph.Kernel(CONDITIONAL, name)
+        kernel.handle  # noqa: B018 - load before any capture
+        setattr(ks, name, kernel)
+    return ks
+
+
+def device(values, dtype):
+    return jaxgraph.asarray(np.asarray(values, dtype=dtype))
+
+
+def set_value(array, value):
+    """Change a one-element predicate between replays (a host copy, outside any capture)."""
+    array.copy_(np.asarray([value], dtype=array.dtype))
+
+
+# ----------------------------------------------------------------------------
+# IF, IF/ELSE, SWITCH
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32])
+def test_if_runs_only_where_the_predicate_holds(k, rng, dtype):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    pred = device([1], dtype)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        with jaxgraph.if_then(pred):
+            k.axpb[blocks(N), 256](y, x, np.float32(3.0), np.float32(1.0), N)
+    values = [1, 0, 1, 1, 0] if dtype is np.bool_ else [7, 0, -2, 1, 0]
+    for value in values:
+        set_value(pred, value)
+        poison(y)
+        g.replay()
+        got = y.numpy()
+        if value:
+            np.testing.assert_allclose(got, 3 * x.numpy() + 1, rtol=1e-6)
+        else:
+            assert np.isnan(got).all(), f"IF body ran with predicate {value}"
+
+
+def test_if_else_takes_each_branch(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    pred = device([True], np.bool_)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        with jaxgraph.if_else(pred) as branch:
+            with branch.then:
+                k.scale[blocks(N), 256](y, x, np.float32(2.0), N)
+            with branch.otherwise:
+                k.axpb[blocks(N), 256](y, x, np.float32(-1.0), np.float32(0.5), N)
+    for value in (True, False, False, True):
+        set_value(pred, value)
+        poison(y)
+        g.replay()
+        want = 2 * x.numpy() if value else 0.5 - x.numpy()
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
+
+
+def test_if_else_with_pytorch_names(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    pred = device([0], np.int32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        g.begin_capture_to_if_else_node(pred)
+        k.scale[blocks(N), 256](y, x, np.float32(4.0), N)
+        g.begin_capture_to_next_conditional_body()
+        k.scale[blocks(N), 256](y, x, np.float32(-3.0), N)
+        g.end_capture_to_conditional_node()
+        k.axpb[blocks(N), 256](y, y, np.float32(1.0), np.float32(1.0), N)  # after the node, always
+    for value in (0, 5, 0):
+        set_value(pred, value)
+        poison(y)
+        g.replay()
+        np.testing.assert_allclose(y.numpy(), (4.0 if value else -3.0) * x.numpy() + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("api", ["context", "pytorch"])
+def test_switch_runs_the_indexed_case(k, rng, api):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    index = device([0], np.int32)
+    factors = (2.0, -1.0, 0.25)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        if api == "context":
+            with jaxgraph.switch(index, 3) as cases:
+                for i in (0, 2):  # case 1 left out: it does nothing
+                    with cases[i]:
+                        k.scale[blocks(N), 256](y, x, np.float32(factors[i]), N)
+        else:
+            g.begin_capture_to_switch_node(index, 3)
+            for i in range(3):
+                if i:
+                    g.begin_capture_to_next_conditional_body()
+                if i != 1:
+                    k.scale[blocks(N), 256](y, x, np.float32(factors[i]), N)
+            g.end_capture_to_conditional_node()
+    for value in (2, 0, 1, 3, -1, 0):
+        set_value(index, value)
+        poison(y)
+        g.replay()
+        got = y.numpy()
+        if value in (0, 2):
+            np.testing.assert_allclose(got, factors[value] * x.numpy(), rtol=1e-6)
+        else:
+            assert np.isnan(got).all(), f"a SWITCH case ran for index {value}"
+
+
+# ----------------------------------------------------------------------------
+# WHILE, nesting, embedding
+# ----------------------------------------------------------------------------
+
+
+def counted_loop(k, x, y, remaining, counter):
+    """Capture ``y = x; while remaining: y += 1; counter += 1; remaining -= 1``."""
+    y.copy_(x)
+    counter.fill_(0)
+    with jaxgraph.while_loop(remaining):
+        k.add_inplace[blocks(N), 256](y, np.float32(1.0), N)
+        k.count_down[1, 1](remaining, counter)
+
+
+def test_while_runs_as_many_trips_as_the_device_says(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    remaining, counter = device([0], np.int32), device([-5], np.int32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        counted_loop(k, x, y, remaining, counter)
+    for trips in (5, 0, 1, int(rng.integers(20, 60))):
+        set_value(remaining, trips)
+        poison(y)
+        g.replay()
+        assert counter.numpy()[0] == trips
+        assert remaining.numpy()[0] == 0
+        np.testing.assert_allclose(y.numpy(), x.numpy() + trips, rtol=1e-5)
+
+
+def test_if_inside_while(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    remaining, counter = device([0], np.int32), device([0], np.int32)
+    even = device([False], np.bool_)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        y.copy_(x)
+        counter.fill_(0)
+        with jaxgraph.while_loop(remaining):
+            k.count_down[1, 1](remaining, counter)
+            k.is_even[1, 1](even, remaining)
+            with jaxgraph.if_then(even):
+                k.add_inplace[blocks(N), 256](y, np.float32(1.0), N)
+    for trips in (7, 4, 0):
+        set_value(remaining, trips)
+        poison(y)
+        g.replay()
+        taken = sum(1 for r in range(trips - 1, -1, -1) if r % 2 == 0)
+        assert counter.numpy()[0] == trips
+        np.testing.assert_allclose(y.numpy(), x.numpy() + taken, rtol=1e-5)
+
+
+def test_while_inside_while(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    outer, inner = device([0], np.int32), device([0], np.int32)
+    outer_count, inner_count = device([0], np.int32), device([0], np.int32)
+    inner_trips = int(rng.integers(2, 6))
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        y.copy_(x)
+        outer_count.fill_(0)
+        inner_count.fill_(0)
+        with jaxgraph.while_loop(outer):
+            inner.fill_(np.int32(inner_trips))  # a memset node in the outer body
+            with jaxgraph.while_loop(inner):
+                k.add_inplace[blocks(N), 256](y, np.float32(0.5), N)
+                k.count_down[1, 1](inner, inner_count)
+            k.count_down[1, 1](outer, outer_count)
+    for trips in (3, 0, 6):
+        set_value(outer, trips)
+        poison(y)
+        g.replay()
+        assert outer_count.numpy()[0] == trips
+        assert inner_count.numpy()[0] == trips * inner_trips
+        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.5 * trips * inner_trips, rtol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_captured_step_embedded_in_a_while_body(k, rng, unroll):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    step = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(step):
+        k.axpb[blocks(N), 256](y, y, np.float32(1.0), np.float32(0.25), N)   # y += 0.25
+    remaining, counter = device([0], np.int32), device([0], np.int32)
+    loop = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(loop):
+        y.copy_(x)
+        counter.fill_(0)
+        with jaxgraph.while_loop(remaining):
+            for _ in range(unroll):
+                step.replay()   # embeds the step: a child-graph node
+            k.count_down[1, 1](remaining, counter)
+    assert loop.node_count(nested=False) == 4   # copy, memset, set-condition kernel, WHILE
+    assert loop.node_count() == 4 + unroll + 2  # body: the steps, count_down, the re-test kernel
+    for trips in (3, 0, 10):
+        set_value(remaining, trips)
+        poison(y)
+        loop.replay()
+        assert counter.numpy()[0] == trips
+        np.testing.assert_allclose(y.numpy(), x.numpy() + 0.25 * unroll * trips, rtol=1e-5, atol=1e-6)
+    y.copy_(x)
+    step.replay()    # the step itself still replays on its own
+    np.testing.assert_allclose(y.numpy(), x.numpy() + 0.25, rtol=1e-6, atol=1e-6)
+
+
+def test_generator_in_a_while_body_matches_eager_draws(k, rng):
+    seed, n, trips = int(rng.integers(0, 2**63)), 513, 6
+    gen = jaxgraph.Generator(seed)
+    tmp = jaxgraph.empty(n)
+    history = jaxgraph.empty(2 * trips * n)
+    remaining, row = device([0], np.int32), device([0], np.int32)
+    g = jaxgraph.CUDAGraph()
+    g.register_generator_state(gen)
+    with jaxgraph.graph(g):
+        with jaxgraph.while_loop(remaining):
+            gen.uniform(tmp)
+            k.store_row[blocks(n), 256](history, tmp, row, n)
+            k.count_down[1, 1](remaining, row)     # row counts up, remaining down
+    poison(history)
+    for _ in range(2):          # the second replay continues the sequence
+        set_value(remaining, trips)
+        g.replay()
+    got = history.numpy().reshape(2 * trips, n)
+    assert gen.get_offset() == 2 * trips
+    eager = jaxgraph.Generator(seed)
+    out = jaxgraph.empty(n)
+    for draw in range(2 * trips):
+        np.testing.assert_array_equal(got[draw], eager.uniform(out).numpy())
+        np.testing.assert_array_equal(got[draw], ref_uniform(seed, draw, n))
+    assert len({got[i].tobytes() for i in range(2 * trips)}) == 2 * trips
+
+
+def test_allocation_inside_a_body_comes_from_the_pool_and_is_not_reused_early(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    remaining, counter = device([0], np.int32), device([0], np.int32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        y.copy_(x)
+        with jaxgraph.while_loop(remaining):
+            t = jaxgraph.empty(N)                         # from the graph's pool: no memory node
+            k.axpb[blocks(N), 256](t, y, np.float32(2.0), np.float32(1.0), N)
+            y.copy_(t)
+            freed = t.ptr
+            del t
+            u = jaxgraph.empty(N)
+            assert u.ptr != freed, "a block freed inside a loop body was reused while the loop can still run"
+            k.scale[blocks(N), 256](u, y, np.float32(1.0), N)
+            k.count_down[1, 1](remaining, counter)
+    for trips in (1, 4):
+        set_value(remaining, trips)
+        poison(y)
+        g.replay()
+        want = x.numpy().astype(np.float64)
+        for _ in range(trips):
+            want = 2 * want + 1
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+    assert "mem_alloc" not in g.summary()
+
+
+# ----------------------------------------------------------------------------
+# Introspection and errors on the device
+# ----------------------------------------------------------------------------
+
+
+def test_regions_show_in_summary_dot_and_graph_data(k, rng):
+    x = device(rng.standard_normal(N), np.float32)
+    y = jaxgraph.empty(N)
+    remaining, counter, flag = device([2], np.int32), device([0], np.int32), device([True], np.bool_)
+    g = jaxgraph.CUDAGraph(keep_graph=True)
+    with jaxgraph.graph(g):
+        with jaxgraph.while_loop(remaining):
+            k.count_down[1, 1](remaining, counter)
+            with jaxgraph.if_then(flag):
+                k.scale[blocks(N), 256](y, x, np.float32(2.0), N)
+    g.instantiate()
+    print(g)
+    data = g.get_graph_data()
+    loops = [n for n in data["nodes"] if n["node_type"] == "conditional"]
+    assert len(loops) == 1 and loops[0]["conditional"]["kind"] == "WHILE"
+    body = loops[0]["conditional"]["bodies"][0]["nodes"]
+    ifs = [n for n in body if n["node_type"] == "conditional"]
+    assert len(ifs) == 1 and ifs[0]["conditional"]["kind"] == "IF"
+    inner = ifs[0]["conditional"]["bodies"][0]["nodes"]
+    assert [n["kernel_name"] for n in inner] == ["scale"]
+    assert "WHILE" in str(g) and "IF" in str(g)
+    dot = g.to_dot()
+    assert "cluster_" in dot and "WHILE body" in dot and "IF body" in dot
+    assert g.node_count() == g.node_count(nested=False) + len(body) + len(inner)
+    g.replay()
+    np.testing.assert_allclose(y.numpy(), 2 * x.numpy(), rtol=1e-6)
+    assert counter.numpy()[0] == 2
+
+
+def test_a_region_left_open_discards_the_capture(k):
+    pred = device([1], np.int32)
+    out, x = device([-1.0], np.float32), device([2.0], np.float32)
+    g = jaxgraph.CUDAGraph()
+    before = jaxgraph.current_stream()
+    with pytest.raises(RuntimeError, match="WHILE region opened by begin_capture_to_while_node .* still open"):
+        with jaxgraph.graph(g):
+            g.begin_capture_to_while_node(pred)
+    assert jaxgraph.current_stream() == before
+    assert not jaxgraph.is_current_stream_capturing()
+    with jaxgraph.graph(g):      # the graph captures again
+        k.scale[1, 1](out, x, np.float32(3.0), 1)
+    g.replay()
+    assert out.numpy()[0] == 6.0
+
+
+def test_an_exception_inside_a_region_discards_cleanly(k):
+    pred = device([1], np.int32)
+    g = jaxgraph.CUDAGraph()
+    before = jaxgraph.current_stream()
+    with pytest.raises(KeyError):
+        with jaxgraph.graph(g):
+            with jaxgraph.while_loop(pred):
+                with jaxgraph.if_then(pred):
+                    raise KeyError("boom")
+    assert jaxgraph.current_stream() == before
+    assert not jaxgraph.is_current_stream_capturing()
+    g2 = jaxgraph.CUDAGraph()
+    with pytest.raises(RuntimeError, match="ValueError raised inside the IF region"):
+        with jaxgraph.graph(g2):
+            try:
+                with jaxgraph.if_then(pred):
+                    raise ValueError("caught inside the capture")
+            except ValueError:
+                pass
+    assert not jaxgraph.is_current_stream_capturing()
+
+
+def test_region_state_errors(k):
+    pred, two, flag = device([1], np.int32), device([1, 1], np.int32), device([True], np.bool_)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        with pytest.raises(RuntimeError, match="no conditional region is open"):
+            g.end_capture_to_conditional_node()
+        g.begin_capture_to_if_node(pred)
+        with pytest.raises(RuntimeError, match="has 1 body and its last"):
+            g.begin_capture_to_next_conditional_body()
+        g.end_capture_to_conditional_node()
+        with pytest.raises(ValueError, match="exactly one element"):
+            g.begin_capture_to_if_node(two)
+        with pytest.raises(TypeError, match="int32"):
+            g.begin_capture_to_switch_node(flag, 2)
+    with pytest.raises(RuntimeError, match="no jaxgraph capture is underway"):
+        with jaxgraph.while_loop(pred):
+            pass
