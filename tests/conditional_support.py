@@ -23,24 +23,27 @@ BLOCK = 256
 GRID = (N + BLOCK - 1) // BLOCK
 
 KERNELS = r"""
-#include <cuda_device_runtime_api.h>
+// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
+// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
+                                                                                 unsigned int value);
 
 // The condition of `handle` from a device value: a predicate, a switch index, a trip count.
 extern "C" __global__ void set_condition(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, (unsigned int)value[0]);
+  cudaGraphSetConditional(handle, (unsigned int)value[0]);
 }
 
 // Before a WHILE node: n trips (clamped, so a wrong binding cannot hang the GPU).
 extern "C" __global__ void start_count(unsigned long long handle, int* counter, const int* n) {
   int trips = min(max(n[0], 0), 64);
   counter[0] = trips;
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, trips > 0 ? 1u : 0u);
+  cudaGraphSetConditional(handle, trips > 0 ? 1u : 0u);
 }
 
 // One WHILE trip done: count down, loop again while trips are left.
 extern "C" __global__ void count_down(unsigned long long handle, int* counter) {
   int left = --counter[0];
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, left > 0 ? 1u : 0u);
+  cudaGraphSetConditional(handle, left > 0 ? 1u : 0u);
 }
 
 // A loop flag written by kernels, for the capture API's WHILE regions.
