@@ -166,6 +166,14 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
 # ----------------------------------------------------------------------------
 
 
+def ref_if_else(xv, p):
+    return 2 * xv + 1 if p[0] else -xv
+
+
+def ref_while(xv, nv):
+    return np.float32(nv[0]) * xv
+
+
 def if_else_graph(k):
     """y = 2x + 1 if pred else -x: an IF/ELSE node whose predicate is a device input."""
     x, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
@@ -181,10 +189,7 @@ def if_else_graph(k):
         with cond.body(otherwise) as b:
             cond.launch(k.axpb, b, y, x, -1.0, 0.0, N)
 
-    def ref(xv, p):
-        return 2 * xv + 1 if p[0] else -xv
-
-    return g, cond, [x, pred], [y], ref
+    return g, cond, [x, pred], [y], ref_if_else
 
 
 def while_graph(k):
@@ -203,10 +208,7 @@ def while_graph(k):
             cond.launch(k.accumulate, b, y, x, N)
             cond.launch(k.count_down, b, h, counter, grid=1, block=1)
 
-    def ref(xv, nv):
-        return np.float32(nv[0]) * xv
-
-    return g, cond, [x, n], [y], ref
+    return g, cond, [x, n], [y], ref_while
 
 
 def nested_graph(k):
@@ -273,10 +275,7 @@ def user_if_graph(k):
         with jaxgraph.if_then(pred):
             k.axpb[GRID, BLOCK](y, x, 2.0, 1.0, N)
 
-    def ref(xv, p):
-        return 2 * xv + 1 if p[0] else -xv
-
-    return g, None, [x, pred], [y], ref
+    return g, None, [x, pred], [y], ref_if_else
 
 
 def user_while_graph(k):
@@ -291,10 +290,7 @@ def user_while_graph(k):
             k.accumulate[GRID, BLOCK](y, x, N)
             k.step_loop[1, 1](counter, flag)
 
-    def ref(xv, nv):
-        return np.float32(nv[0]) * xv
-
-    return g, None, [x, n], [y], ref
+    return g, None, [x, n], [y], ref_while
 
 
 USER_GRAPHS = {"user_if": (user_if_graph, "if_else"), "user_while": (user_while_graph, "while")}
