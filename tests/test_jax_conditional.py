@@ -197,13 +197,18 @@ print("PARTIAL " + json.dumps(report), flush=True)  # seen even if what follows 
 # its command buffers are on, where the handler must refuse it clearly.
 spec = ReplaySpec(nested_step._spec.inputs, nested_step._spec.outputs, nested_step.graph_id)
 forced = jaxgraph.Replayable._create(spec, via="ffi")
+g_forced = jax.jit(lambda x, *c: jnp.tanh(forced(x * 2.0, *c)) + x)
+report["forced"] = "ran"
 try:
-    x, *c = cs.random_inputs("nested", rng, 1)
-    got = np.asarray(jax.jit(lambda x, *c: jnp.tanh(forced(x * 2.0, *c)) + x)(x, *c))
-    want = np.tanh(nested_ref(np.float32(2) * x, *c)) + x
-    report["forced"] = "ran" if np.allclose(got, want, atol=1e-5) else "wrong"
+    for trip in range(6):  # XLA may record its command buffer only after a first run
+        x, *c = cs.random_inputs("nested", rng, trip)
+        got = np.asarray(g_forced(x, *c))
+        if not np.allclose(got, np.tanh(nested_ref(np.float32(2) * x, *c)) + x, atol=1e-5):
+            report["forced"] = f"wrong at trip {trip}"
+            break
 except Exception as exc:
     report["forced"] = str(exc)[:600]
+report["forced_counters"] = counters()
 print("REPORT " + json.dumps(report))
 '''
 
@@ -219,8 +224,9 @@ def test_conditional_replay_under_xla_command_buffer_settings(tmp_path, rng, mod
         assert report["user_if"] == report["user_while"] == "ok", report
     c = report["counters"]
     assert c["uncaptured_launch"] >= 15 and c["splice_nodes"] == c["splice_whole"] == 0, c
-    # Forced onto the recorded target: runs where XLA does not record it, else a clear error.
-    if mode == "on":
-        assert "conditional nodes" in report["forced"] and "command buffer" in report["forced"], report
-    else:
-        assert report["forced"] in ("ran",) or "conditional nodes" in report["forced"], report
+    # Forced onto the recorded target: right where XLA launches it, a clear error where it
+    # records it into its command buffer (never a crash, never a wrong result).
+    forced = report["forced"]
+    assert forced == "ran" or ("conditional nodes" in forced and "command buffer" in forced), report
+    if mode == "off":
+        assert forced == "ran", report
