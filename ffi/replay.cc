@@ -235,28 +235,25 @@ std::tuple<int64_t, std::vector<bool>> RegisterFromPython(int64_t id, int device
 }  // namespace
 }  // namespace jaxgraph
 
+// What both CUDA handlers take.
+inline auto ReplayBinding() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<xla::ffi::DeviceOrdinal>()  // picks the device's graph
+      .RemainingArgs()                 // XLA's operands: the static inputs
+      .RemainingRets()                 // XLA's results: the static outputs
+      .Attr<int64_t>("graph")          // graph table id
+      .Attr<int64_t>("call");          // distinct per call site
+}
+
 // Command-buffer compatible: under XLA's stream capture the bound graph is
-// spliced in as a child node (see Splice) instead of launched.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(Replay, jaxgraph::ReplayImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()  // picks the device's graph
-                                  .RemainingArgs()          // XLA's operands: the static inputs
-                                  .RemainingRets()          // XLA's results: the static outputs
-                                  .Attr<int64_t>("graph")   // graph table id
-                                  .Attr<int64_t>("call"),   // distinct per call site
+// spliced in (graph_splice.h) instead of launched.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Replay, jaxgraph::ReplayImpl, ReplayBinding(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 // The same without the command-buffer trait, for graphs with conditional
 // nodes: XLA runs it outside its command buffers, splitting them around it.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReplayUncaptured, jaxgraph::ReplayUncapturedImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()  // picks the device's graph
-                                  .RemainingArgs()          // XLA's operands: the static inputs
-                                  .RemainingRets()          // XLA's results: the static outputs
-                                  .Attr<int64_t>("graph")   // graph table id
-                                  .Attr<int64_t>("call"));  // distinct per call site
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReplayUncaptured, jaxgraph::ReplayUncapturedImpl, ReplayBinding());
 
 // Registered for JAX's CPU platform: a clear error instead of "no handler".
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ReplayOnCpu, jaxgraph::ReplayOnCpuImpl,

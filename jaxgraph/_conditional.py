@@ -45,14 +45,17 @@ __all__ = ["KINDS", "Kind", "Region", "SET_CONDITIONAL_SOURCE", "begin", "check_
            "driver_version", "embed", "end", "next_body", "setter_name"]
 
 SET_CONDITIONAL_SOURCE = r"""
-#include <cuda_device_runtime_api.h>
+// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
+// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
+                                                                                 unsigned int value);
 // Sets a conditional node's value from a one-element device array. Launched with
 // one thread just before the node (and at the end of a WHILE body).
 extern "C" __global__ void jaxgraph_set_conditional_int32(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, (unsigned int)*value);
+  cudaGraphSetConditional(handle, (unsigned int)*value);
 }
 extern "C" __global__ void jaxgraph_set_conditional_bool(unsigned long long handle, const bool* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, *value ? 1u : 0u);
+  cudaGraphSetConditional(handle, *value ? 1u : 0u);
 }
 """
 

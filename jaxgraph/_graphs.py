@@ -323,9 +323,9 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         if template is None or self._state is not CaptureState.ENDED:
             raise RuntimeError(f"this CUDAGraph holds no captured graph ({self._state.value}); "
                                "capture it before replaying it inside jax.jit")
+        bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
         return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep, h.inputs.kernels,
-                            self.register_destroy_callback, bodies=tuple(getattr(h, "bodies", ())),
-                            exec=h.exec_address, holder=self)
+                            self.register_destroy_callback, self, bodies=bodies, exec=h.exec_address)
 
     # -- internals --------------------------------------------------------------
 
@@ -354,16 +354,17 @@ class ReplaySource:
         (``r``: a pointer only read), so inputs are bound only where only read.
     on_destroy : callable
         ``register_destroy_callback`` of the graph: called when it is reset or collected.
+    graph : CUDAGraph or None
+        The graph itself, which owns the template. A graph with conditional
+        nodes cannot be cloned, so the replayable replays its template and
+        holds the graph; only an explicit :meth:`CUDAGraph.reset` retires it.
     bodies : tuple of int
         The ``CUgraph`` of every conditional-node body the capture made, nested
-        ones too (``GraphHandles.bodies``), so replay inside jit can bind the
-        kernels inside them on drivers that cannot list a node's bodies.
+        ones too (``CaptureInputs.conditionals``), so replay inside jit can bind
+        the kernels inside them on drivers that cannot list a node's bodies.
     exec : int
         Address of the graph's executable (0 if none): CUDA may allow only one
         executable of a graph with conditional nodes, and replay then shares it.
-    holder : object
-        What owns the template. A graph with conditional nodes cannot be
-        cloned, so its replayable keeps the holder, and with it the template, alive.
     """
 
     template: int
@@ -371,9 +372,9 @@ class ReplaySource:
     owners: tuple
     kernels: tuple
     on_destroy: Callable[[Callable[[], None]], RemovableHandle]
+    graph: Any = None
     bodies: tuple = ()
     exec: int = 0
-    holder: Any = None
 
 
 def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | None, mode: str,

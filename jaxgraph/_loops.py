@@ -164,7 +164,10 @@ class GraphedLoop:
 
                 ins = list(self.inputs) + ([self.count] if self._count_is_own else [])
                 outs = list(self.outputs) + ([self.steps_run] if self._until is not None else [])
-                self._fn = replayable(self.graph, inputs=ins, outputs=outs)
+                # Copied, not bound: the fed buffers sit in the step's child graphs, which
+                # binding cannot reach (so they are copied either way), and the rest is 4-byte
+                # counters. This is the path checked on the H100 (command buffers off/on/defaults).
+                self._fn = replayable(self.graph, inputs=ins, outputs=outs, bind="copy")
             return self._fn
 
 

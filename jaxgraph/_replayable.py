@@ -31,8 +31,9 @@ from typing import Any, Callable, Sequence
 from . import _jax_replay
 from ._capture import Graph
 from ._graphs import CUDAGraph
-from ._jax_callback import HostReplay, callback_replay
+from ._jax_callback import HostReplay
 from ._jax_replay import ReplaySpec, ReplayState, fmt_all
+from ._replay_call import replay_function
 from ._replay_codes import BufferBinding, ReplayPath
 
 __all__ = ["Replayable", "replayable", "replayable_of_referenced"]
@@ -102,7 +103,7 @@ class Replayable:
         self._trust_foreign = False
         # Built from the parts, never from self: no reference cycle, so the
         # replayable (and its graph id) goes as soon as the last reference does.
-        self._fn = _replay_function(spec, via, host, self._state, backward)
+        self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
         self._finalizer = weakref.finalize(self, self._state.retire)
         return self
@@ -237,7 +238,7 @@ class Replayable:
             # CUDA cannot clone a graph with conditional nodes: the native entry
             # replays the template itself, so its owner must outlive this object
             # (an explicit reset still retires it, detaching the entry first).
-            self._keep.append(source.holder)
+            self._keep.append(source.graph)
 
 
 def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any], *,
@@ -382,55 +383,6 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-
-def _replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
-                     backward: Callable[..., Any] | None) -> Callable[..., Any]:
-    """The function a :class:`Replayable` calls: the FFI call or the callback, maybe with a VJP."""
-    def host_call(*args: Any) -> Any:  # the pure_callback target refuses a reset graph
-        state.check_alive()
-        return host(*args)
-
-    ffi_replay = _jax_replay.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
-
-    def primal(*args: Any) -> Any:
-        if ffi_replay is not None:
-            out = ffi_replay(*args)
-        else:
-            out = callback_replay(spec.outputs, host_call, *args)
-        return out[0] if len(out) == 1 else tuple(out)
-
-    if backward is None:
-        return primal
-    return _with_vjp(primal, backward, len(spec.inputs), len(spec.outputs) == 1)
-
-
-def _with_vjp(primal: Callable[..., Any], backward: Callable[..., Any], n_in: int, single: bool):
-    """Wrap ``primal`` in ``jax.custom_vjp`` with ``backward(*inputs, *outputs, *cotangents)``."""
-    import jax
-
-    @jax.custom_vjp
-    def fn(*args):
-        return primal(*args)
-
-    def fwd(*args):
-        out = primal(*args)
-        return out, (args, out)
-
-    def bwd(residuals, cotangents):
-        args, out = residuals
-        outs = (out,) if single else tuple(out)
-        cts = (cotangents,) if single else tuple(cotangents)
-        grads = backward(*args, *outs, *cts)
-        if not isinstance(grads, (tuple, list)):
-            grads = (grads,)
-        if len(grads) != n_in:
-            raise ValueError(f"backward returned {len(grads)} cotangent(s); the replayable has {n_in} "
-                             "input(s) (return None for an input without a gradient)")
-        return tuple(grads)
-
-    fn.defvjp(fwd, bwd)
-    return fn
 
 
 def _renumber(user_aliases: dict[int, int] | None, kept: Sequence[bool]) -> dict[int, int] | None:

@@ -23,24 +23,27 @@ BLOCK = 256
 GRID = (N + BLOCK - 1) // BLOCK
 
 KERNELS = r"""
-#include <cuda_device_runtime_api.h>
+// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
+// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
+                                                                                 unsigned int value);
 
 // The condition of `handle` from a device value: a predicate, a switch index, a trip count.
 extern "C" __global__ void set_condition(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, (unsigned int)value[0]);
+  cudaGraphSetConditional(handle, (unsigned int)value[0]);
 }
 
 // Before a WHILE node: n trips (clamped, so a wrong binding cannot hang the GPU).
 extern "C" __global__ void start_count(unsigned long long handle, int* counter, const int* n) {
   int trips = min(max(n[0], 0), 64);
   counter[0] = trips;
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, trips > 0 ? 1u : 0u);
+  cudaGraphSetConditional(handle, trips > 0 ? 1u : 0u);
 }
 
 // One WHILE trip done: count down, loop again while trips are left.
 extern "C" __global__ void count_down(unsigned long long handle, int* counter) {
   int left = --counter[0];
-  cudaGraphSetConditional((cudaGraphConditionalHandle)handle, left > 0 ? 1u : 0u);
+  cudaGraphSetConditional(handle, left > 0 ? 1u : 0u);
 }
 
 // A loop flag written by kernels, for the capture API's WHILE regions.
@@ -163,6 +166,14 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
 # ----------------------------------------------------------------------------
 
 
+def ref_if_else(xv, p):
+    return 2 * xv + 1 if p[0] else -xv
+
+
+def ref_while(xv, nv):
+    return np.float32(nv[0]) * xv
+
+
 def if_else_graph(k):
     """y = 2x + 1 if pred else -x: an IF/ELSE node whose predicate is a device input."""
     x, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
@@ -178,10 +189,7 @@ def if_else_graph(k):
         with cond.body(otherwise) as b:
             cond.launch(k.axpb, b, y, x, -1.0, 0.0, N)
 
-    def ref(xv, p):
-        return 2 * xv + 1 if p[0] else -xv
-
-    return g, cond, [x, pred], [y], ref
+    return g, cond, [x, pred], [y], ref_if_else
 
 
 def while_graph(k):
@@ -200,10 +208,7 @@ def while_graph(k):
             cond.launch(k.accumulate, b, y, x, N)
             cond.launch(k.count_down, b, h, counter, grid=1, block=1)
 
-    def ref(xv, nv):
-        return np.float32(nv[0]) * xv
-
-    return g, cond, [x, n], [y], ref
+    return g, cond, [x, n], [y], ref_while
 
 
 def nested_graph(k):
@@ -270,10 +275,7 @@ def user_if_graph(k):
         with jaxgraph.if_then(pred):
             k.axpb[GRID, BLOCK](y, x, 2.0, 1.0, N)
 
-    def ref(xv, p):
-        return 2 * xv + 1 if p[0] else -xv
-
-    return g, None, [x, pred], [y], ref
+    return g, None, [x, pred], [y], ref_if_else
 
 
 def user_while_graph(k):
@@ -288,10 +290,7 @@ def user_while_graph(k):
             k.accumulate[GRID, BLOCK](y, x, N)
             k.step_loop[1, 1](counter, flag)
 
-    def ref(xv, nv):
-        return np.float32(nv[0]) * xv
-
-    return g, None, [x, n], [y], ref
+    return g, None, [x, n], [y], ref_while
 
 
 USER_GRAPHS = {"user_if": (user_if_graph, "if_else"), "user_while": (user_while_graph, "while")}

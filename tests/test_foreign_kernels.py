@@ -59,14 +59,18 @@ def check_both_ways(g, x_s, y_s, ref, rng, library):
             assert np.isnan(y_s.numpy()).all(), "a bound output's static array was written"
 
 
+def cupy_setup(cupy):
+    """Static x and y, their CuPy views, and a jaxgraph stream CuPy launches on."""
+    x_s, y_s = jaxgraph.empty((ROWS, COLS)), jaxgraph.empty((ROWS, COLS))
+    s = jaxgraph.Stream()
+    return x_s, y_s, cupy.asarray(x_s), cupy.asarray(y_s), s, cupy.cuda.ExternalStream(int(s))
+
+
 def test_cupy_raw_kernel(rng):
     cupy = pytest.importorskip("cupy")
     triple = cupy.RawKernel(r'''extern "C" __global__ void triple(float* y, const float* x, int n) {
         int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 3.0f * x[i] + 1.0f; }''', "triple")
-    x_s, y_s = jaxgraph.empty((ROWS, COLS)), jaxgraph.empty((ROWS, COLS))
-    x_c, y_c = cupy.asarray(x_s), cupy.asarray(y_s)
-    s = jaxgraph.Stream()
-    on_s = cupy.cuda.ExternalStream(int(s))
+    x_s, y_s, x_c, y_c, s, on_s = cupy_setup(cupy)
 
     def stage():
         with on_s:
@@ -80,10 +84,7 @@ def test_cupy_elementwise_kernel_is_copied_by_default_and_right_either_way(rng):
     # CuPy's elementwise kernels take arrays as structs (data pointer, shape, strides):
     # even trusted, an address inside a struct argument is copied.
     cupy = pytest.importorskip("cupy")
-    x_s, y_s = jaxgraph.empty((ROWS, COLS)), jaxgraph.empty((ROWS, COLS))
-    x_c, y_c = cupy.asarray(x_s), cupy.asarray(y_s)
-    s = jaxgraph.Stream()
-    on_s = cupy.cuda.ExternalStream(int(s))
+    x_s, y_s, x_c, y_c, s, on_s = cupy_setup(cupy)
 
     def stage():
         with on_s:
@@ -112,9 +113,15 @@ def test_torch_softmax(rng):
     s = jaxgraph.Stream()
     torch_s = torch.cuda.ExternalStream(int(s))
 
+    def softmax_into(out):                                     # writes y in place: no allocation
+        try:
+            torch.softmax(x_t, dim=-1, out=out)
+        except TypeError:  # a torch without softmax's out= overload
+            torch._softmax(x_t, -1, False, out=out)
+
     def stage():
         with torch.cuda.stream(torch_s):
-            torch.softmax(x_t, dim=-1, out=y_t)                # writes y in place: no allocation
+            softmax_into(y_t)
 
     g = capture(stage, s)
 

@@ -310,3 +310,20 @@ def test_a_graph_with_memory_nodes_is_refused_in_jit_and_replays_from_the_host(k
     x = rnd(rng)
     y_s.fill_(np.float32(np.nan))
     np.testing.assert_allclose(np.asarray(step(jnp.asarray(x))), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
+def test_an_unreferenced_input_is_unused_and_can_be_left_out(k, rng):
+    from jaxgraph._replayable import replayable_of_referenced
+
+    g, x_s, y_s = two_stage(k)
+    spare = jaxgraph.empty(N)                       # no node refers to it
+    step = jaxgraph.replayable(g, [spare, x_s], [y_s])
+    rows = step.bindings[g.device]
+    assert rows[0].mode is jaxgraph.BindingMode.UNUSED and "no kernel argument points at it" in rows[0].reason
+    assert rows[1].mode is jaxgraph.BindingMode.BOUND
+    lean, kept = replayable_of_referenced(g, [spare, x_s], [y_s])
+    assert kept == (False, True) and len(lean.in_shapes) == 1
+    assert [(r.kind, r.index, r.mode) for r in lean.bindings[g.device]] == [("input", 0, "bound"), ("output", 0, "bound")]
+    x = rnd(rng)
+    np.testing.assert_allclose(np.asarray(jax.jit(step)(rnd(rng), x)), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(lean)(x)), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)

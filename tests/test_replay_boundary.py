@@ -154,15 +154,11 @@ def test_stubs_declare_every_function_the_extension_exports(name):
     assert set(re.findall(r"^def (\w+)\(", stub, re.M)) == exported
 
 
-def test_conditional_test_kernels_compile_to_cubin():
-    """The set-condition kernels the GPU tests capture (cudaGraphSetConditional) compile with NVRTC."""
+def test_conditional_test_kernels_compile_to_cubin_without_cuda_headers(tmp_path):
+    """The kernels the GPU tests capture call cudaGraphSetConditional and need no header (the
+    runtime wheel's cuda_device_runtime_api.h lacks its crt/ includes on the GPU machine)."""
     import conditional_support as cs
 
     for name in cs.NAMES:
-        try:
-            kernel = jaxgraph.Kernel(cs.KERNELS, name, arch="sm_90")
-        except jaxgraph.CompileError as exc:
-            if "cuda_device_runtime_api.h" in str(exc):
-                pytest.skip(f"no CUDA headers with the device runtime API here: {exc}")
-            raise
+        kernel = jaxgraph.Kernel(cs.KERNELS, name, arch="sm_90", options={"include_path": []}, cache_dir=tmp_path)
         assert kernel._compiled.cubin[:4] == b"\x7fELF"
