@@ -1,4 +1,4 @@
-"""Conditional nodes in a capture, and graphs embedded in one: the mechanism under ``_regions.py``.
+"""Conditional nodes in a capture: the mechanism under ``_regions.py``.
 
 A region (IF, IF/ELSE, WHILE, SWITCH) is opened on the stream that captures
 now (the capture's own stream, or the body stream of the region around it):
@@ -6,8 +6,8 @@ now (the capture's own stream, or the body stream of the region around it):
 1. a conditional handle is created on the graph that stream captures into
    (``cuGraphConditionalHandleCreate``);
 2. a one-thread kernel on that stream reads the predicate array and calls
-   ``cudaGraphSetConditional`` (so the predicate is read on the device each
-   time the node is reached, never on the host);
+   ``cudaGraphSetConditional`` (``_predicates.py``), so the predicate is read
+   on the device each time the node is reached, never on the host;
 3. the conditional node is added after the kernel (``cuGraphAddNode``), and
    the stream's capture dependencies become the node, so later work on it
    runs after the whole region;
@@ -22,60 +22,22 @@ cuda.core's ``GraphBuilder.if_then``/``while_loop`` do steps 1-4 only for a
 capture the builder began itself, so they cannot serve a capture begun by
 ``jaxgraph.graph()``; the driver calls are made here with ``cuda.bindings``.
 
-:func:`embed` is what ``CUDAGraph.replay()`` does while the current stream
-captures: it adds the graph's template as a child-graph node, since a graph
-cannot be launched into a capturing stream.
+:func:`add_node` (a node after the work captured so far on a stream) also
+serves ``_embed.py``, where ``replay()`` during a capture adds a child graph.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import threading
-from typing import Any, Iterator
-
-import numpy as np
+from typing import Any
 
 from . import _captures, _driver, _stream
-from ._array import DeviceArray, asarray
+from ._array import DeviceArray
 from ._driver import CudaError, check
+from ._predicates import KINDS, Kind, check_support, relaxed, setter
 from ._stream import Stream, current_stream
 
-__all__ = ["KINDS", "Kind", "Region", "SET_CONDITIONAL_SOURCE", "begin", "check_predicate", "check_support",
-           "driver_version", "embed", "end", "next_body", "setter_name"]
-
-SET_CONDITIONAL_SOURCE = r"""
-// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
-// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
-extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
-                                                                                 unsigned int value);
-// Sets a conditional node's value from a one-element device array. Launched with
-// one thread just before the node (and at the end of a WHILE body).
-extern "C" __global__ void jaxgraph_set_conditional_int32(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional(handle, (unsigned int)*value);
-}
-extern "C" __global__ void jaxgraph_set_conditional_bool(unsigned long long handle, const bool* value) {
-  cudaGraphSetConditional(handle, *value ? 1u : 0u);
-}
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """One kind of region: its name in messages, its CUDA node type, and the CUDA it needs."""
-
-    label: str        # "IF/ELSE"
-    node_type: str    # suffix of CU_GRAPH_COND_TYPE_*: "IF", "WHILE", "SWITCH"
-    min_cuda: int     # cuDriverGetVersion encoding: 12040 is CUDA 12.4
-    predicate: tuple  # accepted dtypes
-
-
-KINDS = {
-    "if": Kind("IF", "IF", 12040, ("bool", "int32")),
-    "if_else": Kind("IF/ELSE", "IF", 12080, ("bool", "int32")),
-    "while": Kind("WHILE", "WHILE", 12040, ("bool", "int32")),
-    "switch": Kind("SWITCH", "SWITCH", 12080, ("int32",)),
-}
+__all__ = ["Region", "add_node", "begin", "end", "next_body", "unfinished"]
 
 
 # ----------------------------------------------------------------------------
@@ -152,7 +114,7 @@ class Region:
     def _end_body(self) -> None:
         """End the capture of the current body (a WHILE body re-tests its predicate first)."""
         if self.kind.node_type == "WHILE":
-            _setter(self.pred, self.stream.device)[1, 1, 0, self.stream](int(self.handle), self.pred)
+            setter(self.pred, self.stream.device)[1, 1, 0, self.stream](int(self.handle), self.pred)
         drv = _driver.driver()
         try:
             err = drv.cuStreamEndCapture(self.stream.handle)[0]
@@ -173,7 +135,7 @@ class Region:
         regions = self.capture.regions
         if self in regions:
             regions.remove(self)
-        if self.previous is not None:
+        if self.previous is not None and threading.get_ident() == self.thread:  # a finalizer may run elsewhere
             _stream._set_current(self.previous, self.stream.device)
         _give_stream(self.stream)
         self.capture.pool._release_reuse()
@@ -202,7 +164,7 @@ def begin(capture: Any, kind_name: str, pred: DeviceArray, opener: str, num_bodi
     _check_level(capture, stream, opener)
     check_support(kind_name)
     _driver.ensure_context(device)
-    setter = _setter(pred, device)   # compiled and loaded before the graph changes
+    set_value = setter(pred, device)   # compiled and loaded before the graph changes
     body_stream = _take_stream(device)
     region = Region(kind, pred, opener, capture)
     region.stream = body_stream
@@ -212,14 +174,14 @@ def begin(capture: Any, kind_name: str, pred: DeviceArray, opener: str, num_bodi
         graph = _capture_graph(stream)
         region.handle = check(drv.cuGraphConditionalHandleCreate(graph, ctx, 0, 0),
                               "cuGraphConditionalHandleCreate")
-        setter[1, 1, 0, stream](int(region.handle), pred)
+        set_value[1, 1, 0, stream](int(region.handle), pred)
         params = drv.CUgraphNodeParams()
         params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
         params.conditional.handle = region.handle
         params.conditional.type = getattr(drv.CUgraphConditionalNodeType, f"CU_GRAPH_COND_TYPE_{kind.node_type}")
         params.conditional.size = num_bodies
         params.conditional.ctx = ctx
-        region.node = _add_node(stream, params)
+        region.node = add_node(stream, params)
         region.bodies = tuple(params.conditional.phGraph_out[i] for i in range(num_bodies))
         capture.conditionals.append((int(region.node), kind.node_type, tuple(int(b) for b in region.bodies)))
         region._begin_body(0)
@@ -261,105 +223,40 @@ def end(region: Region, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Embedding a captured graph
+# Nodes added to a capture by hand
 # ----------------------------------------------------------------------------
 
 
-def embed(handles: Any, stream: Stream, capture: Any) -> None:
-    """Add the graph held by ``handles`` to ``capture`` as a child-graph node on ``stream``.
+def add_node(stream: Stream, params: Any) -> Any:
+    """Add a node (``CUgraphNodeParams``) after the work captured so far on ``stream``.
 
-    The node holds a copy of the template as it is now; the capturing graph
-    keeps the embedded graph's pools and inputs alive.
+    Later work on ``stream`` depends on the new node alone. This is how a
+    conditional node or an embedded graph enters a capture.
     """
-    template = handles.template
-    if template is None:
-        raise RuntimeError("replay: this CUDAGraph holds no captured graph to embed in the capture underway "
-                           "on the current stream; capture it first")
-    if handles.device != capture.stream.device:
-        raise ValueError(f"replay: this graph was captured on device {handles.device}, the capture underway "
-                         f"on the current stream is on device {capture.stream.device}")
-    inputs = handles.inputs
-    if inputs.watched:
-        inputs.check_watched()
     drv = _driver.driver()
-    _driver.ensure_context(handles.device)
-    params = drv.CUgraphNodeParams()
-    params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
-    params.graph.graph = template
-    try:
-        _add_node(stream, params)
-    except CudaError as exc:
-        if inputs.conditionals:
-            raise RuntimeError(f"replay: this graph has conditional nodes, and CUDA cannot place those in a "
-                               f"child graph ({exc}); capture its regions directly into this capture instead") from exc
-        raise
-    capture.retained += [*inputs.keep, *inputs.pools, *(r() for *_, r in inputs.watched if r() is not None)]
-    capture.kernels.update(dict(inputs.kernels))
+    # (status, id, graph, dependencies, [edge data,] count): edge data came with CUDA 12.3's bindings.
+    _, _, graph, *dependencies, count = check(drv.cuStreamGetCaptureInfo(stream.handle), "cuStreamGetCaptureInfo")
+    if not count:  # nothing captured on the stream yet: the node is a root
+        dependencies = [None] * len(dependencies)
+    node = check(drv.cuGraphAddNode(graph, *dependencies, count, params), "cuGraphAddNode")
+    check(drv.cuStreamUpdateCaptureDependencies(
+        stream.handle, [node], None, 1,
+        drv.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+        "cuStreamUpdateCaptureDependencies")
+    return node
 
 
-# ----------------------------------------------------------------------------
-# Checks
-# ----------------------------------------------------------------------------
-
-
-def check_predicate(value: Any, what: str, dtypes: tuple = ("bool", "int32")) -> DeviceArray:
-    """``value`` as a one-element device array of one of ``dtypes``, or a clear error (no driver call for bad input)."""
-    allowed = " or ".join(dtypes)
-    if not isinstance(value, DeviceArray):
-        if isinstance(value, (np.ndarray, np.generic, bool, int, float, list, tuple)):
-            raise TypeError(f"{what} must be a one-element {allowed} device array, got host data "
-                            f"({type(value).__name__}): the device reads it at every replay, so copy it to "
-                            "the GPU before the capture, e.g. jaxgraph.asarray(np.array([1], np.int32))")
-        if not hasattr(value, "__cuda_array_interface__"):
-            raise TypeError(f"{what} must be a one-element {allowed} device array (jaxgraph.DeviceArray, or a "
-                            f"jax.Array on the GPU, CuPy or torch CUDA array), got {type(value).__name__}")
-        value = asarray(value)
-    if value.size != 1:
-        raise ValueError(f"{what} must have exactly one element, got shape {value.shape}")
-    if value.dtype.name not in dtypes:
-        raise TypeError(f"{what} must be {'an' if allowed[0] in 'aeiou' else 'a'} {allowed} array, got {value.dtype}")
-    return value
-
-
-def driver_version() -> int:
-    """``cuDriverGetVersion()``: 13000 for a CUDA 13.0 driver."""
-    return int(_driver.call("cuDriverGetVersion"))
-
-
-def check_support(kind_name: str) -> None:
-    """Raise ``RuntimeError`` unless the driver and NVRTC support ``kind_name`` regions.
-
-    IF and WHILE nodes need CUDA 12.4, IF/ELSE and SWITCH 12.8 (driver R570).
-    """
-    from ._compile import nvrtc_version
-
-    kind = KINDS[kind_name]
-    need = _version_text(kind.min_cuda)
-    have = driver_version()
-    if have < kind.min_cuda:
-        raise RuntimeError(
-            f"{kind.label} regions need a CUDA {need} driver or newer (conditional nodes), but this driver "
-            f"supports CUDA {_version_text(have)} (cuDriverGetVersion() = {have}); update the NVIDIA driver "
-            f"({'R570' if kind.min_cuda >= 12080 else 'R550'} or newer)")
-    major, minor = nvrtc_version()
-    if major * 1000 + minor * 10 < kind.min_cuda:
-        raise RuntimeError(
-            f"{kind.label} regions need NVRTC {need} or newer to compile the kernel that sets the condition "
-            f"(cudaGraphSetConditional), but NVRTC is {major}.{minor}; pip install -U nvidia-cuda-nvrtc")
-
-
-def setter_name(dtype: Any) -> str:
-    """The set-conditional kernel for a predicate of ``dtype`` (bool or int32)."""
-    return f"jaxgraph_set_conditional_{np.dtype(dtype).name}"
+def unfinished(capture: Any) -> str:
+    """Why ``capture`` cannot end: the innermost region still open, or what broke it."""
+    if capture.regions:
+        return (f"{capture.regions[-1].describe()} is still open: close it (end_capture_to_conditional_node(), "
+                "or leave its `with` block) before the capture ends")
+    return capture.broken
 
 
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-
-def _version_text(version: int) -> str:
-    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _check_level(capture: Any, stream: Stream, what: str) -> None:
@@ -388,50 +285,8 @@ def _capture_graph(stream: Stream) -> Any:
     return graph
 
 
-def _add_node(stream: Stream, params: Any) -> Any:
-    """Add a node after the work captured so far on ``stream``; later work there depends on it alone."""
-    drv = _driver.driver()
-    # (status, id, graph, dependencies, [edge data,] count): edge data came with CUDA 12.3's bindings.
-    _, _, graph, *dependencies, count = check(drv.cuStreamGetCaptureInfo(stream.handle), "cuStreamGetCaptureInfo")
-    node = check(drv.cuGraphAddNode(graph, *dependencies, count, params), "cuGraphAddNode")
-    check(drv.cuStreamUpdateCaptureDependencies(
-        stream.handle, [node], None, 1,
-        drv.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES),
-        "cuStreamUpdateCaptureDependencies")
-    return node
-
-
-@contextlib.contextmanager
-def _relaxed() -> Iterator[None]:
-    """This thread's capture mode relaxed for a few calls that may be unsafe under capture (loading, stream creation)."""
-    drv = _driver.driver()
-    relaxed = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-    previous = check(drv.cuThreadExchangeStreamCaptureMode(relaxed), "cuThreadExchangeStreamCaptureMode")
-    try:
-        yield
-    finally:
-        check(drv.cuThreadExchangeStreamCaptureMode(previous), "cuThreadExchangeStreamCaptureMode")
-
-
-_setters: dict[tuple[str, int], Any] = {}
 _streams: dict[int, list[Stream]] = {}   # device -> body streams not in use
 _lock = threading.Lock()
-
-
-def _setter(pred: DeviceArray, device: int) -> Any:
-    """The set-conditional kernel for ``pred``'s dtype, compiled once and loaded in ``device``'s context."""
-    from ._kernel import Kernel
-
-    name = setter_name(pred.dtype)
-    kernel = _setters.get((name, device))
-    if kernel is None:
-        major, minor = _driver.compute_capability(device)
-        kernel = Kernel(SET_CONDITIONAL_SOURCE, name, arch=f"sm_{major}{minor}")
-        with _relaxed():  # loading a library may synchronize: not while the capture checks
-            kernel.handle
-            kernel._handles_on(device)
-        _setters[(name, device)] = kernel
-    return kernel
 
 
 def _take_stream(device: int) -> Stream:
@@ -440,7 +295,7 @@ def _take_stream(device: int) -> Stream:
         free = _streams.setdefault(device, [])
         if free:
             return free.pop()
-    with _relaxed():
+    with relaxed():
         return Stream(device)
 
 

@@ -234,8 +234,8 @@ def _dot_graph(nodes: Sequence[dict], edges: Sequence, prefix: str, names: Calla
         for b, (name, body) in enumerate(zip(_body_names(cond or {}), (cond or {}).get("bodies", ()))):
             cluster = f"{ident}_b{b}"
             lines.append(f'{indent}subgraph cluster_{cluster} {{')
-            lines.append(f'{indent}  label="{_escape(region_label(cond).split(" of ")[0])} {name}"; style="rounded,dashed"; '
-                         'color="#999999";')
+            kind = _escape(region_label(cond).split(" of ")[0])
+            lines.append(f'{indent}  label="{kind} {name}"; style="rounded,dashed"; color="#999999";')
             if not body["nodes"]:
                 lines.append(f'{indent}  {cluster}_n0 [label="(empty)", shape=plaintext, style=""];')
             _dot_graph(body["nodes"], body["edges"], f"{cluster}_", names, lines, indent + "  ")

@@ -19,7 +19,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from . import _captures, _conditional, _driver, _introspect, _memory
+from . import _captures, _conditional, _driver, _embed, _introspect, _memory
 from ._driver import CudaError
 from ._generator import Generator
 from ._graph_handles import CaptureState, GraphHandles, require_capturing, require_ended
@@ -223,22 +223,16 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         first. Replay-start hooks run before the launch, replay-end hooks
         after it, even when the launch raises.
 
-        Called while the current stream captures into a jaxgraph graph (also
-        inside a conditional region), it launches nothing: it adds a copy of
-        this graph as a child-graph node of that capture (CUDA cannot launch
-        a graph into a capturing stream), which keeps this graph's memory and
-        inputs alive. That is how a captured step repeats inside a WHILE
-        body. Hooks do not run then.
+        While the current stream captures, it embeds a copy of this graph there
+        as a child-graph node instead (no hooks run): see ``_embed.py``.
 
         Raises ``RuntimeError`` if nothing was captured, or (with
         ``check_input_liveness``) if an external input of the capture was freed.
         """
         h = self._handles
-        if _captures.any_underway():
-            capture = _captures.capture_on(current_stream(h.device))
-            if capture is not None:
-                require_ended(self._state, "replay")
-                return _conditional.embed(h, current_stream(h.device), capture)
+        if _captures.any_underway() and _captures.capture_on(current_stream(h.device)) is not None:
+            require_ended(self._state, "replay")
+            return _embed.embed(h, current_stream(h.device))
         if h.graph_exec is None:
             require_ended(self._state, "replay")
             self.instantiate()
@@ -403,8 +397,7 @@ def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
     capture = h.capture
     stream = capture.stream
     if capture.regions or capture.broken:
-        problem = (f"{capture.regions[-1].describe()} is still open: close it (end_capture_to_conditional_node(), "
-                   "or leave its `with` block) before the capture ends" if capture.regions else capture.broken)
+        problem = _conditional.unfinished(capture)
         self._abort_capture()
         raise RuntimeError(f"capture_end: {problem}. The capture was discarded; the graph can capture again")
     if capture.mode != "relaxed" and threading.get_ident() != capture.thread:

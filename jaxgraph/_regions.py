@@ -36,7 +36,8 @@ forbids in a body), stays valid for every trip, and a block freed while a
 region is open is not handed to another allocation of the capture until the
 outermost region has closed.
 
-Mechanism and driver calls: ``_conditional.py``.
+Mechanism and driver calls: ``_conditional.py`` (nodes, bodies), ``_predicates.py``
+(predicates and the kernel that sets them), ``_embed.py`` (``replay()`` during a capture).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _captures, _conditional
-from ._conditional import Region, check_predicate
+from ._conditional import Region
+from ._predicates import KINDS, check_predicate
 from ._graph_handles import CaptureState, require_capturing
 from ._stream import current_stream
 
@@ -114,7 +116,7 @@ class ConditionalMethods:
         one-element int32 device array. Needs CUDA 12.8.
         """
         num_cases = _check_cases(num_cases, "begin_capture_to_switch_node")
-        self._open_region("switch", index, "begin_capture_to_switch_node", num_cases, ("int32",))
+        self._open_region("switch", index, "begin_capture_to_switch_node", num_cases)
 
     def begin_capture_to_next_conditional_body(self) -> None:
         """End the body being captured and capture what follows into the node's next one
@@ -129,9 +131,8 @@ class ConditionalMethods:
 
     # -- internals --------------------------------------------------------------
 
-    def _open_region(self, kind: str, pred: Any, what: str, bodies: int = 1,
-                     dtypes: tuple = ("bool", "int32")) -> None:
-        pred = check_predicate(pred, f"{what}: {'index' if kind == 'switch' else 'pred'}", dtypes)
+    def _open_region(self, kind: str, pred: Any, what: str, bodies: int = 1) -> None:
+        pred = check_predicate(pred, f"{what}: {'index' if kind == 'switch' else 'pred'}", KINDS[kind].predicate)
         require_capturing(self._state, what)
         _conditional.begin(self._handles.capture, kind, pred, what, bodies)
 
@@ -155,9 +156,9 @@ class _Region:
     _kind = ""
     _name = ""
 
-    def __init__(self, pred: Any, bodies: int = 1, dtypes: tuple = ("bool", "int32")):
-        self._pred = check_predicate(pred, f"jaxgraph.{self._name}: {'index' if self._kind == 'switch' else 'pred'}",
-                                     dtypes)
+    def __init__(self, pred: Any, bodies: int = 1):
+        what = f"jaxgraph.{self._name}: {'index' if self._kind == 'switch' else 'pred'}"
+        self._pred = check_predicate(pred, what, KINDS[self._kind].predicate)
         self._bodies = bodies
         self._region: Region | None = None
 
@@ -296,7 +297,7 @@ class switch(_Region):
     _kind, _name = "switch", "switch"
 
     def __init__(self, index: Any, num_cases: int):
-        super().__init__(index, _check_cases(num_cases, "jaxgraph.switch"), ("int32",))
+        super().__init__(index, _check_cases(num_cases, "jaxgraph.switch"))
 
     def _entered(self) -> Switch:
         return Switch(self._region)

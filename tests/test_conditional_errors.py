@@ -1,7 +1,8 @@
 """Conditional regions: what needs no device (NVRTC, argument checks, version checks, views).
 
-The set-conditional kernel must compile from NVIDIA's pip wheels alone, with
-the toolkit hidden as ``.ci/run`` hides it. Tests of internals (the version
+The set-conditional kernel must compile with the toolkit hidden as ``.ci/run``
+hides it, and with no CUDA headers at all (NVIDIA's runtime wheel lacks the
+``crt/`` headers that ``<cuda_device_runtime_api.h>`` needs). Tests of internals (the version
 check, made-up device arrays and node lists) say so in their names.
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _conditional, _graph_views
+from jaxgraph import _graph_views, _predicates
 from jaxgraph._array import _INTERNAL, DeviceArray
 
 
@@ -27,22 +28,53 @@ def fake_array(shape=(1,), dtype=np.int32):
 # ----------------------------------------------------------------------------
 
 
-def test_set_conditional_kernel_compiles_to_a_cubin_from_the_wheels(tmp_path):
+def test_set_conditional_kernel_compiles_to_a_cubin_without_cuda_headers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
     script = f"""
-from jaxgraph import _compile, _conditional
-include = _compile._cuda_include_dir()
-assert include and not include.startswith(("/usr/local/cuda", "/opt/cuda")), include
+from jaxgraph import _compile, _predicates
 for dtype in ("int32", "bool"):
-    name = _conditional.setter_name(dtype)
-    c = _compile.compile_kernel(_conditional.SET_CONDITIONAL_SOURCE, name, arch="sm_90", cache_dir={str(tmp_path)!r})
-    assert c.cubin[:4] == b"\\x7fELF" and c.lowered_name == name and not c.cache_hit, c
-    print(name, len(c.cubin), "bytes from", include)
+    name = _predicates.setter_name(dtype)
+    for options in (None, {{"include_path": []}}):   # jaxgraph's defaults, and no include directory at all
+        c = _compile.compile_kernel(_predicates.SET_CONDITIONAL_SOURCE, name, options, arch="sm_90",
+                                    cache_dir={str(tmp_path)!r})
+        assert c.cubin[:4] == b"\\x7fELF" and c.lowered_name == name and not c.cache_hit, c
+    print(name, len(c.cubin), "bytes")
 """
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "jaxgraph_set_conditional_int32" in done.stdout and "jaxgraph_set_conditional_bool" in done.stdout
+
+
+def _ptx(source, options):
+    from cuda.bindings import nvrtc
+
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), b"set_conditional.cu", 0, [], [])
+    options = [o.encode() for o in options]
+    (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+    size = nvrtc.nvrtcGetProgramLogSize(program)[1]
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, log)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode()
+    size = nvrtc.nvrtcGetPTXSize(program)[1]
+    ptx = b" " * size
+    nvrtc.nvrtcGetPTX(program, ptx)
+    return [line for line in ptx.decode().splitlines() if not line.startswith("//")]
+
+
+def test_declared_builtin_gives_the_same_ptx_as_the_cuda_header():
+    from jaxgraph._compile import _cuda_include_dir
+
+    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    candidates = [_cuda_include_dir(), os.path.join(home, "include")]
+    include = next((d for d in candidates if d and os.path.isfile(os.path.join(d, "crt", "host_defines.h"))), None)
+    if include is None:
+        pytest.skip("no CUDA headers with crt/host_defines.h here to compare with")
+    kernels = "// Sets a conditional" + _predicates.SET_CONDITIONAL_SOURCE.split("// Sets a conditional", 1)[1]
+    with_header = "#include <cuda_device_runtime_api.h>\n" + kernels
+    ours = _ptx(_predicates.SET_CONDITIONAL_SOURCE, ["-arch=sm_90"])
+    assert ours == _ptx(with_header, ["-arch=sm_90", f"-I{include}"])
+    assert any("cudaGraphSetConditional" in line for line in ours)
 
 
 # ----------------------------------------------------------------------------
@@ -102,16 +134,16 @@ def test_regions_outside_a_capture_are_refused():
 ])
 def test_internal_version_check_names_the_cuda_each_region_needs(monkeypatch, kind, too_old, enough, need):
     monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (13, 0))
-    monkeypatch.setattr(_conditional, "driver_version", lambda: too_old)
-    label = _conditional.KINDS[kind].label
+    monkeypatch.setattr(_predicates, "driver_version", lambda: too_old)
+    label = _predicates.KINDS[kind].label
     have = f"{too_old // 1000}.{too_old % 1000 // 10}"
     with pytest.raises(RuntimeError, match=rf"{label} regions need a CUDA {need} driver .* supports CUDA {have}"):
-        _conditional.check_support(kind)
-    monkeypatch.setattr(_conditional, "driver_version", lambda: enough)
-    _conditional.check_support(kind)
+        _predicates.check_support(kind)
+    monkeypatch.setattr(_predicates, "driver_version", lambda: enough)
+    _predicates.check_support(kind)
     monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (12, 2))
     with pytest.raises(RuntimeError, match=rf"need NVRTC {need} or newer .* NVRTC is 12.2"):
-        _conditional.check_support(kind)
+        _predicates.check_support(kind)
 
 
 # ----------------------------------------------------------------------------
