@@ -45,7 +45,8 @@ JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax
 
 # --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
 LOOP_UNROLLS = (2, 8, 32)
-LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until", "loop_unrolled")
+LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until", "loop_copy",
+                    "loop_unrolled")
 LOOP_JAX_MODES = ("raw", "loop_jit", "jit_fori", "xla_fori")
 
 MODE_INFO = {
@@ -63,6 +64,7 @@ MODE_INFO = {
        for k in LOOP_UNROLLS},
     "loop_kdefault": "the device loop with K from `jaxgraph.default_unroll` (64 at N=1, 10 at N=10, 2 at N=100)",
     "loop_until": "loop_kdefault with an `until=` flag no kernel sets: every step guarded (a kernel and an IF node)",
+    "loop_copy": "loop_kdefault with `ping_pong=\"copy\"`: a device copy y -> x after each step instead of swapping",
     "loop_unrolled": "R * N kernels captured in one graph, raw `cuGraphLaunch` (the loops' floor)",
     "loop_jit": "the device loop inside `jax.jit`: one FFI call runs the R steps",
     "xla_fori": "R trips of N `Kernel.jax_call`s in one jitted `lax.fori_loop` (XLA's own loop)",

@@ -12,6 +12,8 @@ Without JAX (the ``nojax`` process, CUDA events):
 - ``loop_kdefault``: the same with K from ``jaxgraph.default_unroll``;
 - ``loop_until``: as ``loop_kdefault`` with an ``until=`` flag no kernel
   sets: what guarding every step costs;
+- ``loop_copy``: as ``loop_kdefault`` with ``ping_pong="copy"``: a device
+  copy y -> x after every step instead of the swapped twin (the fallback's cost);
 - ``loop_unrolled``: R * N kernels captured in one graph, raw
   ``cuGraphLaunch`` (the loop's floor).
 
@@ -39,14 +41,14 @@ __all__ = ["device_loop", "jax_factories", "loop_jit", "nojax_factories", "unrol
 
 
 def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, unroll: int | None,
-                until: bool = False) -> Mode:
+                until: bool = False, ping_pong: str = "auto") -> Mode:
     """``graphed_loop(chain.graph, R, feed={0: 0}, unroll=K).replay()`` in a loop, timed by CUDA events."""
     import jaxgraph
 
     r = fori_trips(chain.n)
     flag = jaxgraph.zeros(1, np.int32) if until else None
     loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, unroll=unroll, until=flag, inputs=[chain.x_s],
-                                 outputs=[chain.y_s])
+                                 outputs=[chain.y_s], ping_pong=ping_pong)
 
     def replay_all(calls: int) -> None:
         with jaxgraph.stream(stream):
@@ -111,6 +113,7 @@ def nojax_factories(kernel: Any, chain: Chain, stream: Any, rng: np.random.Gener
            for k in LOOP_UNROLLS]
     out.append(("loop_kdefault", functools.partial(device_loop, chain, stream, rng, "loop_kdefault", None)))
     out.append(("loop_until", functools.partial(device_loop, chain, stream, rng, "loop_until", None, True)))
+    out.append(("loop_copy", functools.partial(device_loop, chain, stream, rng, "loop_copy", None, False, "copy")))
     out.append(("loop_unrolled", functools.partial(unrolled, kernel, chain.n, stream, rng)))
     return out
 

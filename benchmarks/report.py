@@ -112,7 +112,7 @@ def _loop_tables(processes: dict) -> list[str]:
     nojax = processes.get("nojax", {})
     for n in _ns(nojax):
         floor = _median(nojax, "loop_unrolled", n)
-        for m in [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") or m == "loop_until"]:
+        for m in [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") or m in ("loop_until", "loop_copy")]:
             if floor and _median(nojax, m, n):
                 rows.append(f"| nojax | {n} | {m} / loop_unrolled | {_median(nojax, m, n) / floor:.2f}x |")
     for key in [k for k in _ordered(processes) if k != "nojax"]:

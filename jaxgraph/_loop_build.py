@@ -46,7 +46,8 @@ def step_nodes(graph: CUDAGraph) -> int:
 
 
 def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
-          count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int) -> BuiltLoop:
+          count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int,
+          swap_allowed: bool = True) -> BuiltLoop:
     """Build, adopt and instantiate the loop graph of ``graph`` (arguments checked by ``graphed_loop``)."""
     source = graph._replay_source()
     device = _driver.ensure_context(source.device)
@@ -58,9 +59,11 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     dl = native("device_loop")
     kernels = _control_kernels(device)
     step_kernels = dict(source.kernels)
-    swap, copies, mode, ping_pong = 0, [], 0, "none" if not pairs else "in place"
+    swap, copies, mode, ping_pong = 0, [], 0, "none"
     if pairs:
-        swap, why = dl.swap_variant(source.template, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], step_kernels)
+        swap, why = 0, "asked for (ping_pong='copy')"
+        if swap_allowed:
+            swap, why = dl.swap_variant(source.template, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], step_kernels)
         if swap:
             ping_pong = "swap"
         else:

@@ -174,7 +174,7 @@ class GraphedLoop:
 def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | None = None, *,
                  feed: Mapping[int, int] | None = None, unroll: int | None = None,
                  until: DeviceArray | None = None, inputs: Sequence[DeviceArray] | None = None,
-                 outputs: Sequence[DeviceArray] | None = None) -> GraphedLoop:
+                 outputs: Sequence[DeviceArray] | None = None, ping_pong: str = "auto") -> GraphedLoop:
     """Build one CUDA graph that runs ``step`` R times in a single launch.
 
     Parameters
@@ -194,7 +194,8 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         of the next (same shape and dtype). Default: no feed (the step reruns
         on its inputs, e.g. a step that updates its state in place).
     unroll : int, optional
-        K, the copies of the step per WHILE trip (1 to 256; even with ``feed``).
+        K, the copies of the step per WHILE trip (1 to 256; even with ``feed``
+        unless ``ping_pong="copy"``).
         Default: :func:`default_unroll` of the step's node count.
     until : DeviceArray, optional
         A one-element ``bool``/``int8``/``uint8``/``int32``/``uint32`` flag the
@@ -204,6 +205,13 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     inputs, outputs : sequence of DeviceArray
         For a ``CUDAGraph`` step: its static inputs and outputs, which ``feed``
         indexes (and which the JAX function of the loop takes and returns).
+    ping_pong : {"auto", "copy"}
+        How a fed output reaches the next step. ``"auto"`` (default): copies
+        of the step alternate with a clone whose kernels have the two buffers
+        swapped (no data moves), unless that is unsafe (an address inside a
+        struct argument, a memcpy node on the buffer), then as ``"copy"``:
+        a device copy output -> input after every step.
+        :attr:`GraphedLoop.ping_pong` says which ran and why.
 
     Returns
     -------
@@ -226,13 +234,31 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     unrolled (R fixed) or behind log2(K) IF nodes (R read on the device).
 
     .. warning:: This API is in beta and may change in future releases.
+
+    Examples
+    --------
+    A step ``u -> u_next`` captured once, run 1000 times in one launch:
+
+    >>> step = jaxgraph.make_graphed_callables(advance, (u0,))
+    >>> loop = jaxgraph.graphed_loop(step, 1000, feed={0: 0})
+    >>> step.static_inputs[0].copy_(u)          # the initial state
+    >>> loop.replay()                           # u after 1000 steps in step.static_outputs
+    >>> jax.jit(loop)(u)                        # the same, as one FFI call inside jit
+
+    A solver whose step sets ``done[0]`` when converged, at most 10**5 sweeps:
+
+    >>> loop = jaxgraph.graphed_loop(sweep, 10**5, feed={0: 0}, until=done)
+    >>> loop.replay(); int(loop.steps_run.numpy()[0])   # the sweeps that ran
     """
+    if ping_pong not in ("auto", "copy"):
+        raise ValueError(f"ping_pong must be 'auto' or 'copy', got {ping_pong!r}")
     graph, ins, outs, owner = _step_parts(step, inputs, outputs)
     pairs = _check_feed(feed, ins, outs)
     fixed, count = _check_count(steps)
     flag_bytes = _check_until(until)
-    k = None if unroll is None else _check_unroll(unroll, bool(pairs))
-    return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, dict(feed or {}))
+    k = None if unroll is None else _check_unroll(unroll, bool(pairs) and ping_pong == "auto")
+    return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, dict(feed or {}),
+                  ping_pong == "auto")
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
@@ -359,15 +385,16 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
-           feed: dict) -> GraphedLoop:
+           feed: dict, swap_allowed: bool) -> GraphedLoop:
     if k is None:
-        k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs))
-    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k)
+        k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
+    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed)
     self = object.__new__(GraphedLoop)
     self.graph, self.inputs, self.outputs = built.graph, ins, outs
     self.steps_run, self.count, self._count_is_own = built.done, built.count, built.own_count
     self.steps = fixed if fixed >= 0 else None
-    self.unroll, self.feed, self.ping_pong = k, feed, built.ping_pong
+    self.unroll, self.feed = k, feed
+    self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
     self._until, self._remaining, self._step = until, built.remaining, owner
     self._fn, self._lock = None, threading.Lock()
     self.__name__ = "graphed_loop"  # how jax.jit names the function

@@ -193,6 +193,19 @@ def test_copy_fallback_where_swapping_is_unsafe(k, rng, steps):
 
 
 @pytest.mark.gpu
+def test_copy_asked_for(k, rng):
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, 7, feed={0: 0}, unroll=3, ping_pong="copy", inputs=[s.x, s.b],
+                                 outputs=[s.y])
+    assert loop.ping_pong == "copy: asked for (ping_pong='copy')"
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x, y, counter, ran = run(loop, s, x0)
+    assert (counter, ran) == (7, 7)
+    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), 7), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("steps", [129, 130])  # two trips of the default K = 64, then 1 or 2 steps
 def test_make_graphed_callables_step(k, rng, steps):
     counter, flag, stop = jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32)
@@ -303,6 +316,8 @@ def test_default_unroll():
 def test_step_must_be_a_graph_or_graphed_callable():
     with pytest.raises(TypeError, match="CUDAGraph or a make_graphed_callables"):
         jaxgraph.graphed_loop(lambda x: x, 3)
+    with pytest.raises(ValueError, match="ping_pong must be 'auto' or 'copy'"):
+        jaxgraph.graphed_loop(lambda x: x, 3, ping_pong="swap")
 
 
 def _fake(ptr, shape=(4,), dtype=np.float32):
