@@ -75,9 +75,10 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
     functions = [kernels[name]._handles_on(device)[-1] for name in _KERNEL_NAMES]
     try:
-        template, conditionals = dl.build_loop(source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
-                                 until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr,
-                                 functions, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode)
+        template, conditionals = dl.build_loop(
+            source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
+            until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr, functions,
+            [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode)
     finally:
         dl.destroy_graph(swap)  # the loop's child nodes hold their own copies
     loop_graph = _adopt(template, device, source, (count, remaining, done, until, owner, *ins, *outs),
