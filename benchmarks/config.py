@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = [
-    "FLOOR", "FULL", "JAX_MODES", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS",
-    "RunConfig", "Setting", "fori_trips",
+    "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_JAX_MODES", "LOOP_NOJAX_MODES",
+    "LOOP_UNROLLS", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS", "RunConfig", "Setting",
+    "fori_trips",
 ]
 
 
@@ -31,12 +32,22 @@ SETTINGS = {
     "on": Setting("on", True, "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
                   "--xla_gpu_graph_min_graph_size=1", "XLA command buffers on (FUSION,CUSTOM_CALL, min size 1)"),
     "defaults": Setting("defaults", True, None, "JAX defaults (XLA_FLAGS unset)"),
+    # XLA's opt-in command buffers for loops and branches: the fori_loop itself becomes a CUDA graph node.
+    "while": Setting("while", True, "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL "
+                     "--xla_gpu_graph_min_graph_size=1", "XLA command buffers with WHILE,CONDITIONAL (min size 1)"),
 }
+DEFAULT_SETTINGS = ("nojax", "off", "on", "defaults")  # a plain run; --loops adds "while"
 
 FLOOR = "raw"  # every process measures it; ratios are to the floor of the same process
 
 NOJAX_MODES = ("raw", "replay", "torch_cupy", "torch_add")
 JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit")
+
+# --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
+LOOP_UNROLLS = (2, 8, 32)
+LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until", "loop_copy",
+                    "loop_unrolled")
+LOOP_JAX_MODES = ("raw", "loop_jit", "jit_fori", "xla_fori")
 
 MODE_INFO = {
     "raw": "`cuGraphLaunch` of the jaxgraph graph from cuda.bindings in a Python loop (the floor)",
@@ -49,6 +60,14 @@ MODE_INFO = {
     "jit_unrolled": "10 replays unrolled in one jit, called from a Python loop",
     "jax_calls": "the chain as N `Kernel.jax_call`s in one jit, called from a Python loop",
     "trivial_jit": "`jax.jit(lambda x: x + 1)` called from a Python loop (us per call)",
+    **{f"loop_k{k}": f"`jaxgraph.graphed_loop(step, R, feed={{0: 0}}, unroll={k}).replay()`: R steps in one launch"
+       for k in LOOP_UNROLLS},
+    "loop_kdefault": "the device loop with K from `jaxgraph.default_unroll` (64 at N=1, 10 at N=10, 2 at N=100)",
+    "loop_until": "loop_kdefault with an `until=` flag no kernel sets: every step guarded (a kernel and an IF node)",
+    "loop_copy": "loop_kdefault with `ping_pong=\"copy\"`: a device copy y -> x after each step instead of swapping",
+    "loop_unrolled": "R * N kernels captured in one graph, raw `cuGraphLaunch` (the loops' floor)",
+    "loop_jit": "the device loop inside `jax.jit`: one FFI call runs the R steps",
+    "xla_fori": "R trips of N `Kernel.jax_call`s in one jitted `lax.fori_loop` (XLA's own loop)",
 }
 
 SCALAR_INFO = {
@@ -81,6 +100,7 @@ class RunConfig:
     jax_calls_budget_s: float = 40.0  # skip a jax_calls N whose compile is estimated above this
     quick: bool = False
     modes: tuple | None = None   # run only these modes and scalars (None: all); the floor always runs
+    loops: bool = False          # the loop modes (loop_modes.py) instead of the chain modes
 
     def runs(self, key: str) -> bool:
         """Whether mode (or scalar) ``key`` is measured in this run."""
@@ -99,3 +119,5 @@ class RunConfig:
 
 FULL = RunConfig()
 QUICK = RunConfig(ns=(1, 100), repeats=3, target_ms=5.0, jax_calls_budget_s=15.0, quick=True)
+LOOPS = RunConfig(ns=(1, 10, 100), repeats=5, target_ms=10.0, loops=True,
+                  modes=tuple(dict.fromkeys(LOOP_NOJAX_MODES + LOOP_JAX_MODES)))

@@ -8,7 +8,7 @@ returns text, so it can be re-rendered from a committed JSON::
 
 from __future__ import annotations
 
-from .config import JAX_MODES, MODE_INFO, NOJAX_MODES, SCALAR_INFO, SETTINGS
+from .config import JAX_MODES, LOOP_JAX_MODES, LOOP_NOJAX_MODES, MODE_INFO, NOJAX_MODES, SCALAR_INFO, SETTINGS
 
 __all__ = ["fmt", "markdown"]
 
@@ -20,6 +20,8 @@ def markdown(results: dict) -> str:
     """The whole report: header, one table per process, per-call figures, extras, problems."""
     lines = _header(results)
     processes = results.get("processes", {})
+    if results.get("config", {}).get("loops"):
+        return "\n".join(lines + _loop_tables(processes) + _legend() + _problems(results)) + "\n"
     for key in _ordered(processes):
         lines += _process_table(key, processes[key])
     lines += _per_call_table(processes)
@@ -87,6 +89,63 @@ def _cell(proc: dict, mode: str, n: str) -> str:
     if mode != "raw" and entry.get("ratio") is not None:
         text += f" ({entry['ratio']:.2f}x)"
     return text + (" (error)" if "error" in entry else "")
+
+
+def _loop_tables(processes: dict) -> list[str]:
+    """``--loops``: us per step (per kernel x N) of each loop mode, ratio to the process's raw floor,
+    then the same-process comparisons the issue's targets name."""
+    lines = ["## Loops: us per step (R steps of N kernels; in parentheses, per-kernel ratio to raw)", ""]
+    for key in _ordered(processes):
+        proc = processes[key]
+        setting = SETTINGS.get(key)
+        modes = [m for m in (LOOP_NOJAX_MODES if key == "nojax" else LOOP_JAX_MODES)
+                 if m in proc.get("modes", {})]
+        lines += [f"### {key}: {setting.label if setting else ''}", ""]
+        if proc.get("failed") or not modes:
+            lines += [f"Failed: {proc['failed']}" if proc.get("failed") else "Nothing measured.", ""]
+            continue
+        lines += ["| N | " + " | ".join(modes) + " |", "| ---: |" + " ---: |" * len(modes)]
+        for n in _ns(proc):
+            lines.append(f"| {n} | " + " | ".join(_step_cell(proc, m, n) for m in modes) + " |")
+        lines.append("")
+    rows = []
+    nojax = processes.get("nojax", {})
+    for n in _ns(nojax):
+        floor = _median(nojax, "loop_unrolled", n)
+        for m in [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") or m in ("loop_until", "loop_copy")]:
+            if floor and _median(nojax, m, n):
+                rows.append(f"| nojax | {n} | {m} / loop_unrolled | {_median(nojax, m, n) / floor:.2f}x |")
+    for key in [k for k in _ordered(processes) if k != "nojax"]:
+        proc = processes[key]
+        for n in _ns(proc):
+            mine = _median(proc, "loop_jit", n)
+            for other in ("xla_fori", "jit_fori"):
+                theirs = _median(proc, other, n)
+                if mine and theirs:
+                    rows.append(f"| {key} | {n} | {other} / loop_jit | {theirs / mine:.2f}x |")
+    if rows:
+        lines += ["### Ratios within one process (per step)", "", "| process | N | ratio | value |",
+                  "| --- | ---: | --- | ---: |", *rows, ""]
+    return lines
+
+
+def _median(proc: dict, mode: str, n: str) -> float | None:
+    entry = proc.get("modes", {}).get(mode, {}).get("by_n", {}).get(n, {})
+    return entry["stats"]["median"] if "stats" in entry else None
+
+
+def _step_cell(proc: dict, mode: str, n: str) -> str:
+    entry = proc.get("modes", {}).get(mode, {}).get("by_n", {}).get(n)
+    if entry is None:
+        return "–"
+    if "stats" not in entry:
+        return "skipped" if "skipped" in entry else "error"
+    text = fmt(entry["stats"]["median"] * int(n))
+    if entry.get("unroll"):
+        text += f" K={entry['unroll']}"
+    if mode != "raw" and entry.get("ratio") is not None:
+        text += f" ({entry['ratio']:.2f}x)"
+    return text
 
 
 def _per_call_table(processes: dict) -> list[str]:

@@ -2,6 +2,7 @@
 
     python benchmarks/run.py            # full run: N = 1, 10, 100, 1000, 7 interleaved repeats
     python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
+    python benchmarks/run.py --loops    # only the loop modes (loop_modes.py), N = 1, 10, 100, < 4 minutes
 
 One worker process per setting (``nojax``, then XLA command buffers ``off``,
 ``on`` and JAX ``defaults``), each with ``XLA_FLAGS`` set explicitly in its
@@ -46,8 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/run.py", description="jaxgraph benchmark driver")
     p.add_argument("--quick", action="store_true", help="smoke run: N = 1, 100, 3 repeats, short samples")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
-    p.add_argument("--settings", type=_settings, default=tuple(config.SETTINGS),
-                   help="comma-separated subset of " + ",".join(config.SETTINGS))
+    p.add_argument("--loops", action="store_true",
+                   help="only the loop modes (device loops, fori_loops) in every setting, 'while' included")
+    p.add_argument("--settings", type=_settings, default=None,
+                   help="comma-separated subset of " + ",".join(config.SETTINGS)
+                   + " (default: all but 'while'; all with --loops)")
     p.add_argument("--ns", type=_ints, help="chain lengths, e.g. 1,10,100,1000")
     p.add_argument("--modes", type=_modes, help="comma-separated subset of the modes (the raw floor always runs)")
     p.add_argument("--repeats", type=int, help="interleaved rounds per N")
@@ -56,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=None, help="per worker (default 240, quick 120)")
     p.add_argument("--no-plot", action="store_true", help="write JSON and markdown only")
     args = p.parse_args(argv)
+    if args.settings is None:
+        args.settings = tuple(config.SETTINGS) if args.loops else config.DEFAULT_SETTINGS
+    if args.loops and args.quick:
+        p.error("--loops and --quick are separate runs; narrow --loops with --ns, --repeats, --target-ms")
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.timeout_s is None:
@@ -65,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> config.RunConfig:
     """The quick or full budgets, with the command line's overrides."""
-    base = config.QUICK if args.quick else config.FULL
+    base = config.LOOPS if getattr(args, "loops", False) else config.QUICK if args.quick else config.FULL
     overrides = {"ns": args.ns, "repeats": args.repeats, "target_ms": args.target_ms,
                  "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes}
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
@@ -142,7 +150,8 @@ def collect_meta(cfg: config.RunConfig, argv: list[str]) -> dict:
 def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]:
     """Write ``<slug>.json`` and ``.md`` (and ``.png`` when matplotlib is there); return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = results["device"]["slug"] + ("-quick" if results.get("quick") else "")
+    loops = results.get("config", {}).get("loops")
+    stem = results["device"]["slug"] + ("-loops" if loops else "-quick" if results.get("quick") else "")
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     json_path.write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
     md_path.write_text(report.markdown(results))
@@ -190,7 +199,8 @@ def _settings(text: str) -> tuple[str, ...]:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    known = set(config.NOJAX_MODES) | set(config.JAX_MODES) | set(config.SCALAR_INFO)
+    known = (set(config.NOJAX_MODES) | set(config.JAX_MODES) | set(config.SCALAR_INFO)
+             | set(config.LOOP_NOJAX_MODES) | set(config.LOOP_JAX_MODES))
     keys = tuple(k.strip() for k in text.split(",") if k.strip())
     unknown = [k for k in keys if k not in known]
     if unknown or not keys:

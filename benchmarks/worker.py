@@ -27,7 +27,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import config, extras, graph_modes, harness, stats  # noqa: E402
+from benchmarks import config, extras, graph_modes, harness, loop_modes, stats  # noqa: E402
 from benchmarks.workload import SOURCE, Chain  # noqa: E402
 
 ENV_KEYS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
@@ -75,6 +75,11 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
             proc.setdefault("replay_bindings", {})[str(n)] = _describe_bindings(step)
         else:
             factories, step = _nojax_factories(chain, stream, rng), None
+        if cfg.loops:
+            from benchmarks import jax_modes
+
+            factories += (loop_modes.jax_factories(chain, jax_modes.kernel_step(kernel), rng) if setting.uses_jax
+                          else loop_modes.nojax_factories(kernel, chain, stream, rng))
         factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
         records = harness.measure_group(f"[{setting.key}] N={n}", factories, cfg.repeats,
                                         cfg.target_ms / 1e3, cfg.max_calls, log)
@@ -84,7 +89,7 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
         del factories, step, records
         gc.collect()  # jitted functions and replayables of this N go before its graph
         chain.close()
-    if not setting.uses_jax:
+    if not setting.uses_jax and not cfg.loops:
         factories = [("capture_1000", functools.partial(extras.capture, kernel, rng))]
         factories += extras.eager_factories(kernel, stream, rng)
         factories = [(key, factory) for key, factory in factories if cfg.runs(key)]

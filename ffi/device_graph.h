@@ -1,6 +1,8 @@
 // One captured graph on one device, as the replay handler holds it: its clone
-// of the template, how each static buffer binds to XLA's, and the executables
-// it keeps, one per set of XLA addresses (replay.cc). Included by replay.cc only.
+// of the template (or, for a graph with conditional nodes, which CUDA cannot
+// clone, the template itself: conditional_graph.h), how each static buffer
+// binds to XLA's, and the executables it keeps, one per set of XLA addresses.
+// Also the replay paths and their counters. Included by replay.cc only.
 //
 // Choosing an executable for a call's addresses is the policy here: an
 // executable whose bound kernel arguments already match is launched as it is;
@@ -27,8 +29,27 @@
 
 namespace jaxgraph {
 
-inline std::atomic<int64_t> rebind_count{0};       // kernel-node argument updates in executables
-inline std::atomic<int64_t> instantiate_count{0};  // executables made
+// The ways one call of the handler replays a graph. The codes cross to
+// Python (jaxgraph._jax_replay.ReplayPath); each path has its own counter.
+enum class ReplayPath : int {
+  kLaunch = 0,            // cudaGraphLaunch on XLA's stream
+  kSpliceNodes = 1,       // its nodes added one by one to XLA's command-buffer capture
+  kSpliceWhole = 2,       // one child-graph node of the static template, every buffer copied
+  kUncapturedLaunch = 3,  // launched by jaxgraph_replay_uncaptured, which XLA never records
+};
+
+// How the handlers ran graphs, for tests and profiles.
+struct ReplayCounters {
+  std::atomic<int64_t> paths[4] = {0, 0, 0, 0};  // calls per ReplayPath
+  std::atomic<int64_t> rebind{0};        // kernel-node argument updates in executables
+  std::atomic<int64_t> instantiate{0};   // executables made
+  std::atomic<int64_t> copy{0};          // buffers copied in or out
+  std::atomic<int64_t> handler_calls{0};  // calls of the handlers, and their host time:
+  std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
+
+  void Count(ReplayPath path) { paths[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
+};
+inline ReplayCounters counters;
 
 // An executable of the graph whose bound sites hold `addr` (per static buffer).
 struct ExecSlot {
@@ -43,7 +64,12 @@ constexpr size_t kMaxExecs = 4;  // executables kept per graph and device
 // buffer (inputs first, then outputs) is bound.
 struct DeviceGraph {
   int device = -1;
-  CUgraph graph = nullptr;         // our clone of the template (see template_addr)
+  CUgraph graph = nullptr;         // our clone of the template, or the template itself (conditional)
+  bool owns_graph = true;          // false: the template, kept alive by the replayable (Python)
+  size_t conditionals = 0;         // conditional nodes (any depth): launched, never spliced
+  bool detached = false;           // the template's owner reset it: nothing may use it
+  bool borrowed_exec = false;      // slots[0] is the CUDAGraph's own executable (conditional_graph.h)
+  bool exec_update_whole = false;  // per-node updates refused: update the executable from the template
   size_t num_inputs = 0;
   std::vector<Binding> buffers;    // inputs, then outputs
   std::vector<int> alias;          // per input: the output it shares a buffer with, or -1
@@ -60,24 +86,37 @@ struct DeviceGraph {
 
   ~DeviceGraph() {
     // An executable still in flight is freed by the driver when it completes.
-    for (ExecSlot& slot : slots) cudaGraphExecDestroy(slot.exec);
-    if (graph != nullptr) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
+    for (ExecSlot& slot : slots) {
+      if (!borrowed_exec) cudaGraphExecDestroy(slot.exec);
+    }
+    if (graph != nullptr && owns_graph) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
   }
 };
 
-// Whether `graph` allocates or frees memory in its own nodes.
-inline bool HasMemoryNodes(CUgraph graph) {
+// What the top level of a graph holds that decides how it can be replayed.
+struct Survey {
+  bool memory = false;      // allocates or frees memory in its own nodes
+  size_t conditionals = 0;  // conditional nodes (only the top level and bodies may hold them)
+};
+
+inline Survey SurveyGraph(CUgraph graph) {
   const GraphDriver& d = GraphDriver::Get();
+  Survey out;
   size_t count = 0;
-  if (d.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS) return true;  // unknown: the safe answer
-  std::vector<CUgraphNode> nodes(count);
-  if (count > 0 && d.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return true;
-  for (CUgraphNode node : nodes) {
-    CUgraphNodeType type;
-    if (d.node_type(node, &type) != CUDA_SUCCESS) return true;
-    if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || type == CU_GRAPH_NODE_TYPE_MEM_FREE) return true;
+  std::vector<CUgraphNode> nodes;
+  if (d.get_nodes(graph, nullptr, &count) == CUDA_SUCCESS) {
+    nodes.resize(count);
+    if (count == 0 || d.get_nodes(graph, nodes.data(), &count) == CUDA_SUCCESS) {
+      for (CUgraphNode node : nodes) {
+        CUgraphNodeType type;
+        if (d.node_type(node, &type) != CUDA_SUCCESS) return Survey{true, 0};
+        out.memory |= type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || type == CU_GRAPH_NODE_TYPE_MEM_FREE;
+        out.conditionals += type == CU_GRAPH_NODE_TYPE_CONDITIONAL ? 1 : 0;
+      }
+      return out;
+    }
   }
-  return false;
+  return Survey{true, 0};  // unknown: the safe answer
 }
 
 // A new executable of the clone, at the template's current addresses.
@@ -85,7 +124,7 @@ inline cudaGraphExec_t Instantiate(DeviceGraph* g) {
   cudaGraphExec_t exec = nullptr;
   cudaError_t err = cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
   if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
-  instantiate_count.fetch_add(1, std::memory_order_relaxed);
+  counters.instantiate.fetch_add(1, std::memory_order_relaxed);
   return exec;
 }
 
@@ -129,7 +168,7 @@ inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
       const char* call = exec == nullptr ? "cuGraphKernelNodeSetParams" : "cuGraphExecKernelNodeSetParams";
       return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " + DriverError(call, r));
     }
-    if (exec != nullptr) rebind_count.fetch_add(1, std::memory_order_relaxed);
+    if (exec != nullptr) counters.rebind.fetch_add(1, std::memory_order_relaxed);
   }
   return ffi::Error::Success();
 }

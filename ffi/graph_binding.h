@@ -10,9 +10,17 @@
 //
 // A buffer is copied instead (the old way) where rebinding could be wrong:
 // its address sits inside a struct argument or a kernel passes `extra`
-// arguments, a memcpy/memset/child-graph node uses it, or (for an input) a
-// kernel may write it (a non-const pointer, or a kernel jaxgraph did not
-// launch, whose parameters it cannot see), since XLA's operand must stay as it was.
+// arguments, a memcpy/memset/child-graph node uses it, a kernel jaxgraph did
+// not launch receives it (such a kernel may also reach it through memory
+// jaxgraph cannot see: a pointer table, a field of a struct it reads; unless
+// the caller trusts foreign kernels, ScanOptions::trust_foreign), or (for an
+// input) a kernel may write it, since XLA's operand must stay as it was.
+//
+// Kernel nodes inside the bodies of conditional nodes (IF, WHILE, SWITCH, at
+// any depth) are scanned like top-level ones: CUDA has no call that lists a
+// conditional node's bodies on every driver (cuGraphNodeGetParams came after
+// CUDA 13.0), so the bodies come from the driver where it has that call and
+// otherwise from the capture that made them (ScanOptions::bodies).
 
 #ifndef JAXGRAPH_FFI_GRAPH_BINDING_H_
 #define JAXGRAPH_FFI_GRAPH_BINDING_H_
@@ -46,25 +54,39 @@ struct Site {
   uint64_t delta;
 };
 
-enum class BindMode { kBound, kCopied, kUnused };
+// How a static buffer meets XLA's buffer; the codes cross to Python
+// (jaxgraph._jax_replay.BindingMode), the reason text beside them.
+enum class BindMode : int {
+  kBound = 0,   // kernel arguments pointed at XLA's buffer
+  kCopied = 1,  // copied in (inputs) or out (outputs) around the replay
+  kUnused = 2,  // no node jaxgraph can read refers to it: copied in case the graph reaches it otherwise
+};
 
 struct Binding {
   uint64_t base = 0;       // the static buffer's address
   uint64_t bytes = 0;
   BindMode mode = BindMode::kUnused;
   std::vector<Site> sites;
-  std::string reason;      // why it is copied
+  std::string reason;      // why it is copied (or unused)
 
   void Copy(const std::string& why) {
     if (mode != BindMode::kCopied) reason = why;
     mode = BindMode::kCopied;
   }
+  bool Moves() const { return mode != BindMode::kBound; }  // copied in or out around a replay
   bool Contains(uint64_t address) const { return address >= base && address < base + bytes; }
 };
 
 // What jaxgraph knows of the kernels it launched during the capture: by
 // CUkernel or CUfunction handle, one flag per parameter.
 using KernelFlags = std::map<uint64_t, std::string>;
+
+// What the caller tells the scan.
+struct ScanOptions {
+  const KernelFlags* kernels = nullptr;
+  bool trust_foreign = false;    // bind what kernels jaxgraph did not launch write (outputs)
+  std::vector<uint64_t> bodies;  // CUgraph of each conditional body the capture made (any depth)
+};
 
 // ---------------------------------------------------------------------------
 // Driver calls used here
@@ -83,6 +105,7 @@ struct GraphDriver {
   using MemcpyParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMCPY3D*);
   using MemsetParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS*);
   using ChildGraphFn = CUresult (*)(CUgraphNode, CUgraph*);
+  using NodeParamsFn = CUresult (*)(CUgraphNode, CUgraphNodeParams*);
 
   GetNodesFn get_nodes = Driver<GetNodesFn>("cuGraphGetNodes");
   NodeTypeFn node_type = Driver<NodeTypeFn>("cuGraphNodeGetType");
@@ -97,6 +120,8 @@ struct GraphDriver {
   MemcpyParamsFn memcpy_params = Driver<MemcpyParamsFn>("cuGraphMemcpyNodeGetParams");
   MemsetParamsFn memset_params = Driver<MemsetParamsFn>("cuGraphMemsetNodeGetParams");
   ChildGraphFn child_graph = Driver<ChildGraphFn>("cuGraphChildGraphNodeGetGraph");
+  // Reads a conditional node's bodies; newer than CUDA 13.0 (null on older drivers).
+  NodeParamsFn node_params = Driver<NodeParamsFn>("cuGraphNodeGetParams", 13010);
 
   static const GraphDriver& Get() {
     static GraphDriver driver;
@@ -115,29 +140,64 @@ struct GraphDriver {
 
 class GraphScan {
  public:
-  GraphScan(std::vector<Binding>* buffers, const KernelFlags* flags, size_t num_inputs)
-      : d_(GraphDriver::Get()), buffers_(buffers), flags_(flags), num_inputs_(num_inputs) {}
+  GraphScan(std::vector<Binding>* buffers, const ScanOptions& options, size_t num_inputs)
+      : d_(GraphDriver::Get()), buffers_(buffers), options_(options), num_inputs_(num_inputs) {}
 
-  // Finds the sites in `graph`'s top-level kernel nodes (kept in `nodes`)
-  // and marks the buffers that must be copied. Throws on driver errors.
+  // Finds the sites in `graph`'s kernel nodes, top-level and inside
+  // conditional bodies (kept in `nodes`), and marks the buffers that must be
+  // copied. Throws on driver errors.
   void Scan(CUgraph graph, std::vector<KernelNode>* nodes) {
     if (!d_.Complete()) {
       for (auto& b : *buffers_) b.Copy("the CUDA driver lacks the calls rebinding needs (CUDA >= 12.4)");
       return;
     }
+    ScanLevel(graph, nodes);
+    if (conditionals_ == 0 || !bodies_from_capture_) return;
+    if (options_.bodies.empty()) {
+      for (auto& b : *buffers_) {
+        b.Copy("the graph has conditional nodes whose bodies jaxgraph cannot read (this driver lacks "
+               "cuGraphNodeGetParams, and the capture named no bodies)");
+      }
+      return;
+    }
+    // The capture listed every body, nested ones included: scan each once.
+    for (uint64_t body : options_.bodies) ScanLevel(reinterpret_cast<CUgraph>(body), nodes);
+  }
+
+  // Conditional nodes seen (top-level and nested).
+  size_t conditionals() const { return conditionals_; }
+
+ private:
+  void ScanLevel(CUgraph graph, std::vector<KernelNode>* nodes) {
     for (CUgraphNode node : Nodes(graph)) {
       CUgraphNodeType type;
       Check(d_.node_type(node, &type), "cuGraphNodeGetType");
       if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
         nodes->push_back(ReadKernel(node));
         ClassifyKernel(nodes->size() - 1, &nodes->back());
+      } else if (type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+        ++conditionals_;
+        ScanConditional(node, nodes);
       } else {
         ClassifyOther(node, type);
       }
     }
   }
 
- private:
+  // A conditional node's bodies, through the driver where it can say what
+  // they are; otherwise they are scanned from the capture's list (Scan).
+  void ScanConditional(CUgraphNode node, std::vector<KernelNode>* nodes) {
+    if (!bodies_from_capture_ && d_.node_params != nullptr) {
+      CUgraphNodeParams p{};
+      if (d_.node_params(node, &p) == CUDA_SUCCESS && p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL &&
+          p.conditional.phGraph_out != nullptr) {
+        for (unsigned i = 0; i < p.conditional.size; ++i) ScanLevel(p.conditional.phGraph_out[i], nodes);
+        return;
+      }
+    }
+    bodies_from_capture_ = true;
+  }
+
   std::vector<CUgraphNode> Nodes(CUgraph graph) {
     size_t count = 0;
     Check(d_.get_nodes(graph, nullptr, &count), "cuGraphGetNodes");
@@ -232,6 +292,11 @@ class GraphScan {
                   ? "kernel " + k.name + ", which jaxgraph did not launch, may write it"
                   : "kernel " + k.name + " takes it through a non-const pointer (parameter " +
                         std::to_string(param) + ")");
+    } else if (k.flags.empty() && !options_.trust_foreign) {
+      // The README's promise: what a foreign kernel touches is copied, as it
+      // may hold the address where jaxgraph cannot see (a pointer table).
+      b->Copy("kernel " + k.name + ", which jaxgraph did not launch, receives its address (it may "
+              "also reach it through memory jaxgraph cannot see); trust_foreign_kernels=True binds it");
     }
     if (b->mode == BindMode::kUnused) b->mode = BindMode::kBound;
     b->sites.push_back({node, param, word - b->base});
@@ -275,7 +340,7 @@ class GraphScan {
         }
         break;
       }
-      case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      case CU_GRAPH_NODE_TYPE_CONDITIONAL:  // inside a child graph (CUDA forbids it there)
       case CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
       case CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL:
       case CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT:
@@ -336,10 +401,11 @@ class GraphScan {
   }
 
   std::string Flags(const CUDA_KERNEL_NODE_PARAMS& p) const {
+    if (options_.kernels == nullptr) return "";
     for (uint64_t handle : {reinterpret_cast<uint64_t>(p.func), reinterpret_cast<uint64_t>(p.kern)}) {
       if (handle == 0) continue;
-      auto it = flags_->find(handle);
-      if (it != flags_->end()) return it->second;
+      auto it = options_.kernels->find(handle);
+      if (it != options_.kernels->end()) return it->second;
     }
     return "";
   }
@@ -350,8 +416,10 @@ class GraphScan {
 
   const GraphDriver& d_;
   std::vector<Binding>* buffers_;
-  const KernelFlags* flags_;
+  const ScanOptions& options_;
   size_t num_inputs_;
+  size_t conditionals_ = 0;
+  bool bodies_from_capture_ = false;  // the driver cannot list bodies: use options_.bodies
 };
 
 // ---------------------------------------------------------------------------

@@ -34,14 +34,10 @@ from ._array import DeviceArray, asarray, empty, zeros
 from ._capture import graph
 from ._graphs import CUDAGraph, _capture_mode
 from ._jax_replay import fmt, fmt_all
-from ._replayable import Replayable, replayable
+from ._replayable import Replayable, replayable, replayable_of_referenced
 from ._stream import Stream, stream, synchronize
 
 __all__ = ["GraphedCallable", "make_graphed_callables"]
-
-# The reason ffi/replay.cc gives for a static input no captured node refers to.
-_UNREFERENCED = "no kernel argument points at it"
-
 
 # ----------------------------------------------------------------------------
 # GraphedCallable
@@ -517,12 +513,8 @@ def _graphed(e: _Entry, pool: Any) -> GraphedCallable:
     vjp = None
     if e.backward_graph is not None:
         inputs = [*e.static_in, *e.static_out, *e.static_ct]
-        bwd = replayable(e.backward_graph, inputs=inputs, outputs=e.static_grad)
-        used = _referenced(bwd, inputs, e.static_grad)
-        if not all(used):  # no copies for what the backward never reads
-            bwd.close()
-            bwd = replayable(e.backward_graph, inputs=[a for a, u in zip(inputs, used) if u],
-                             outputs=e.static_grad)
+        # No copies for what the backward never reads: those inputs are left out.
+        bwd, used = replayable_of_referenced(e.backward_graph, inputs, e.static_grad)
         vjp = _vjp_backward(bwd, used, len(e.static_in), e.static_out, e.grad_slots)
         keep.append(bwd)
     step = replayable(e.graph, inputs=e.static_in, outputs=e.static_out, backward=vjp)
@@ -601,14 +593,6 @@ def _distinct(arrays: Sequence[DeviceArray]) -> tuple[list, list]:
             slots.append(len(distinct))
             distinct.append(a)
     return distinct, slots
-
-
-def _referenced(step: Replayable, inputs: Sequence[DeviceArray], outputs: Sequence[DeviceArray]) -> list[bool]:
-    """Which of ``step``'s inputs the graph refers to (an input shared with an output always counts)."""
-    rows = next(iter(step.bindings.values()), [])
-    unreferenced = {r.index for r in rows
-                    if r.kind == "input" and r.mode == "copied" and r.sites == 0 and r.reason.startswith(_UNREFERENCED)}
-    return [i not in unreferenced or any(_overlap(a, o) for o in outputs) for i, a in enumerate(inputs)]
 
 
 def _overlap(a: Any, b: Any) -> bool:

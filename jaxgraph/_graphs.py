@@ -318,8 +318,9 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         if template is None or self._state is not CaptureState.ENDED:
             raise RuntimeError(f"this CUDAGraph holds no captured graph ({self._state.value}); "
                                "capture it before replaying it inside jax.jit")
+        bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
         return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep + h.inputs.held,
-                            h.inputs.kernels, self.register_destroy_callback, self)
+                            h.inputs.kernels, self.register_destroy_callback, self, bodies=bodies, exec=h.exec_address)
 
     # -- internals --------------------------------------------------------------
 
@@ -354,6 +355,13 @@ class ReplaySource:
         The graph itself. A replayable holds it, so the graph is collected (and
         its destroy callbacks fire) only once the replayable is gone; only an
         explicit :meth:`CUDAGraph.reset` retires the replayable earlier.
+    bodies : tuple of int
+        The ``CUgraph`` of every conditional-node body the capture made, nested
+        ones too (``CaptureInputs.conditionals``), so replay inside jit can bind
+        the kernels inside them on drivers that cannot list a node's bodies.
+    exec : int
+        Address of the graph's executable (0 if none): CUDA may allow only one
+        executable of a graph with conditional nodes, and replay then shares it.
     """
 
     template: int
@@ -362,6 +370,8 @@ class ReplaySource:
     kernels: tuple
     on_destroy: Callable[[Callable[[], None]], RemovableHandle]
     graph: Any = None
+    bodies: tuple = ()
+    exec: int = 0
 
 
 def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | None, mode: str,

@@ -1,12 +1,16 @@
 """Replay inside ``jax.jit``: the ``jaxgraph_replay`` FFI call and the native graph table.
 
 This module pairs with ``ffi/replay.cc``. :func:`register` enters a captured
-graph into the native table (a clone and an executable per device) and the
+graph into the native table (a clone and an executable per device; for a graph
+with conditional nodes, which CUDA cannot clone, the template itself) and the
 table decides, per static buffer, whether XLA's buffer is *bound* into the
 graph (its kernel nodes are pointed at XLA's operand or result: no copy) or
 *copied* (into the static input before the replay, out of the static output
-after it); :func:`describe_bindings` says which and why. :func:`jaxgraph_replay`
-builds the FFI call a :class:`~jaxgraph.Replayable` binds when traced.
+after it); :func:`describe_bindings` says which and why, :func:`describe_graph`
+which replay paths its calls take. :func:`jaxgraph_replay` builds the FFI call
+a :class:`~jaxgraph.Replayable` binds when traced: ``jaxgraph_replay``, which
+XLA may record into its command buffers, or ``jaxgraph_replay_uncaptured`` for
+graphs with conditional nodes, which XLA keeps out of them.
 
 HLO carries only a small graph id. Resetting the CUDAGraph retires the id
 on its device, closing or collecting the replayable (which holds its graphs)
@@ -26,13 +30,16 @@ import numpy as np
 
 from . import _driver, _memory
 from ._native import native, register_ffi_targets
+from ._replay_codes import BufferBinding, binding_from_row, paths_from_codes
 
 __all__ = [
-    "BufferBinding",
+    "GraphInfo",
+    "Registration",
     "ReplaySpec",
     "ReplayState",
     "aliases",
     "describe_bindings",
+    "describe_graph",
     "distinct_aliases",
     "jaxgraph_replay",
     "register",
@@ -61,6 +68,9 @@ class ReplaySpec:
         both an input and an output, and the caller's ``input_output_aliases``.
     side_effects : bool
         Declare the call side-effecting, so XLA keeps it even when its outputs are unused.
+    uncaptured : bool
+        Call ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command
+        buffers (graphs with conditional nodes), instead of ``jaxgraph_replay``.
     """
 
     inputs: tuple
@@ -68,6 +78,12 @@ class ReplaySpec:
     graph_id: int = 0
     aliases: tuple = ()
     side_effects: bool = False
+    uncaptured: bool = False
+
+    @property
+    def target(self) -> str:
+        """The FFI target the call lowers to."""
+        return "jaxgraph_replay_uncaptured" if self.uncaptured else "jaxgraph_replay"
 
     def __post_init__(self):
         if not self.outputs:
@@ -110,7 +126,12 @@ class ReplaySpec:
 
 
 def jaxgraph_replay(spec: ReplaySpec) -> Callable[..., list]:
-    """The ``jaxgraph_replay`` FFI call for ``spec``: call it on the operands for the outputs.
+    """The ``jaxgraph_replay`` FFI call for ``spec`` (``spec.target``): call it on the operands for the outputs.
+
+    ``jaxgraph_replay`` is registered command-buffer compatible: when XLA
+    records a command buffer the graph is spliced into it.
+    ``jaxgraph_replay_uncaptured`` (``spec.uncaptured``, graphs with
+    conditional nodes) is not: XLA runs it outside its command buffers.
 
     Every call carries its own ``call`` attribute, so two calls on the same
     operands are different operations and XLA never merges them: each call
@@ -138,7 +159,7 @@ def jaxgraph_replay(spec: ReplaySpec) -> Callable[..., list]:
         call = calls.get(varying)
         if call is None:
             call = calls[varying] = jax.ffi.ffi_call(
-                "jaxgraph_replay", result_shapes(spec.outputs, varying), vmap_method="sequential",
+                spec.target, result_shapes(spec.outputs, varying), vmap_method="sequential",
                 has_side_effect=spec.side_effects, input_output_aliases=dict(spec.aliases) or None)
         return list(call(*args, graph=graph, call=np.int64(next(_call_sites))))
 
@@ -199,44 +220,60 @@ _call_sites = itertools.count(1)
 # ----------------------------------------------------------------------------
 
 
-class BufferBinding(NamedTuple):
-    """How one static buffer meets XLA's buffer in ``jaxgraph_replay``.
+class Registration(NamedTuple):
+    """What :func:`register` returns: the graph id and which inputs stay operands of the call."""
 
-    ``mode`` is ``"bound"`` (the graph's kernel nodes are pointed at XLA's
-    buffer: ``sites`` arguments are rewritten when XLA's address changes) or
-    ``"copied"`` (copied into the static input before the replay, or out of the
-    static output after it), with the ``reason``.
+    graph_id: int
+    kept: tuple
+
+
+class GraphInfo(NamedTuple):
+    """How calls of one registered graph run (:func:`describe_graph`).
+
+    ``paths``: the :class:`~jaxgraph.ReplayPath` each call can take;
+    ``conditionals``: conditional nodes at any depth (then the call must stay
+    out of XLA's command buffers); ``kernel_nodes``: kernel nodes read for
+    binding (conditional bodies included); ``borrowed_exec``: the CUDAGraph's
+    own executable is shared (CUDA made no second one of a conditional graph).
     """
 
-    kind: str
-    index: int
-    mode: str
-    sites: int
-    reason: str
-
-    def __str__(self) -> str:
-        what = f"{self.kind} {self.index} {self.mode}"
-        if self.mode == "bound":
-            return f"{what} ({self.sites} site{'s' if self.sites != 1 else ''})"
-        return f"{what} ({self.reason})" if self.reason else what
+    paths: tuple
+    conditionals: int
+    kernel_nodes: int
+    splice_whole_reason: str
+    borrowed_exec: bool
 
 
 def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_id: int,
-             aliases: Sequence[tuple[int, int]], bind: bool) -> int:
+             aliases: Sequence[tuple[int, int]], bind: bool, *, trust_foreign: bool = False,
+             drop_unreferenced: bool = False) -> Registration:
     """Enter ``source`` (a :class:`~jaxgraph._graphs.ReplaySource`) into the native table.
 
-    Returns the graph id (a new one when ``graph_id`` is 0).
+    ``graph_id`` 0 asks for a new id. ``trust_foreign`` binds outputs that
+    kernels jaxgraph did not launch receive as arguments (else they are
+    copied); ``drop_unreferenced`` leaves out of the call the inputs no node
+    refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
+    by their index before that).
     """
     _driver.ensure_context(source.device)
-    return int(native("replay").register_graph(
+    graph_id, kept = native("replay").register_graph(
         graph_id, source.device, source.template, [(a.ptr, a.nbytes) for a in inputs],
         [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
-        bool(bind)))
+        bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
+        int(source.exec))
+    return Registration(int(graph_id), tuple(bool(k) for k in kept))
 
 
 def describe_bindings(graph_id: int, device: int) -> list[BufferBinding]:
     """How each static buffer of ``graph_id`` on ``device`` meets XLA's: inputs first."""
-    return [BufferBinding(*row) for row in native("replay").describe_bindings(graph_id, device)]
+    return [binding_from_row(row) for row in native("replay").describe_bindings(graph_id, device)]
+
+
+def describe_graph(graph_id: int, device: int) -> GraphInfo:
+    """How calls of ``graph_id`` on ``device`` run."""
+    d = native("replay").describe_graph(graph_id, device)
+    return GraphInfo(paths_from_codes(d["paths"]), int(d["conditionals"]), int(d["kernel_nodes"]),
+                     d["splice_whole_reason"], bool(d["borrowed_exec"]))
 
 
 class ReplayState:
@@ -272,17 +309,20 @@ class ReplayState:
                 if device < 0 or d == device:
                     self.devices[d] = False
         if self.graph_id > 0:
+            # At once: the graph's owner may destroy the template and executable
+            # a conditional graph's entry uses as soon as this returns.
+            _native_quietly("detach_graph", self.graph_id, device)
             # Drops executables, which must not happen in the middle of a capture.
-            _memory.when_no_capture(functools.partial(_unregister, self.graph_id, device))
+            _memory.when_no_capture(functools.partial(_native_quietly, "unregister_graph", self.graph_id, device))
 
     def retire_callback(self, device: int) -> Callable[[], None]:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
         return lambda: self.retire(device)
 
 
-def _unregister(graph_id: int, device: int) -> None:
+def _native_quietly(call: str, graph_id: int, device: int) -> None:
     try:
-        native("replay").unregister_graph(graph_id, device)
+        getattr(native("replay"), call)(graph_id, device)
     except Exception:  # finalizers and destroy callbacks never raise
         pass
 

@@ -22,3 +22,9 @@ def launch(function: int, grid_x: int, grid_y: int, grid_z: int, block_x: int, b
     """
     cuLaunchKernel(function, grid, block, shared_mem, stream, params); returns the CUresult.
     """
+
+def current_context() -> int:
+    """cuCtxGetCurrent() as an integer (0: none or failure)."""
+
+def graph_launch(graph_exec: int, stream: int) -> int:
+    """cuGraphLaunch(graph_exec, stream); returns the CUresult."""

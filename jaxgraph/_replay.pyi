@@ -12,23 +12,36 @@ def cpu_registrations() -> dict:
     FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.
     """
 
-def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], aliases: Sequence[tuple[int, int]], kernels: Mapping[int, str], bind: bool) -> int:
+def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], aliases: Sequence[tuple[int, int]], kernels: Mapping[int, str], bind: bool, trust_foreign: bool, drop_unreferenced: bool, bodies: Sequence[int], borrowed_exec: int) -> tuple[int, list[bool]]:
     """
-    Clone and instantiate a captured graph for one device, find how its static buffers (address, bytes) bind to XLA's; return its table id (a new one when id <= 0). `aliases`: (input, output) pairs the caller aliases in XLA; `kernels`: handle -> one flag per parameter ('r' read-only pointer) of the kernels jaxgraph launched.
+    Enter a captured graph for one device (a clone, or the template itself when it has conditional nodes), find how its static buffers (address, bytes) bind to XLA's; return (table id, which inputs stay operands). `id` <= 0 asks for a new id. `aliases`: (input, output) pairs the caller aliases in XLA; `kernels`: handle -> one flag per parameter ('r' read-only pointer) of the kernels jaxgraph launched; `trust_foreign`: bind outputs that other kernels receive; `drop_unreferenced`: leave out inputs nothing refers to; `bodies`: the conditional bodies the capture made; `borrowed_exec`: the CUDAGraph's executable, shared where CUDA allows one executable of a conditional graph.
     """
 
 def unregister_graph(id: int, device: int = -1) -> None:
     """Retire a graph id on `device` (every device when < 0); idempotent."""
 
-def describe_bindings(id: int, device: int) -> list[tuple[str, int, str, int, str]]:
+def detach_graph(id: int, device: int = -1) -> None:
     """
-    (kind, index, mode, sites, reason) for each static buffer: mode is 'bound' or 'copied'.
+    Stop a graph id from using its CUDAGraph's template and executable, at once (before a reset destroys them); destroys nothing, so it is safe during a capture.
+    """
+
+def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, str]]:
+    """
+    (kind, index, mode, sites, reason) for each static buffer; mode is a code of codes()['binding'].
+    """
+
+def describe_graph(id: int, device: int) -> dict:
+    """
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'.
     """
 
 def live_graphs() -> int:
     """Number of live (graph, device) entries."""
 
+def codes() -> dict:
+    """The codes describe_bindings and describe_graph use, by name."""
+
 def counters() -> dict:
     """
-    How the handler ran graphs: launches, splices, kernel-node rebinds, buffer copies.
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies; handler calls and their total host time in ns.
     """

@@ -13,7 +13,11 @@ A graph captured on static device arrays becomes a function of JAX arrays::
 in order with the XLA operations around it, its kernels pointed at XLA's own
 operand and result buffers (no copies; see :attr:`Replayable.bindings`). When
 XLA records its own command buffer, the graph's nodes are spliced into it, so a
-jitted step of XLA fusions plus the replay becomes one CUDA graph.
+jitted step of XLA fusions plus the replay becomes one CUDA graph. A graph with
+conditional nodes (branches and loops on the device) cannot go into another
+graph: it is launched by ``jaxgraph_replay_uncaptured``, which XLA keeps out of
+its command buffers (:attr:`Replayable.replay_paths` says which way a
+replayable goes).
 
 ``via="callback"``: the same replay from a ``jax.pure_callback`` through host
 memory (``_jax_callback.py``); for JAX on the CPU, or to debug.
@@ -27,10 +31,12 @@ from typing import Any, Callable, Sequence
 from . import _jax_replay
 from ._capture import Graph
 from ._graphs import CUDAGraph
-from ._jax_callback import HostReplay, callback_replay
-from ._jax_replay import BufferBinding, ReplaySpec, ReplayState, fmt_all
+from ._jax_callback import HostReplay
+from ._jax_replay import ReplaySpec, ReplayState, fmt_all
+from ._replay_call import replay_function
+from ._replay_codes import BufferBinding, ReplayPath
 
-__all__ = ["Replayable", "replayable"]
+__all__ = ["Replayable", "replayable", "replayable_of_referenced"]
 
 _VIA = ("ffi", "callback")
 _BIND = ("auto", "copy")
@@ -67,6 +73,8 @@ class Replayable:
         CUDA ordinals with a registered graph.
     bindings : dict of int to list of BufferBinding
         Per device, how each static buffer meets XLA's (``via="ffi"``).
+    replay_paths : tuple of ReplayPath
+        The ways its calls replay the graph inside ``jax.jit``.
 
     .. caution:: With XLA command buffers on, XLA records the replay into its
        own CUDA graph (its nodes spliced in) and replays that recording
@@ -96,9 +104,10 @@ class Replayable:
         self._state = state if state is not None else ReplayState(spec.graph_id)
         self._keep: list = []  # graphs, static arrays and callback handles kept alive
         self._bind = True      # add_device binds as the first graph did
+        self._trust_foreign = False
         # Built from the parts, never from self: no reference cycle, so the
         # replayable (and its graph id) goes as soon as the last reference does.
-        self._fn = _replay_function(spec, via, host, self._state, backward)
+        self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
         self._finalizer = weakref.finalize(self, self._state.retire)
         return self
@@ -132,16 +141,35 @@ class Replayable:
 
     @property
     def bindings(self) -> dict[int, list[BufferBinding]]:
-        """Per live device, how each static buffer meets XLA's buffer: bound or copied, and why."""
+        """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
         if self._via != "ffi":
             return {}
         return {d: _jax_replay.describe_bindings(self.graph_id, d)
                 for d, live in sorted(self._state.devices.items()) if live}
 
+    @property
+    def replay_paths(self) -> tuple[ReplayPath, ...]:
+        """The ways calls replay the graph inside ``jax.jit`` (:class:`~jaxgraph.ReplayPath`).
+
+        ``(LAUNCH, SPLICE_NODES)`` for most graphs: launched on XLA's stream,
+        or spliced node by node when XLA records a command buffer;
+        ``(LAUNCH, SPLICE_WHOLE)`` when the nodes cannot be added one by one;
+        ``(UNCAPTURED_LAUNCH,)`` for a graph with conditional nodes;
+        ``(HOST_CALLBACK,)`` for ``via="callback"``. Empty once retired.
+        """
+        if self._via != "ffi":
+            return (ReplayPath.HOST_CALLBACK,)
+        live = [d for d, alive in sorted(self._state.devices.items()) if alive]
+        if not live or self._state.closed:
+            return ()
+        return _jax_replay.describe_graph(self.graph_id, live[0]).paths
+
     def __repr__(self) -> str:
         state = "alive" if self.alive else "retired"
         text = (f"<jaxgraph.Replayable ({fmt_all(self._spec.inputs)}) -> ({fmt_all(self._spec.outputs)}) "
                 f"via={self._via} graph={self.graph_id} {state}")
+        if self.alive:
+            text += " paths=" + "|".join(p.value for p in self.replay_paths)
         if self._via == "ffi" and self.alive and self._state.devices:
             device, rows = next(iter(self.bindings.items()))
             text += f"; device {device}: " + "; ".join(str(r) for r in rows)
@@ -188,8 +216,17 @@ class Replayable:
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         _check_devices(source.device, inputs, outputs)
-        _jax_replay.register(source, inputs, outputs, self.graph_id, _jax_replay.distinct_aliases(self._spec, inputs, outputs),
-                             self._bind)
+        _jax_replay.register(source, inputs, outputs, self.graph_id,
+                             _jax_replay.distinct_aliases(self._spec, inputs, outputs), self._bind,
+                             trust_foreign=self._trust_foreign)
+        info = _jax_replay.describe_graph(self.graph_id, source.device)
+        if info.conditionals and not self._spec.uncaptured:
+            self._state.devices[source.device] = True
+            self._state.retire(source.device)
+            raise ValueError(f"add_device: the graph on device {source.device} has conditional nodes and the "
+                             "first device's has none, so this replayable's calls may be recorded into XLA's "
+                             "command buffers, where a conditional graph cannot go; build the replayable "
+                             "from a graph with conditional nodes")
         self._attach(source, inputs, outputs)
 
     def close(self) -> None:
@@ -215,7 +252,7 @@ class Replayable:
 def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any], *,
                via: str = "ffi", backward: Callable[..., Any] | None = None, bind: str = "auto",
                input_output_aliases: dict[int, int] | None = None,
-               side_effects: bool = False) -> Replayable:
+               side_effects: bool = False, trust_foreign_kernels: bool = False) -> Replayable:
     """Turn a captured graph into a function of JAX arrays, usable inside ``jax.jit``.
 
     Parameters
@@ -249,7 +286,8 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
         why); ``"copy"`` copies every buffer in and out of the static arrays.
         Use ``"copy"`` when the graph reaches a static array only through a
         pointer stored in device memory (a pointer table), which jaxgraph
-        cannot see, or when it reads an output's previous contents.
+        cannot see, or when it reads an output's previous contents. Kernels
+        inside the bodies of conditional nodes are bound like the others.
     input_output_aliases : dict of int to int, optional
         ``{input index: output index}``: the output reuses the input's XLA
         buffer (donate the input with ``jax.jit(..., donate_argnums=...)`` to
@@ -259,6 +297,17 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
         on the FFI call), for graphs whose effects matter beyond their
         outputs. Off by default: XLA then removes a call whose outputs are
         unused, as for any JAX operation, and calls cost less.
+    trust_foreign_kernels : bool
+        With ``bind="auto"``, also bind the outputs that kernels jaxgraph did
+        not launch (CuPy, torch, Triton, ... kernels captured in the graph)
+        receive as kernel arguments. By default those buffers are copied: such
+        a kernel may also reach a buffer through memory jaxgraph cannot see (a
+        pointer table in device memory, a field of a struct it reads through a
+        pointer), and a bound buffer would then be silently wrong. Set it only
+        when every foreign kernel in the graph gets the static outputs it
+        writes as plain pointer arguments (elementwise kernels, softmax,
+        simple Triton kernels do). Inputs those kernels receive stay copied
+        either way: jaxgraph cannot tell whether they write them.
 
     Returns
     -------
@@ -272,8 +321,9 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
         ``graph`` is not a CUDAGraph or Graph, an input/output is not a device
         array, ``backward`` is not callable, or ``input_output_aliases`` is not a dict.
     ValueError
-        Unknown ``via`` or ``bind``, no outputs, arrays on another device than
-        the graph, a static array given twice or overlapping another, or bad aliases.
+        Unknown ``via`` or ``bind``, ``trust_foreign_kernels`` with ``bind="copy"``,
+        no outputs, arrays on another device than the graph, a static array
+        given twice or overlapping another, or bad aliases.
     RuntimeError
         The graph is not captured, or (``via="ffi"``) the native extension is
         not built. Checked after the arguments: a wrong call says what is wrong
@@ -285,28 +335,61 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
     compiled function replays it races on buffers that are copied.
     ``vmap`` replays once per batch element, in sequence.
     """
-    # Every argument is checked before the graph's state: a wrong call says what is wrong with it.
+    step, _ = _build(graph, inputs, outputs, via=via, backward=backward, bind=bind,
+                     input_output_aliases=input_output_aliases, side_effects=side_effects,
+                     trust_foreign_kernels=trust_foreign_kernels, drop_unreferenced=False)
+    return step
+
+
+def replayable_of_referenced(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any],
+                             **options: Any) -> tuple[Replayable, tuple[bool, ...]]:
+    """:func:`replayable` over only the inputs some node of ``graph`` refers to.
+
+    Returns the replayable, called with the kept inputs only, and one flag per
+    input saying whether it was kept. An input the graph shares with an
+    output, or names in ``input_output_aliases``, is always kept. With
+    ``via="callback"`` every input is kept.
+    """
+    return _build(graph, inputs, outputs, drop_unreferenced=True, **options)
+
+
+def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: str = "ffi",
+           backward: Callable[..., Any] | None = None, bind: str = "auto",
+           input_output_aliases: dict[int, int] | None = None, side_effects: bool = False,
+           trust_foreign_kernels: bool = False, drop_unreferenced: bool) -> tuple[Replayable, tuple[bool, ...]]:
+    """Check the arguments, register the graph (``via="ffi"``), build the spec once and the replayable."""
     _check_choice("via", via, _VIA)
     _check_choice("bind", bind, _BIND)
+    if trust_foreign_kernels and bind == "copy":
+        raise ValueError("trust_foreign_kernels=True binds buffers, but bind='copy' copies every buffer; "
+                         "use one or the other")
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
     inputs, outputs = _static_arrays(inputs, "inputs"), _static_arrays(outputs, "outputs")
     _check_graph_type(graph)
     aliases = _jax_replay.aliases(inputs, outputs, input_output_aliases)
-    spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
+    ReplaySpec.from_arrays(inputs, outputs)  # argument errors (no outputs) before the graph's state
     source = _replay_source(graph)
     _check_devices(source.device, inputs, outputs)
-    host = None
+    host, graph_id, kept, conditional = None, 0, (True,) * len(inputs), False
     if via == "ffi":
-        graph_id = _jax_replay.register(source, inputs, outputs, 0, _jax_replay.distinct_aliases(spec, inputs, outputs),
-                                        bind == "auto")
-        spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases, side_effects=bool(side_effects))
+        distinct = [(i, j) for i, j in aliases if inputs[i].ptr != outputs[j].ptr]
+        graph_id, kept = _jax_replay.register(source, inputs, outputs, 0, distinct, bind == "auto",
+                                              trust_foreign=trust_foreign_kernels,
+                                              drop_unreferenced=drop_unreferenced)
+        conditional = _jax_replay.describe_graph(graph_id, source.device).conditionals > 0
+        if not all(kept):
+            inputs = tuple(a for a, k in zip(inputs, kept) if k)
+            aliases = _jax_replay.aliases(inputs, outputs, _renumber(input_output_aliases, kept))
     else:
         host = HostReplay(graph, inputs, outputs)
+    spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases, side_effects=bool(side_effects),
+                                  uncaptured=conditional)
     step = Replayable._create(spec, via=via, host=host, backward=backward, state=ReplayState(spec.graph_id))
     step._bind = bind == "auto"
+    step._trust_foreign = bool(trust_foreign_kernels)
     step._attach(source, inputs, outputs)
-    return step
+    return step, kept
 
 
 # ----------------------------------------------------------------------------
@@ -314,53 +397,12 @@ def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequenc
 # ----------------------------------------------------------------------------
 
 
-def _replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
-                     backward: Callable[..., Any] | None) -> Callable[..., Any]:
-    """The function a :class:`Replayable` calls: the FFI call or the callback, maybe with a VJP."""
-    def host_call(*args: Any) -> Any:  # the pure_callback target refuses a reset graph
-        state.check_alive()
-        return host(*args)
-
-    ffi_replay = _jax_replay.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
-
-    def primal(*args: Any) -> Any:
-        if ffi_replay is not None:
-            out = ffi_replay(*args)
-        else:
-            out = callback_replay(spec.outputs, host_call, *args)
-        return out[0] if len(out) == 1 else tuple(out)
-
-    if backward is None:
-        return primal
-    return _with_vjp(primal, backward, len(spec.inputs), len(spec.outputs) == 1)
-
-
-def _with_vjp(primal: Callable[..., Any], backward: Callable[..., Any], n_in: int, single: bool):
-    """Wrap ``primal`` in ``jax.custom_vjp`` with ``backward(*inputs, *outputs, *cotangents)``."""
-    import jax
-
-    @jax.custom_vjp
-    def fn(*args):
-        return primal(*args)
-
-    def fwd(*args):
-        out = primal(*args)
-        return out, (args, out)
-
-    def bwd(residuals, cotangents):
-        args, out = residuals
-        outs = (out,) if single else tuple(out)
-        cts = (cotangents,) if single else tuple(cotangents)
-        grads = backward(*args, *outs, *cts)
-        if not isinstance(grads, (tuple, list)):
-            grads = (grads,)
-        if len(grads) != n_in:
-            raise ValueError(f"backward returned {len(grads)} cotangent(s); the replayable has {n_in} "
-                             "input(s) (return None for an input without a gradient)")
-        return tuple(grads)
-
-    fn.defvjp(fwd, bwd)
-    return fn
+def _renumber(user_aliases: dict[int, int] | None, kept: Sequence[bool]) -> dict[int, int] | None:
+    """``user_aliases`` with inputs numbered among the kept ones (aliased inputs are always kept)."""
+    if not user_aliases:
+        return user_aliases
+    index = {old: sum(kept[:old]) for old in range(len(kept)) if kept[old]}
+    return {index[i]: j for i, j in user_aliases.items()}
 
 
 def _check_choice(what: str, value: Any, valid: tuple) -> str:

@@ -25,12 +25,15 @@ HAS_GPU = jaxgraph.device_count() > 0
 # Small sizes, so each example runs in seconds.
 SMALL = {
     "gray_scott": ["--grid", "48", "--steps", "5", "--substeps", "3"],
+    "poisson_solver": ["--grid", "16"],
     "compare_command_buffers": ["--ns", "10", "--repeats", "1", "--target-ms", "1", "--settings", "off,on"],
 }
 # What else a GPU run must print (beyond "matches").
 PRINTS = {
     "quickstart": ["3 kernel"],                                  # print(g): the graph's summary
-    "gray_scott": ["[6/6]", "speedup", "graphed step vs XLA on the same kernels", "forward: CUDAGraph"],
+    "gray_scott": ["[8/8]", "speedup", "graphed step vs XLA on the same kernels", "forward: CUDAGraph",
+                   "device loop in jit vs XLA's fori_loop"],
+    "poisson_solver": ["converged", "lax.while_loop", "until="],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
                            "kernels replayed inside jax.jit matches numpy"],

@@ -226,7 +226,7 @@ def test_add_device_needs_the_ffi_path():
 
 def test_repr_names_shapes_and_path():
     step = host_step([sds((3,)), sds((2, 2), np.int32)], [sds((3,))], lambda a, b: (a,))
-    assert repr(step) == "<jaxgraph.Replayable (float32[3], int32[2, 2]) -> (float32[3]) via=callback graph=0 alive>"
+    assert repr(step) == "<jaxgraph.Replayable (float32[3], int32[2, 2]) -> (float32[3]) via=callback graph=0 alive paths=host_callback>"
 
 
 # ---------------------------------------------------------------------------

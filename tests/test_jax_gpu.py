@@ -412,7 +412,7 @@ WORKER = textwrap.dedent(r'''
             raise SystemExit(f"bind='copy' replay {i} wrong: got {got[:3]}")
     replay = _native.native("replay")
     counters = replay.counters()
-    report = {"splices": counters["splice"], "launches": counters["launch"]}
+    report = {"splices": counters["splice_nodes"], "whole": counters["splice_whole"], "launches": counters["launch"]}
     g.reset()
     try:
         jax.block_until_ready(f(jnp.asarray(x + 1), jnp.asarray(z)))
@@ -442,7 +442,8 @@ def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rn
     np.testing.assert_array_equal(on, off)
 
     # Off: every call launches the graph on XLA's stream; nothing is spliced.
-    assert off_report["splices"] == 0 and off_report["launches"] >= 4
+    assert off_report["splices"] == off_report["whole"] == 0 and off_report["launches"] >= 4
     assert "was reset or destroyed" in off_report["after_reset"]
     # On: XLA recorded the replay into its command buffer as a child-graph node.
     assert on_report["splices"] > 0, on_report
+    assert on_report["whole"] > 0, on_report  # bind="copy": spliced as one child graph

@@ -211,7 +211,9 @@ def test_each_device_binds_xla_buffers_without_copies(k, gpus, mesh, rng):
         check_shards(f(jax.device_put(x, NamedSharding(mesh, P("x")))), x)
     after = counters()
     assert after["copy"] == before["copy"]
-    assert after["launch"] - before["launch"] == 2 * calls or after["splice"] > before["splice"], (before, after)
+    # Launched on both devices per call, or (XLA recording a command buffer) spliced node by node.
+    launched = after["launch"] - before["launch"] == 2 * calls
+    assert launched or after["splice_nodes"] > before["splice_nodes"], (before, after)
     for d in sg.devices:
         assert np.isnan(sg.inputs(d)[0].numpy()).all() and np.isnan(sg.outputs(d)[0].numpy()).all()
 
@@ -377,7 +379,7 @@ WORKER = textwrap.dedent(r'''
             raise SystemExit(f"direct replay {i} wrong: got {got[n - 2:n + 2]}, want {want[n - 2:n + 2]}")
     counters = _native.native("replay").counters()
     np.save(out_path, np.stack(results))
-    print("REPORT " + json.dumps({"splices": counters["splice"], "launches": counters["launch"],
+    print("REPORT " + json.dumps({"splices": counters["splice_nodes"], "launches": counters["launch"],
                                   "devices": [d.local_hardware_id for d in gpus]}))
 ''')
 

@@ -1,0 +1,357 @@
+// Graphed loops: one CUDA graph that runs a captured step R times on the device.
+// Python side: jaxgraph/_loops.py (which compiles the control kernels with NVRTC
+// and passes their CUfunctions here).
+//
+// The loop graph is built node by node (no stream capture):
+//
+//   init ──► WHILE(h) { step_1 … step_K ; tail } ──► remainder ──► finalize
+//
+// - `init` (one thread) reads R (fixed, or from a device int32), clears the
+//   stop flag, zeroes the counters and sets h for the first trip.
+// - The WHILE body holds K copies of the step as child-graph nodes, so the
+//   ~4 us a trip costs is paid once per K steps. With a stop flag (`until`)
+//   every copy sits in an IF node behind a one-thread `guard` kernel that
+//   runs it only while steps remain and the flag is clear, so no step runs
+//   after the one that set the flag; the tail then re-arms h.
+// - Without a flag, the R mod K steps left over run after the loop: unrolled
+//   when R is fixed, else behind log2(K) IF nodes, one per bit of the
+//   remainder (bit b guards 2^b copies), set by one `bits` kernel.
+// - Ping-pong: the copies alternate between the step (A, reads X writes Y)
+//   and a clone with X and Y swapped in its kernels' arguments (B), so K is
+//   even and every block but the last single copy keeps the parity. Where
+//   swapping is unsafe, a memcpy Y -> X follows every copy instead.
+// - `finalize` copies the newer of X and Y over the older, by the count of
+//   steps run, so both hold the result.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+#include "graph_binding.h"
+#include "nanobind/stl/map.h"
+#include "nanobind/stl/pair.h"
+#include "nanobind/stl/string.h"
+#include "nanobind/stl/tuple.h"
+#include "nanobind/stl/vector.h"
+
+namespace jaxgraph {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Driver calls
+// ---------------------------------------------------------------------------
+
+struct LoopDriver {
+  using CreateFn = CUresult (*)(CUgraph*, unsigned);
+  using CloneFn = CUresult (*)(CUgraph*, CUgraph);
+  using DestroyFn = CUresult (*)(CUgraph);
+  using ChildFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
+  using KernelFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                const CUDA_KERNEL_NODE_PARAMS*);
+  using MemcpyFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                const CUDA_MEMCPY3D*, CUcontext);
+  using HandleFn = CUresult (*)(CUgraphConditionalHandle*, CUgraph, CUcontext, unsigned, unsigned);
+  using AddNodeFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, const CUgraphEdgeData*,
+                                 size_t, CUgraphNodeParams*);
+  using CtxFn = CUresult (*)(CUcontext*);
+
+  CreateFn create = Driver<CreateFn>("cuGraphCreate");
+  CloneFn clone = Driver<CloneFn>("cuGraphClone");
+  DestroyFn destroy = Driver<DestroyFn>("cuGraphDestroy");
+  ChildFn child = Driver<ChildFn>("cuGraphAddChildGraphNode");
+  KernelFn kernel = Driver<KernelFn>("cuGraphAddKernelNode");
+  MemcpyFn memcpy = Driver<MemcpyFn>("cuGraphAddMemcpyNode");
+  // Conditional nodes: CUDA 12.3 (the _v2 cuGraphAddNode, with edge data).
+  HandleFn handle = Driver<HandleFn>("cuGraphConditionalHandleCreate", 12030);
+  AddNodeFn add_node = Driver<AddNodeFn>("cuGraphAddNode", 12030);
+  CtxFn current = Driver<CtxFn>("cuCtxGetCurrent");
+
+  static const LoopDriver& Get() {
+    static LoopDriver d;
+    return d;
+  }
+};
+
+void Check(CUresult r, const char* call) {
+  if (r != CUDA_SUCCESS) throw std::runtime_error(DriverError(call, r));
+}
+
+// ---------------------------------------------------------------------------
+// The swapped variant of a step
+// ---------------------------------------------------------------------------
+
+// A clone of `graph` whose kernels use Y where they used X and X where they
+// used Y, for each (X, Y, bytes) of `pairs`. Returns (clone, "") or, where a
+// kernel argument cannot be rewritten safely (a pointer inside a struct, a
+// memcpy node, a child graph, unknown kernels' end pointers), (0, why).
+std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
+                                              const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& pairs,
+                                              const std::map<uint64_t, std::string>& kernels) {
+  const LoopDriver& d = LoopDriver::Get();
+  if (d.clone == nullptr || d.destroy == nullptr) throw std::runtime_error("the CUDA driver lacks cuGraphClone");
+  std::vector<Binding> buffers;
+  for (const auto& [x, y, bytes] : pairs) {
+    Binding bx, by;
+    bx.base = x, bx.bytes = bytes, by.base = y, by.bytes = bytes;
+    buffers.push_back(bx);
+    buffers.push_back(by);
+  }
+  CUgraph clone = nullptr;
+  Check(d.clone(&clone, reinterpret_cast<CUgraph>(graph)), "cuGraphClone");
+  try {
+    KernelFlags flags(kernels.begin(), kernels.end());
+    ScanOptions options;
+    options.kernels = &flags;
+    std::vector<KernelNode> nodes;
+    // num_inputs 0: kernels writing X or Y is what a step does, not a reason to copy.
+    GraphScan(&buffers, options, 0).Scan(clone, &nodes);
+    for (const Binding& b : buffers) {
+      if (b.mode == BindMode::kCopied) {
+        d.destroy(clone);
+        return {0, b.reason};
+      }
+    }
+    for (size_t i = 0; i < buffers.size(); i += 2) {
+      Retarget(buffers[i], buffers[i + 1].base, &nodes);
+      Retarget(buffers[i + 1], buffers[i].base, &nodes);
+    }
+    const GraphDriver& g = GraphDriver::Get();
+    for (KernelNode& k : nodes) Check(g.set_kernel_params(k.node, &k.params), "cuGraphKernelNodeSetParams");
+  } catch (...) {
+    d.destroy(clone);
+    throw;
+  }
+  return {reinterpret_cast<uintptr_t>(clone), ""};
+}
+
+void DestroyGraph(uintptr_t graph) {
+  if (graph != 0) Check(LoopDriver::Get().destroy(reinterpret_cast<CUgraph>(graph)), "cuGraphDestroy");
+}
+
+// ---------------------------------------------------------------------------
+// Building the loop graph
+// ---------------------------------------------------------------------------
+
+// One kernel argument: its bytes.
+using Arg = std::vector<uint8_t>;
+
+template <typename T>
+Arg A(T value) {
+  Arg a(sizeof(T));
+  std::memcpy(a.data(), &value, sizeof(T));
+  return a;
+}
+
+struct Plan {
+  uint64_t step_a = 0, step_b = 0;  // templates; step_b 0: every copy is step_a
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> copies;  // (dst, src, bytes) after each step
+  int unroll = 1;
+  int64_t fixed = -1;               // R, or -1: read from `count`
+  uint64_t count = 0, until = 0, remaining = 0, done = 0;
+  int until_bytes = 0;
+  uint64_t init = 0, tail = 0, guard = 0, bits = 0, finalize = 0;  // CUfunctions
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> finals;    // (x, y, bytes)
+  int final_mode = 0;               // 0: x/y ping-pong, 1: copies after each step
+};
+
+class Builder {
+ public:
+  explicit Builder(const Plan& p) : p_(p), d_(LoopDriver::Get()) {
+    if (d_.handle == nullptr || d_.add_node == nullptr) {
+      throw std::runtime_error(
+          "graphed loops need CUDA conditional nodes (cuGraphConditionalHandleCreate, CUDA 12.3+); "
+          "this CUDA driver lacks them: update the NVIDIA driver");
+    }
+    Check(d_.current(&ctx_), "cuCtxGetCurrent");
+  }
+
+  // Every conditional node made, at any depth: (node, "IF" or "WHILE", its bodies). CUDA before
+  // 13.2 cannot describe a conditional node, so introspection and replay in jit learn them here.
+  std::vector<std::tuple<uint64_t, std::string, std::vector<uint64_t>>> conditionals;
+
+  CUgraph Build() {
+    CUgraph top = nullptr;
+    Check(d_.create(&top, 0), "cuGraphCreate");
+    try {
+      Fill(top);
+    } catch (...) {
+      d_.destroy(top);
+      throw;
+    }
+    return top;
+  }
+
+ private:
+  bool guarded() const { return p_.until != 0; }
+  bool dynamic() const { return p_.fixed < 0; }
+
+  void Fill(CUgraph top) {
+    const int k = p_.unroll;
+    const bool has_while = guarded() || dynamic() || p_.fixed >= k;
+    CUgraphConditionalHandle h = has_while ? Handle(top) : 0;
+    int mode = (guarded() ? 1 : 0) | (has_while ? 2 : 0);
+    CUgraphNode prev = Kernel(top, nullptr, p_.init, 1,
+                              {A(p_.remaining), A(p_.done), A(p_.count), A(static_cast<int>(dynamic() ? 0 : p_.fixed)),
+                               A(p_.until), A(p_.until_bytes), A(k), A(h), A(mode)});
+    if (has_while) {
+      CUgraph body = nullptr;
+      prev = Conditional(top, prev, h, CU_GRAPH_COND_TYPE_WHILE, &body);
+      CUgraphNode last = nullptr;
+      for (int j = 0; j < k; ++j) {
+        if (guarded()) {
+          CUgraphConditionalHandle g = Handle(body);
+          last = Kernel(body, last, p_.guard, 1,
+                        {A(p_.remaining), A(p_.done), A(p_.until), A(p_.until_bytes), A(g)});
+          CUgraph inner = nullptr;
+          last = Conditional(body, last, g, CU_GRAPH_COND_TYPE_IF, &inner);
+          Steps(inner, nullptr, 1, j);
+        } else {
+          last = Steps(body, last, 1, j);
+        }
+      }
+      Kernel(body, last, p_.tail, 1,
+             {A(p_.remaining), A(p_.until), A(p_.until_bytes), A(k), A(h), A(guarded() ? 1 : 0)});
+    }
+    if (!guarded()) prev = Remainder(top, prev, has_while);
+    for (const auto& [x, y, bytes] : p_.finals) {
+      unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));  // a word per thread
+      prev = Kernel(top, prev, p_.finalize, blocks, {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)}, 256);
+    }
+  }
+
+  // The steps left after the full trips (no flag).
+  CUgraphNode Remainder(CUgraph top, CUgraphNode prev, bool has_while) {
+    const int k = p_.unroll;
+    if (!dynamic()) {
+      int64_t r = has_while ? p_.fixed % k : p_.fixed;
+      return r > 0 ? Steps(top, prev, static_cast<int>(r), 0) : prev;
+    }
+    int nbits = 0;
+    while ((1 << nbits) < k) ++nbits;  // bits of a remainder in [0, k-1]
+    if (nbits == 0) return prev;
+    std::vector<CUgraphConditionalHandle> hs(8, 0);
+    for (int b = 0; b < nbits; ++b) hs[b] = Handle(top);
+    std::vector<Arg> args{A(p_.remaining)};
+    for (int b = 0; b < 8; ++b) args.push_back(A(hs[b]));
+    args.push_back(A(nbits));
+    prev = Kernel(top, prev, p_.bits, 1, args);
+    // Largest block first: the even blocks keep the ping-pong parity, the single copy goes last.
+    for (int b = nbits - 1; b >= 0; --b) {
+      CUgraph inner = nullptr;
+      prev = Conditional(top, prev, hs[b], CU_GRAPH_COND_TYPE_IF, &inner);
+      Steps(inner, nullptr, 1 << b, 0);
+    }
+    return prev;
+  }
+
+  // `n` copies of the step in `graph` after `prev`, the first of parity `first`.
+  CUgraphNode Steps(CUgraph graph, CUgraphNode prev, int n, int first) {
+    for (int i = 0; i < n; ++i) {
+      uint64_t step = ((first + i) % 2 == 1 && p_.step_b != 0) ? p_.step_b : p_.step_a;
+      CUgraphNode node = nullptr;
+      Check(d_.child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, reinterpret_cast<CUgraph>(step)),
+            "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+      prev = node;
+      for (const auto& [dst, src, bytes] : p_.copies) prev = Memcpy(graph, prev, dst, src, bytes);
+    }
+    return prev;
+  }
+
+  CUgraphConditionalHandle Handle(CUgraph graph) {
+    CUgraphConditionalHandle h = 0;
+    Check(d_.handle(&h, graph, ctx_, 0, CU_GRAPH_COND_ASSIGN_DEFAULT), "cuGraphConditionalHandleCreate");
+    return h;
+  }
+
+  CUgraphNode Conditional(CUgraph graph, CUgraphNode prev, CUgraphConditionalHandle h,
+                          CUgraphConditionalNodeType type, CUgraph* body) {
+    CUgraphNodeParams params;
+    std::memset(&params, 0, sizeof(params));
+    params.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    params.conditional.handle = h;
+    params.conditional.type = type;
+    params.conditional.size = 1;
+    params.conditional.ctx = ctx_;
+    CUgraphNode node = nullptr;
+    Check(d_.add_node(&node, graph, prev ? &prev : nullptr, nullptr, prev ? 1 : 0, &params),
+          "cuGraphAddNode (conditional)");
+    *body = params.conditional.phGraph_out[0];
+    conditionals.emplace_back(reinterpret_cast<uint64_t>(node), type == CU_GRAPH_COND_TYPE_WHILE ? "WHILE" : "IF",
+                              std::vector<uint64_t>{reinterpret_cast<uint64_t>(*body)});
+    return node;
+  }
+
+  CUgraphNode Kernel(CUgraph graph, CUgraphNode prev, uint64_t function, unsigned blocks,
+                     std::vector<Arg> args, unsigned threads = 1) {
+    std::vector<void*> pointers;
+    for (Arg& a : args) pointers.push_back(a.data());
+    CUDA_KERNEL_NODE_PARAMS params;
+    std::memset(&params, 0, sizeof(params));
+    params.func = reinterpret_cast<CUfunction>(function);
+    params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
+    params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
+    params.kernelParams = pointers.data();
+    CUgraphNode node = nullptr;
+    Check(d_.kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params), "cuGraphAddKernelNode");
+    return node;
+  }
+
+  CUgraphNode Memcpy(CUgraph graph, CUgraphNode prev, uint64_t dst, uint64_t src, uint64_t bytes) {
+    CUDA_MEMCPY3D m;
+    std::memset(&m, 0, sizeof(m));
+    m.srcMemoryType = CU_MEMORYTYPE_DEVICE, m.srcDevice = src;
+    m.dstMemoryType = CU_MEMORYTYPE_DEVICE, m.dstDevice = dst;
+    m.WidthInBytes = bytes, m.Height = 1, m.Depth = 1;
+    CUgraphNode node = nullptr;
+    Check(d_.memcpy(&node, graph, &prev, 1, &m, ctx_), "cuGraphAddMemcpyNode");
+    return node;
+  }
+
+  const Plan& p_;
+  const LoopDriver& d_;
+  CUcontext ctx_ = nullptr;
+};
+
+using Conditionals = std::vector<std::tuple<uint64_t, std::string, std::vector<uint64_t>>>;
+
+std::pair<uintptr_t, Conditionals> BuildLoop(uint64_t step_a, uint64_t step_b,
+                    const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& copies, int unroll,
+                    int64_t fixed, uint64_t count, uint64_t until, int until_bytes, uint64_t remaining,
+                    uint64_t done, const std::vector<uint64_t>& functions,
+                    const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& finals, int final_mode) {
+  if (unroll < 1 || unroll > 256) throw std::invalid_argument("unroll must be in [1, 256]");
+  if (functions.size() != 5) throw std::invalid_argument("five control kernels expected");
+  Plan p;
+  p.step_a = step_a, p.step_b = step_b, p.copies = copies, p.unroll = unroll, p.fixed = fixed;
+  p.count = count, p.until = until, p.until_bytes = until_bytes, p.remaining = remaining, p.done = done;
+  p.init = functions[0], p.tail = functions[1], p.guard = functions[2], p.bits = functions[3];
+  p.finalize = functions[4];
+  p.finals = finals, p.final_mode = final_mode;
+  Builder builder(p);
+  CUgraph graph = builder.Build();
+  return {reinterpret_cast<uintptr_t>(graph), builder.conditionals};
+}
+
+}  // namespace
+}  // namespace jaxgraph
+
+NB_MODULE(_device_loop, m) {
+  namespace nb = nanobind;
+  using namespace jaxgraph;
+  m.def("swap_variant", &SwapVariant, nb::arg("graph"), nb::arg("pairs"), nb::arg("kernels"),
+        "Clone `graph` with each (x, y, bytes) pair's addresses swapped in its kernels' arguments: "
+        "(clone, '') or (0, why it cannot be done safely).");
+  m.def("destroy_graph", &DestroyGraph, nb::arg("graph"), "cuGraphDestroy.");
+  m.def("build_loop", &BuildLoop, nb::arg("step_a"), nb::arg("step_b"), nb::arg("copies"),
+        nb::arg("unroll"), nb::arg("fixed"), nb::arg("count"), nb::arg("until"), nb::arg("until_bytes"),
+        nb::arg("remaining"), nb::arg("done"), nb::arg("functions"), nb::arg("finals"),
+        nb::arg("final_mode"),
+        "Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph and "
+        "its conditional nodes (node, 'IF' or 'WHILE', (body,)).");
+}

@@ -1,0 +1,325 @@
+// The replay handler's graph table: the small ids HLO carries, each naming
+// one captured graph per device (DeviceGraph), and building an entry at
+// registration. Included by replay.cc only.
+//
+// A graph without conditional nodes is cloned, so the Python CUDAGraph can
+// be reset independently; one with conditional nodes, which CUDA cannot
+// clone, is used as it is (conditional_graph.h). Either way a reset retires
+// the entry, and a compiled function that still names it gets a clear error.
+// One id holds one graph per device (jaxgraph.capture_per_device,
+// Replayable.add_device): under shard_map or pmap XLA runs the same call on
+// every device, each on its own thread and stream, and the handler picks the
+// graph of the device ordinal XLA passes the call. Nothing is shared between
+// devices but the id; each device's graph has its own lock.
+
+#ifndef JAXGRAPH_FFI_GRAPH_TABLE_H_
+#define JAXGRAPH_FFI_GRAPH_TABLE_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "conditional_graph.h"
+#include "device_graph.h"
+#include "graph_binding.h"
+#include "graph_splice.h"
+
+namespace jaxgraph {
+
+// Every device's graph for one id; a retired device keeps a tombstone.
+struct GraphSet {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<DeviceGraph>> by_device;
+  std::vector<char> retired;
+
+  std::shared_ptr<DeviceGraph> Get(int device, bool* retired_out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    size_t d = static_cast<size_t>(device);
+    *retired_out = d < retired.size() && retired[d];
+    return d < by_device.size() ? by_device[d] : nullptr;
+  }
+
+  // The devices with a live graph, as "0, 1", for messages.
+  std::string LiveDevices() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::string out;
+    for (size_t d = 0; d < by_device.size(); ++d) {
+      if (by_device[d] == nullptr) continue;
+      out += (out.empty() ? "" : ", ") + std::to_string(d);
+    }
+    return out.empty() ? "none" : out;
+  }
+};
+
+inline HandleTable<GraphSet> graph_table;
+inline std::atomic<int64_t> next_graph_id{1};
+
+using BufferSpec = std::vector<std::pair<uint64_t, uint64_t>>;  // (address, bytes)
+using AliasList = std::vector<std::pair<int, int>>;            // (input, output)
+
+// What a registration asks for besides the graph and its buffers.
+struct RegisterOptions {
+  ScanOptions scan;
+  bool bind = true;                // false: copy every buffer (bind="copy")
+  bool drop_unreferenced = false;  // leave out inputs nothing in the graph refers to
+  uint64_t borrowed_exec = 0;      // the CUDAGraph's executable, for a conditional graph
+};
+
+// Pairs each input with the output of the same static buffer (XLA aliases
+// them, so one XLA buffer serves both), and copies inputs the user aliased to
+// another output: the graph's writes to that output must not race its reads.
+inline void PairAliases(DeviceGraph* g, const AliasList& user_aliases) {
+  g->alias.assign(g->num_inputs, -1);
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    for (size_t j = g->num_inputs; j < g->buffers.size(); ++j) {
+      if (g->buffers[i].base == g->buffers[j].base && g->buffers[i].bytes == g->buffers[j].bytes) {
+        g->alias[i] = static_cast<int>(j - g->num_inputs);
+      }
+    }
+  }
+  for (const auto& [input, output] : user_aliases) {
+    if (input < 0 || static_cast<size_t>(input) >= g->num_inputs) {
+      throw std::invalid_argument("alias names input " + std::to_string(input) + ", which does not exist");
+    }
+    if (g->alias[input] != output) {
+      g->buffers[input].Copy("aliased to output " + std::to_string(output) +
+                             ": copied so the graph's writes cannot race its reads");
+    }
+  }
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    if (g->alias[i] < 0) continue;
+    Binding& out = g->buffers[g->num_inputs + g->alias[i]];
+    Binding& in = g->buffers[i];
+    in.mode = out.mode;  // one buffer: it follows its output
+    in.reason = out.Moves() ? out.reason : "shares its buffer with output " + std::to_string(g->alias[i]);
+  }
+}
+
+// Leaves out the inputs no node refers to (unused, not an output's buffer,
+// not aliased by the caller); renumbers `aliases`. Returns which inputs stay.
+inline std::vector<bool> DropUnreferenced(DeviceGraph* g, AliasList* aliases) {
+  std::vector<bool> kept(g->num_inputs, true);
+  std::vector<int> renumber(g->num_inputs, -1);
+  std::vector<Binding> buffers;
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    const Binding& b = g->buffers[i];
+    bool shared = false;
+    for (size_t j = g->num_inputs; j < g->buffers.size(); ++j) shared |= g->buffers[j].base == b.base;
+    for (const auto& pair : *aliases) shared |= pair.first == static_cast<int>(i);
+    kept[i] = shared || b.mode != BindMode::kUnused;
+    if (kept[i]) {
+      renumber[i] = static_cast<int>(buffers.size());
+      buffers.push_back(b);
+    }
+  }
+  for (size_t j = g->num_inputs; j < g->buffers.size(); ++j) buffers.push_back(g->buffers[j]);
+  g->num_inputs -= std::count(kept.begin(), kept.end(), false);
+  g->buffers = std::move(buffers);
+  for (auto& pair : *aliases) pair.first = renumber[pair.first];
+  return kept;
+}
+
+inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph, const BufferSpec& inputs,
+                                                     const BufferSpec& outputs, AliasList aliases,
+                                                     const RegisterOptions& options, std::vector<bool>* kept) {
+  auto g = std::make_unique<DeviceGraph>();
+  g->device = device;
+  g->num_inputs = inputs.size();
+  for (const BufferSpec* spec : {&inputs, &outputs}) {
+    for (const auto& [ptr, bytes] : *spec) {
+      Binding b;
+      b.base = ptr;
+      b.bytes = bytes;
+      g->buffers.push_back(b);
+    }
+  }
+  Survey survey = SurveyGraph(reinterpret_cast<CUgraph>(graph));
+  if (survey.memory) {
+    // CUDA can neither clone such a graph (cudaErrorNotSupported) nor make a
+    // second executable of it, and replay inside jit needs one of the two.
+    throw std::runtime_error(
+        "the graph allocates or frees memory in its own nodes (stream-ordered cudaMallocAsync / "
+        "cuMemAllocAsync during the capture, e.g. by another library's allocator), which CUDA "
+        "cannot clone, so it cannot be replayed inside jit; allocate before the capture (or with "
+        "jaxgraph, whose pool needs no memory nodes), or replay from the host with "
+        "via=\"callback\"");
+  }
+  g->conditionals = survey.conditionals;
+  if (survey.conditionals > 0) {
+    g->graph = reinterpret_cast<CUgraph>(graph);  // CUDA cannot clone it: the template itself
+    g->owns_graph = false;
+  } else {
+    cudaGraph_t clone = nullptr;
+    cudaError_t err = cudaGraphClone(&clone, reinterpret_cast<cudaGraph_t>(graph));
+    if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphClone", err));
+    g->graph = reinterpret_cast<CUgraph>(clone);
+  }
+  if (options.bind) {
+    GraphScan scan(&g->buffers, options.scan, g->num_inputs);
+    scan.Scan(g->graph, &g->nodes);
+    g->conditionals = std::max(g->conditionals, scan.conditionals());  // nested ones too
+  } else {
+    for (auto& b : g->buffers) b.Copy("bind='copy' was asked for");
+  }
+  kept->assign(g->num_inputs, true);
+  if (options.drop_unreferenced) *kept = DropUnreferenced(g.get(), &aliases);
+  for (auto& b : g->buffers) {
+    // No argument points at it: copied, in case the graph reaches it some way
+    // jaxgraph cannot see (a pointer stored in device memory).
+    if (b.mode == BindMode::kUnused) b.reason = "no kernel argument points at it (the graph may reach it "
+                                                "through device memory): copied";
+  }
+  PairAliases(g.get(), aliases);
+  for (auto& k : g->nodes) {  // the nodes were moved into place: point at their own storage
+    if (k.unreadable || k.params.extra != nullptr) continue;  // the driver's own arguments
+    for (size_t i = 0; i < k.values.size(); ++i) k.arguments[i] = k.values[i].data();
+    k.params.kernelParams = k.arguments.data();
+  }
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    if (g->buffers[i].mode == BindMode::kBound && !g->buffers[i].sites.empty()) g->bound.push_back(i);
+  }
+  g->dirty.assign(g->nodes.size(), 0);
+  for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
+  g->template_addr = g->static_addr;
+  if (g->conditionals > 0) {
+    g->unflattenable = "the graph has conditional nodes, which CUDA cannot place in another graph";
+    PrepareConditional(g.get(), options.borrowed_exec);
+    return g;
+  }
+  g->slots.reserve(kMaxExecs);
+  if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
+    g->unflattenable = "the graph's nodes could not be ordered";
+  }
+  AddSlot(g.get());  // the first executable now, so the first call only launches
+  return g;
+}
+
+// Registers a graph for `device`, whose primary context the caller made
+// current. Returns the id to pass as the `graph` attribute (a new one when
+// id <= 0) and which inputs stay operands. Raises on CUDA errors.
+inline std::pair<int64_t, std::vector<bool>> RegisterGraph(int64_t id, int device, uint64_t graph,
+                                                           const BufferSpec& inputs, const BufferSpec& outputs,
+                                                           const AliasList& aliases,
+                                                           const RegisterOptions& options) {
+  if (device < 0) throw std::invalid_argument("device must be a CUDA ordinal >= 0");
+  if (graph == 0) throw std::invalid_argument("graph must be a live cudaGraph_t");
+  // Makes the runtime agree with the driver even on a thread where it has not been used yet.
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaSetDevice", err));
+  std::vector<bool> kept;
+  std::shared_ptr<DeviceGraph> entry = BuildDeviceGraph(device, graph, inputs, outputs, aliases, options, &kept);
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = id > 0 ? graph_table.Find(id, &status) : nullptr;
+  if (set == nullptr) {
+    if (id <= 0) id = next_graph_id++;
+    set = std::make_shared<GraphSet>();
+    graph_table.Insert(id, set);
+  }
+  std::lock_guard<std::mutex> lock(set->mutex);
+  size_t d = static_cast<size_t>(device);
+  if (d < set->by_device.size() && set->by_device[d] != nullptr) {
+    throw std::invalid_argument("graph " + std::to_string(id) + " is already registered for device " +
+                                std::to_string(device));
+  }
+  if (set->by_device.size() <= d) {
+    set->by_device.resize(d + 1);
+    set->retired.resize(d + 1, 0);
+  }
+  set->by_device[d] = std::move(entry);
+  set->retired[d] = 0;
+  return {id, kept};
+}
+
+// The live graphs of `id` on `device` (every device when device < 0).
+inline std::vector<std::shared_ptr<DeviceGraph>> GraphsOf(int64_t id, int device) {
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
+  std::vector<std::shared_ptr<DeviceGraph>> out;
+  if (set == nullptr) return out;
+  std::lock_guard<std::mutex> lock(set->mutex);
+  for (size_t d = 0; d < set->by_device.size(); ++d) {
+    if ((device < 0 || d == static_cast<size_t>(device)) && set->by_device[d] != nullptr) {
+      out.push_back(set->by_device[d]);
+    }
+  }
+  return out;
+}
+
+// Stops `id` on `device` (every device when < 0) from using what its
+// CUDAGraph owns (the template of a conditional graph, a borrowed
+// executable), at once: the owner is about to destroy them. Destroys
+// nothing, so it is safe during a capture; waits for a call in progress.
+inline void DetachGraph(int64_t id, int device) {
+  for (const auto& g : GraphsOf(id, device)) {
+    std::lock_guard<std::mutex> lock(g->mutex);
+    g->detached = true;
+    if (g->borrowed_exec) g->slots.clear();
+    if (!g->owns_graph) g->graph = nullptr;
+  }
+}
+
+// Retires `id` on `device` (every device when device < 0); the clone and
+// executables are freed once no call is using them.
+inline void UnregisterGraph(int64_t id, int device) {
+  DetachGraph(id, device);
+  HandleTable<GraphSet>::Status status;
+  std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
+  if (set == nullptr) return;
+  std::lock_guard<std::mutex> lock(set->mutex);
+  for (size_t d = 0; d < set->by_device.size(); ++d) {
+    if (device >= 0 && d != static_cast<size_t>(device)) continue;
+    if (set->by_device[d] != nullptr) set->retired[d] = 1;
+    set->by_device[d] = nullptr;
+  }
+}
+
+inline size_t LiveGraphs() {
+  size_t n = 0;
+  // Counting needs every set; ids are dense, so walk them.
+  for (int64_t id = 1; id < next_graph_id; ++id) n += GraphsOf(id, -1).size();
+  return n;
+}
+
+inline std::shared_ptr<DeviceGraph> LiveGraph(int64_t id, int device) {
+  auto graphs = GraphsOf(id, device);
+  if (graphs.empty()) {
+    throw std::invalid_argument("graph " + std::to_string(id) + " is not live on device " + std::to_string(device));
+  }
+  return graphs.front();
+}
+
+// (kind, index, mode code, sites, reason) for each static buffer of `id` on `device`.
+inline std::vector<std::tuple<std::string, int, int, int, std::string>> DescribeBindings(int64_t id, int device) {
+  std::shared_ptr<DeviceGraph> g = LiveGraph(id, device);
+  std::lock_guard<std::mutex> lock(g->mutex);
+  std::vector<std::tuple<std::string, int, int, int, std::string>> out;
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    const Binding& b = g->buffers[i];
+    bool input = i < g->num_inputs;
+    int index = static_cast<int>(input ? i : i - g->num_inputs);
+    size_t sites = input && g->alias[i] >= 0 ? g->buffers[g->num_inputs + g->alias[i]].sites.size()
+                                              : b.sites.size();
+    out.emplace_back(input ? "input" : "output", index, static_cast<int>(b.mode), static_cast<int>(sites),
+                     b.reason);
+  }
+  return out;
+}
+
+// The paths calls of `g` can take (ReplayPath codes).
+inline std::vector<int> PathsOf(const DeviceGraph& g) {
+  if (g.conditionals > 0) return {static_cast<int>(ReplayPath::kUncapturedLaunch)};
+  ReplayPath splice = g.unflattenable.empty() ? ReplayPath::kSpliceNodes : ReplayPath::kSpliceWhole;
+  return {static_cast<int>(ReplayPath::kLaunch), static_cast<int>(splice)};
+}
+
+}  // namespace jaxgraph
+
+#endif  // JAXGRAPH_FFI_GRAPH_TABLE_H_

@@ -1,0 +1,111 @@
+"""What crosses the native replay boundary, typed: binding modes, replay paths, counters.
+
+``ffi/replay.cc`` reports how each static buffer meets XLA's (a
+:class:`BindingMode` code with the reason text beside it) and which ways a
+graph's calls can run (:class:`ReplayPath` codes), and counts the calls of
+each path. Python never parses the reason text: it is for people.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+from ._native import native
+
+__all__ = ["BindingMode", "BufferBinding", "ReplayPath", "binding_from_row", "counters", "paths_from_codes"]
+
+
+class BindingMode(str, enum.Enum):
+    """How one static buffer of a replayable meets XLA's buffer (``Replayable.bindings``).
+
+    A ``str`` enum: ``BindingMode.BOUND == "bound"``.
+    """
+
+    BOUND = "bound"
+    """The graph's kernel arguments are pointed at XLA's buffer: no copy."""
+    COPIED = "copied"
+    """Copied into the static input before the replay, or out of the static output after it."""
+    UNUSED = "unused"
+    """No node jaxgraph can read refers to it; copied in case the graph reaches it through
+    device memory (``drop_unreferenced`` leaves such inputs out of the call)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ReplayPath(str, enum.Enum):
+    """How a call of a :class:`~jaxgraph.Replayable` replays its graph inside ``jax.jit``.
+
+    Each path has its own counter in the native extension, named by its value
+    (``jaxgraph._replay.counters()["splice_nodes"]``). ``Replayable.replay_paths``
+    says which paths a replayable's calls can take.
+    """
+
+    LAUNCH = "launch"
+    """``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer)."""
+    SPLICE_NODES = "splice_nodes"
+    """XLA records a command buffer: the graph's nodes, bound to XLA's buffers, are added to it one by one."""
+    SPLICE_WHOLE = "splice_whole"
+    """XLA records a command buffer and the nodes cannot be added one by one: the static template
+    goes in as one child-graph node, every buffer copied."""
+    UNCAPTURED_LAUNCH = "uncaptured_launch"
+    """A graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can neither clone nor nest:
+    launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a target XLA keeps out of its
+    command buffers (it splits them around the call)."""
+    HOST_CALLBACK = "host_callback"
+    """``via="callback"``: replayed from the host through ``jax.pure_callback`` (no native counter)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BufferBinding(NamedTuple):
+    """How one static buffer meets XLA's buffer in a jitted replay.
+
+    ``mode`` is a :class:`BindingMode`; ``sites`` counts the kernel arguments
+    rewritten when XLA's address changes (bound buffers); ``reason`` says why
+    a buffer is copied or unused, for people (never parsed).
+    """
+
+    kind: str
+    index: int
+    mode: BindingMode
+    sites: int
+    reason: str
+
+    def __str__(self) -> str:
+        what = f"{self.kind} {self.index} {self.mode.value}"
+        if self.mode is BindingMode.BOUND:
+            return f"{what} ({self.sites} site{'s' if self.sites != 1 else ''})"
+        return f"{what} ({self.reason})" if self.reason else what
+
+
+def counters() -> dict[str, int]:
+    """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``,
+    ``rebind``, ``copy``, ``handler_calls`` and ``handler_ns``."""
+    return dict(native("replay").counters())
+
+
+def binding_from_row(row: tuple) -> BufferBinding:
+    """A :class:`BufferBinding` from the native ``(kind, index, mode code, sites, reason)``."""
+    kind, index, mode, sites, reason = row
+    return BufferBinding(kind, int(index), _codes()["binding"][int(mode)], int(sites), reason)
+
+
+def paths_from_codes(codes: list) -> tuple[ReplayPath, ...]:
+    """The :class:`ReplayPath` of each native path code."""
+    return tuple(_codes()["path"][int(c)] for c in codes)
+
+
+def _codes() -> dict:
+    """Native code -> enum member, built once from the extension's own table (never hard-coded)."""
+    global _CODE_TABLE
+    if _CODE_TABLE is None:
+        table = native("replay").codes()
+        _CODE_TABLE = {"binding": {code: BindingMode(name) for name, code in table["binding"].items()},
+                       "path": {code: ReplayPath(name) for name, code in table["path"].items()}}
+    return _CODE_TABLE
+
+
+_CODE_TABLE: dict | None = None

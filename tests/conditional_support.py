@@ -1,0 +1,320 @@
+"""Graphs with conditional nodes made by hand inside a jaxgraph capture, for the replay tests.
+
+Until the capture API for branches and loops lands, these tests add CUDA
+conditional nodes (IF/ELSE, WHILE, SWITCH, nested) to a jaxgraph capture with
+cuda.bindings, capturing each body on a side stream (cuStreamBeginCaptureToGraph),
+as PyTorch does. :class:`Conditionals` records the bodies and the kernels
+launched in them, which :func:`replayable` hands to the replay (the capture
+API records them itself).
+"""
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import jaxgraph
+
+N = 4096
+BLOCK = 256
+GRID = (N + BLOCK - 1) // BLOCK
+
+KERNELS = r"""
+// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
+// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
+extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
+                                                                                 unsigned int value);
+
+// The condition of `handle` from a device value: a predicate, a switch index, a trip count.
+extern "C" __global__ void set_condition(unsigned long long handle, const int* value) {
+  cudaGraphSetConditional(handle, (unsigned int)value[0]);
+}
+
+// Before a WHILE node: n trips (clamped, so a wrong binding cannot hang the GPU).
+extern "C" __global__ void start_count(unsigned long long handle, int* counter, const int* n) {
+  int trips = min(max(n[0], 0), 64);
+  counter[0] = trips;
+  cudaGraphSetConditional(handle, trips > 0 ? 1u : 0u);
+}
+
+// One WHILE trip done: count down, loop again while trips are left.
+extern "C" __global__ void count_down(unsigned long long handle, int* counter) {
+  int left = --counter[0];
+  cudaGraphSetConditional(handle, left > 0 ? 1u : 0u);
+}
+
+// A loop flag written by kernels, for the capture API's WHILE regions.
+extern "C" __global__ void start_loop(int* counter, int* flag, const int* n) {
+  counter[0] = min(max(n[0], 0), 64);
+  flag[0] = counter[0] > 0;
+}
+extern "C" __global__ void step_loop(int* counter, int* flag) { flag[0] = --counter[0] > 0; }
+
+extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + b;
+}
+
+extern "C" __global__ void accumulate(float* y, const float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+"""
+
+NAMES = ("set_condition", "start_count", "count_down", "start_loop", "step_loop", "axpb", "accumulate")
+
+# XLA flag settings the jit tests run under, one worker process each.
+XLA_MODES = {
+    "off": "--xla_gpu_enable_command_buffer=",
+    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+    "defaults": "",
+}
+
+
+def load_kernels():
+    import types
+
+    ks = {name: jaxgraph.Kernel(KERNELS, name) for name in NAMES}
+    for k in ks.values():
+        k.handle  # noqa: B018 - loads it before any capture
+    return types.SimpleNamespace(**ks)
+
+
+def _check(result):
+    err, *values = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver call failed: {err}")
+    return values[0] if len(values) == 1 else values
+
+
+class Conditionals:
+    """Adds conditional nodes to captures on jaxgraph streams; records their bodies and body kernels."""
+
+    def __init__(self, device: int):
+        from cuda.bindings import driver
+
+        self.drv = driver
+        self.device = device
+        self.bodies: list[int] = []
+        self.kernels: dict[int, str] = {}
+        self._spare = [jaxgraph.Stream() for _ in range(4)]  # body capture streams, made before any capture
+
+    def handle(self, stream, default: int = 0) -> int:
+        """A conditional handle for a node that will be added to the graph ``stream`` captures into."""
+        d = self.drv
+        _, _, graph, _, _, _ = _check(d.cuStreamGetCaptureInfo(stream.handle))
+        ctx = _check(d.cuCtxGetCurrent())
+        flags = int(d.CU_GRAPH_COND_ASSIGN_DEFAULT)
+        return int(_check(d.cuGraphConditionalHandleCreate(graph, ctx, default, flags)))
+
+    def add(self, stream, handle: int, kind: str, size: int = 1) -> list:
+        """Add a conditional node after the work captured on ``stream``; return its body graphs."""
+        d = self.drv
+        _, _, graph, deps, _, count = _check(d.cuStreamGetCaptureInfo(stream.handle))
+        params = d.CUgraphNodeParams()
+        params.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = d.CUgraphConditionalHandle(handle)
+        params.conditional.type = getattr(d.CUgraphConditionalNodeType, f"CU_GRAPH_COND_TYPE_{kind}")
+        params.conditional.size = size
+        params.conditional.ctx = _check(d.cuCtxGetCurrent())
+        node = _check(d.cuGraphAddNode(graph, list(deps)[:count], None, count, params))
+        _check(d.cuStreamUpdateCaptureDependencies(
+            stream.handle, [node], None, 1,
+            int(d.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES)))
+        bodies = [params.conditional.phGraph_out[i] for i in range(size)]
+        self.bodies += [int(b) for b in bodies]
+        return bodies
+
+    @contextlib.contextmanager
+    def body(self, graph):
+        """Capture into a body graph on a side stream; yields the stream to launch on."""
+        d = self.drv
+        stream = self._spare.pop()
+        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        _check(d.cuStreamBeginCaptureToGraph(stream.handle, graph, None, None, 0, mode))
+        try:
+            yield stream
+        finally:
+            _check(d.cuStreamEndCapture(stream.handle))
+            self._spare.append(stream)
+
+    def launch(self, kernel, stream, *args, grid=GRID, block=BLOCK):
+        """Launch a jaxgraph kernel into a body, noting its parameter flags as a capture would."""
+        kernel.launch(*args, grid=grid, block=block, stream=stream)
+        for h in kernel._handles_on(self.device):
+            self.kernels[h] = kernel._flags
+
+
+def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **options):
+    """``jaxgraph.replayable`` of ``g``, told the bodies and body kernels ``cond`` recorded
+    (``cond`` None: a graph of the capture API, which records them itself)."""
+    if cond is None:
+        return jaxgraph.replayable(g, inputs, outputs, **options)
+    source = g._replay_source()
+    kernels = {**dict(source.kernels), **cond.kernels}
+    patched = dataclasses.replace(source, kernels=tuple(kernels.items()),
+                                  bodies=tuple(cond.bodies) if bodies else ())
+    g._replay_source = lambda: patched  # what the capture API will record itself
+    return jaxgraph.replayable(g, inputs, outputs, **options)
+
+
+# ----------------------------------------------------------------------------
+# The graphs (each returns the CUDAGraph, Conditionals, static inputs, outputs, numpy reference)
+# ----------------------------------------------------------------------------
+
+
+def ref_if_else(xv, p):
+    return 2 * xv + 1 if p[0] else -xv
+
+
+def ref_while(xv, nv):
+    return np.float32(nv[0]) * xv
+
+
+def if_else_graph(k):
+    """y = 2x + 1 if pred else -x: an IF/ELSE node whose predicate is a device input."""
+    x, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    cond = Conditionals(jaxgraph.current_device())
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        s = jaxgraph.current_stream()
+        h = cond.handle(s)
+        k.set_condition[1, 1](h, pred)
+        then, otherwise = cond.add(s, h, "IF", 2)
+        with cond.body(then) as b:
+            cond.launch(k.axpb, b, y, x, 2.0, 1.0, N)
+        with cond.body(otherwise) as b:
+            cond.launch(k.axpb, b, y, x, -1.0, 0.0, N)
+
+    return g, cond, [x, pred], [y], ref_if_else
+
+
+def while_graph(k):
+    """y = n * x: y zeroed, then a WHILE node adds x to y n times (n a device input)."""
+    x, n, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    counter = jaxgraph.zeros(1, np.int32)
+    cond = Conditionals(jaxgraph.current_device())
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        s = jaxgraph.current_stream()
+        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
+        h = cond.handle(s)
+        k.start_count[1, 1](h, counter, n)  # no trip when n == 0
+        (body,) = cond.add(s, h, "WHILE")
+        with cond.body(body) as b:
+            cond.launch(k.accumulate, b, y, x, N)
+            cond.launch(k.count_down, b, h, counter, grid=1, block=1)
+
+    return g, cond, [x, n], [y], ref_while
+
+
+def nested_graph(k):
+    """y = n * x if pred else 0: an IF node inside a WHILE body."""
+    x, n, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    counter = jaxgraph.zeros(1, np.int32)
+    cond = Conditionals(jaxgraph.current_device())
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        s = jaxgraph.current_stream()
+        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
+        h = cond.handle(s)
+        k.start_count[1, 1](h, counter, n)
+        (body,) = cond.add(s, h, "WHILE")
+        with cond.body(body) as b:
+            inner = cond.handle(b)
+            cond.launch(k.set_condition, b, inner, pred, grid=1, block=1)
+            (then,) = cond.add(b, inner, "IF")
+            with cond.body(then) as bb:
+                cond.launch(k.accumulate, bb, y, x, N)
+            cond.launch(k.count_down, b, h, counter, grid=1, block=1)
+
+    def ref(xv, nv, p):
+        return np.float32(nv[0]) * xv if p[0] else np.zeros_like(xv)
+
+    return g, cond, [x, n, pred], [y], ref
+
+
+def switch_graph(k):
+    """y = (i + 1) * x for i in 0..2, else y stays -x: a SWITCH node of three bodies."""
+    x, index, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    cond = Conditionals(jaxgraph.current_device())
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        s = jaxgraph.current_stream()
+        k.axpb[GRID, BLOCK](y, x, -1.0, 0.0, N)
+        h = cond.handle(s)
+        k.set_condition[1, 1](h, index)
+        for i, body in enumerate(cond.add(s, h, "SWITCH", 3)):
+            with cond.body(body) as b:
+                cond.launch(k.axpb, b, y, x, float(i + 1), 0.0, N)
+
+    def ref(xv, iv):
+        return np.float32(iv[0] + 1) * xv if 0 <= iv[0] < 3 else -xv
+
+    return g, cond, [x, index], [y], ref
+
+
+# ----------------------------------------------------------------------------
+# The user's path: the capture API for branches and loops (jaxgraph.if_then, while_loop)
+# ----------------------------------------------------------------------------
+
+
+def has_capture_api() -> bool:
+    return hasattr(jaxgraph, "if_then") and hasattr(jaxgraph, "while_loop")
+
+
+def user_if_graph(k):
+    """y = 2x + 1 if pred else -x, captured with ``jaxgraph.if_then``."""
+    x, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k.axpb[GRID, BLOCK](y, x, -1.0, 0.0, N)
+        with jaxgraph.if_then(pred):
+            k.axpb[GRID, BLOCK](y, x, 2.0, 1.0, N)
+
+    return g, None, [x, pred], [y], ref_if_else
+
+
+def user_while_graph(k):
+    """y = n * x, captured with ``jaxgraph.while_loop`` on a flag the body's kernels write."""
+    x, n, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)
+    counter, flag = jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
+        k.start_loop[1, 1](counter, flag, n)
+        with jaxgraph.while_loop(flag):
+            k.accumulate[GRID, BLOCK](y, x, N)
+            k.step_loop[1, 1](counter, flag)
+
+    return g, None, [x, n], [y], ref_while
+
+
+USER_GRAPHS = {"user_if": (user_if_graph, "if_else"), "user_while": (user_while_graph, "while")}
+
+GRAPHS = {"if_else": if_else_graph, "while": while_graph, "nested": nested_graph, "switch": switch_graph}
+
+
+def random_inputs(name, rng, trip):
+    """Fresh inputs for graph ``name``: x random, the control values varying with ``trip``."""
+    x = rng.standard_normal(N).astype(np.float32)
+    control = {
+        "if_else": [np.array([trip % 2], np.int32)],
+        "while": [np.array([(trip * 3) % 5], np.int32)],          # 0, 3, 1, 4, 2 trips
+        "nested": [np.array([2 + trip % 3], np.int32), np.array([(trip + 1) % 2], np.int32)],
+        "switch": [np.array([(0, 1, 2, 5)[trip % 4]], np.int32)],
+    }[name]
+    return [x, *control]
+
+
+def run_worker(script: str, mode: str, tmp_path) -> str:
+    """Run ``script`` in a fresh process under ``mode``'s XLA flags; return its stdout."""
+    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout

@@ -1,0 +1,361 @@
+"""Graphed loops (jaxgraph.graphed_loop): exact step counts, ping-pong, stop flags, jit.
+
+Every GPU test checks the state against numpy applying the step the same
+number of times, on fresh random inputs with the outputs poisoned, and the
+number of steps run against a device counter the step's own kernel bumps.
+"""
+
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import jaxgraph
+from jaxgraph import _loop_build, _loops
+
+N = 1000
+BLOCK = 256
+
+# One step: y = 0.5 x + b; thread 0 counts the step and raises the flag at the stop_at-th step.
+STEP = r"""
+extern "C" __global__ void lstep(float* y, const float* x, const float* b, int* counter, int* flag,
+                                 const int* stop_at, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 0.5f * x[i] + b[i];
+  if (i == 0) {
+    int c = atomicAdd(counter, 1) + 1;
+    if (c >= *stop_at) *flag = 1;
+  }
+}
+extern "C" __global__ void lstep_inplace(float* x, const float* b, int* counter, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = 0.5f * x[i] + b[i];
+  if (i == 0) atomicAdd(counter, 1);
+}
+"""
+
+
+def ref(x, b, steps):
+    x = x.astype(np.float32).copy()
+    for _ in range(steps):
+        x = np.float32(0.5) * x + b
+    return x
+
+
+def blocks(n):
+    return (n + BLOCK - 1) // BLOCK
+
+
+@pytest.fixture(scope="module")
+def k():
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
+    return ks
+
+
+def make_step(k, rng, stop_at=1 << 30):
+    """A captured step on fresh random buffers: x -> y, with its counter, flag and stop threshold."""
+    s = types.SimpleNamespace()
+    s.x = jaxgraph.asarray(rng.standard_normal(N).astype(np.float32))
+    s.b = jaxgraph.asarray(rng.standard_normal(N).astype(np.float32))
+    s.y = jaxgraph.zeros(N)
+    s.counter = jaxgraph.zeros(1, np.int32)
+    s.flag = jaxgraph.zeros(1, np.int32)
+    s.stop = jaxgraph.asarray(np.array([stop_at], np.int32))
+    s.g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(s.g):
+        k.step[blocks(N), BLOCK](s.y, s.x, s.b, s.counter, s.flag, s.stop, N)
+    return s
+
+
+def run(loop, s, x0, steps=None):
+    """Poison, set the state and counter, replay; return (x, y, counter, steps_run) on the host."""
+    s.x.copy_(x0)
+    s.y.fill_(np.float32(np.nan))
+    s.counter.fill_(0)
+    loop.steps_run.fill_(-7)
+    loop.replay(steps=steps)
+    return s.x.numpy(), s.y.numpy(), int(s.counter.numpy()[0]), int(loop.steps_run.numpy()[0])
+
+
+# ----------------------------------------------------------------------------
+# GPU: eager
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("steps", [0, 1, 3, 8, 21, 22])
+def test_fixed_steps_not_a_multiple_of_unroll(k, rng, steps):
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, unroll=4, inputs=[s.x, s.b], outputs=[s.y])
+    assert loop.ping_pong == "swap" and loop.unroll == 4 and loop.steps == steps
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x, y, counter, ran = run(loop, s, x0)
+    want = ref(x0, s.b.numpy(), steps)
+    assert (counter, ran) == (steps, steps)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)   # both halves of the pair hold the result
+
+
+@pytest.mark.gpu
+def test_steps_from_a_device_array_change_between_launches(k, rng):
+    s = make_step(k, rng)
+    count = jaxgraph.zeros(1, np.int32)
+    loop = jaxgraph.graphed_loop(s.g, count, feed={0: 0}, unroll=8, inputs=[s.x, s.b], outputs=[s.y])
+    assert loop.steps is None and loop.count is count
+    for steps in (13, 0, 8, 1, 30, 7):
+        count.copy_(np.array([steps], np.int32))
+        x0 = rng.standard_normal(N).astype(np.float32)
+        x, y, counter, ran = run(loop, s, x0)
+        assert (counter, ran) == (steps, steps), steps
+        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(x, y)
+
+
+@pytest.mark.gpu
+def test_own_count_filled_by_replay(k, rng):
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=6, inputs=[s.x, s.b], outputs=[s.y])
+    for steps in (17, 5, 2):
+        x0 = rng.standard_normal(N).astype(np.float32)
+        x, y, counter, ran = run(loop, s, x0, steps=steps)
+        assert (counter, ran) == (steps, steps)
+        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="fixed"):
+        jaxgraph.graphed_loop(s.g, 3, inputs=[s.x, s.b], outputs=[s.y]).replay(steps=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stop_at,steps", [(1, 20), (3, 20), (6, 20), (8, 20), (50, 20), (5, 5), (2, 0)])
+def test_until_flag_stops_exactly(k, rng, stop_at, steps):
+    s = make_step(k, rng, stop_at)
+    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b],
+                                 outputs=[s.y])
+    s.flag.fill_(1)  # a stale flag from an earlier run: the loop clears it at launch
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x, y, counter, ran = run(loop, s, x0)
+    assert "IF" in loop.summary() and "WHILE" in loop.summary()
+    want_steps = min(stop_at, steps)
+    assert (counter, ran) == (want_steps, want_steps)
+    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), want_steps), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y)
+
+
+@pytest.mark.gpu
+def test_until_with_count_from_device(k, rng):
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
+    for stop_at, steps in ((7, 100), (100, 9), (4, 4)):
+        s.stop.copy_(np.array([stop_at], np.int32))
+        x0 = rng.standard_normal(N).astype(np.float32)
+        x, y, counter, ran = run(loop, s, x0, steps=steps)
+        assert (counter, ran) == (min(stop_at, steps),) * 2
+        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), min(stop_at, steps)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_in_place_step_needs_no_feed(k, rng):
+    x = jaxgraph.asarray(rng.standard_normal(N).astype(np.float32))
+    b = jaxgraph.asarray(rng.standard_normal(N).astype(np.float32))
+    counter = jaxgraph.zeros(1, np.int32)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k.inplace[blocks(N), BLOCK](x, b, counter, N)
+    loop = jaxgraph.graphed_loop(g, 11, unroll=3)
+    assert loop.ping_pong == "none"
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x.copy_(x0)
+    loop.replay()
+    np.testing.assert_allclose(x.numpy(), ref(x0, b.numpy(), 11), rtol=1e-5, atol=1e-6)
+    assert int(counter.numpy()[0]) == 11 and int(loop.steps_run.numpy()[0]) == 11
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("steps", [0, 5, 6])
+def test_copy_fallback_where_swapping_is_unsafe(k, rng, steps):
+    """A step ending in a memcpy into y cannot be swapped: a device copy y -> x follows each step."""
+    s = make_step(k, rng)
+    tmp = jaxgraph.zeros(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k.step[blocks(N), BLOCK](tmp, s.x, s.b, s.counter, s.flag, s.stop, N)
+        s.y.copy_(tmp)
+    loop = jaxgraph.graphed_loop(g, steps, feed={0: 0}, unroll=2, inputs=[s.x, s.b], outputs=[s.y])
+    assert loop.ping_pong.startswith("copy: ") and "memcpy" in loop.ping_pong
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x, y, counter, ran = run(loop, s, x0)
+    assert (counter, ran) == (steps, steps)
+    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y)
+
+
+@pytest.mark.gpu
+def test_copy_asked_for(k, rng):
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, 7, feed={0: 0}, unroll=3, ping_pong="copy", inputs=[s.x, s.b],
+                                 outputs=[s.y])
+    assert loop.ping_pong == "copy: asked for (ping_pong='copy')"
+    x0 = rng.standard_normal(N).astype(np.float32)
+    x, y, counter, ran = run(loop, s, x0)
+    assert (counter, ran) == (7, 7)
+    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), 7), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("steps", [129, 130])  # two trips of the default K = 64, then 1 or 2 steps
+def test_make_graphed_callables_step(k, rng, steps):
+    counter, flag, stop = jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32)
+    stop.fill_(1 << 30)
+
+    def advance(x, b):
+        y = jaxgraph.empty(x.shape)
+        k.step[blocks(N), BLOCK](y, x, b, counter, flag, stop, N)
+        return y
+
+    x0, b0 = (rng.standard_normal(N).astype(np.float32) for _ in range(2))
+    graphed = jaxgraph.make_graphed_callables(advance, (jaxgraph.asarray(x0), jaxgraph.asarray(b0)),
+                                              num_warmup_iters=1)
+    loop = jaxgraph.graphed_loop(graphed, steps, feed={0: 0})
+    assert loop.unroll == _loops.default_unroll(1) and loop.ping_pong == "swap"
+    x_static, b_static = graphed.static_inputs
+    x_static.copy_(x0)
+    graphed.static_outputs.fill_(np.float32(np.nan))
+    counter.fill_(0)
+    loop.replay()
+    np.testing.assert_allclose(graphed.static_outputs.numpy(), ref(x0, b0, steps), rtol=1e-5, atol=1e-6)
+    assert int(counter.numpy()[0]) == steps
+    assert "WHILE" in loop.summary()
+
+
+@pytest.mark.gpu
+def test_jit_in_process_defaults(k, rng):
+    """Inside jax.jit with JAX's default flags (other settings: test_jit_command_buffer_settings)."""
+    _check_jit(k, rng)
+
+
+def _check_jit(k, rng):
+    import jax
+    import jax.numpy as jnp
+
+    s = make_step(k, rng)
+    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=4, inputs=[s.x, s.b], outputs=[s.y])
+    fn = jax.jit(lambda x, b, n: loop(x, b, steps=n) * 1.0)
+    b = s.b.numpy()
+    for steps in (5, 12, 0, 9):
+        x0 = rng.standard_normal(N).astype(np.float32)
+        s.counter.fill_(0)
+        jaxgraph.synchronize()  # the memset runs on jaxgraph's stream, the loop on XLA's
+        out = np.asarray(fn(jnp.asarray(x0), jnp.asarray(b), jnp.int32(steps)))
+        np.testing.assert_allclose(out, ref(x0, b, steps), rtol=1e-5, atol=1e-6)
+        assert int(s.counter.numpy()[0]) == steps
+    # A Python int and a fixed loop in jit, and until: (outputs, steps_run).
+    s2 = make_step(k, rng, stop_at=6)
+    stopping = jaxgraph.graphed_loop(s2.g, 20, feed={0: 0}, unroll=4, until=s2.flag, inputs=[s2.x, s2.b],
+                                     outputs=[s2.y])
+    x0 = rng.standard_normal(N).astype(np.float32)
+    y, ran = jax.jit(stopping)(jnp.asarray(x0), jnp.asarray(s2.b.numpy()))
+    assert int(np.asarray(ran)[0]) == 6
+    np.testing.assert_allclose(np.asarray(y), ref(x0, s2.b.numpy(), 6), rtol=1e-5, atol=1e-6)
+    out = jax.jit(lambda x, b: loop(x, b, steps=7))(jnp.asarray(x0), jnp.asarray(b))
+    np.testing.assert_allclose(np.asarray(out), ref(x0, b, 7), rtol=1e-5, atol=1e-6)
+
+
+_WORKER = r"""
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_loops as t
+t._check_jit(t._kernels(), np.random.default_rng())
+print("JIT OK")
+"""
+
+_XLA = {
+    "off": "--xla_gpu_enable_command_buffer=",
+    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+}
+
+
+def _kernels():
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks.step.handle, ks.inplace.handle  # noqa: B018
+    return ks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", sorted(_XLA))
+def test_jit_command_buffer_settings(mode):
+    env = dict(os.environ, XLA_FLAGS=_XLA[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-c", _WORKER, os.path.dirname(__file__)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "JIT OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+
+
+# ----------------------------------------------------------------------------
+# CPU: what needs no device
+# ----------------------------------------------------------------------------
+
+
+def test_control_kernels_compile_for_sm90_without_a_device():
+    ks = _loop_build.control_kernels(arch="sm_90")
+    assert set(ks) == set(_loop_build._KERNEL_NAMES)
+    assert all(len(k.cubin) > 0 for k in ks.values())
+
+
+def test_default_unroll():
+    assert _loops.default_unroll(1) == 64
+    assert _loops.default_unroll(10) == 10
+    assert _loops.default_unroll(100) == 2
+    assert _loops.default_unroll(3, even=False) % 2 == 1
+    with pytest.raises(ValueError, match="positive"):
+        _loops.default_unroll(0)
+
+
+def test_step_must_be_a_graph_or_graphed_callable():
+    with pytest.raises(TypeError, match="CUDAGraph or a make_graphed_callables"):
+        jaxgraph.graphed_loop(lambda x: x, 3)
+    with pytest.raises(ValueError, match="ping_pong must be 'auto' or 'copy'"):
+        jaxgraph.graphed_loop(lambda x: x, 3, ping_pong="swap")
+
+
+def _fake(ptr, shape=(4,), dtype=np.float32):
+    return types.SimpleNamespace(ptr=ptr, shape=shape, dtype=np.dtype(dtype), nbytes=int(np.prod(shape)) * 4)
+
+
+def test_internal_feed_checks():
+    ins, outs = (_fake(1000), _fake(2000)), (_fake(3000), _fake(1000), _fake(4000, (5,)))
+    assert [(x.ptr, y.ptr) for x, y in _loops._check_feed({0: 0}, ins, outs)] == [(1000, 3000)]
+    assert _loops._check_feed({1: 0}, ins, outs) == []            # in place: nothing to move
+    with pytest.raises(ValueError, match="output index 3"):
+        _loops._check_feed({3: 0}, ins, outs)
+    with pytest.raises(ValueError, match="input index 2"):
+        _loops._check_feed({0: 2}, ins, outs)
+    with pytest.raises(ValueError, match="must match"):
+        _loops._check_feed({2: 1}, ins, outs)
+    with pytest.raises(ValueError, match="fed by two outputs"):
+        _loops._check_feed({0: 1, 1: 1}, ins, outs)
+    with pytest.raises(TypeError, match="dict"):
+        _loops._check_feed([(0, 0)], ins, outs)
+
+
+def test_internal_count_unroll_and_flag_checks():
+    assert _loops._check_count(7) == (7, None)
+    assert _loops._check_count(None) == (-1, None)
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*31\)"):
+        _loops._check_count(-1)
+    with pytest.raises(TypeError, match="steps must be"):
+        _loops._check_count(2.5)
+    with pytest.raises(TypeError, match="steps must be"):
+        _loops._check_count(True)
+    assert _loops._check_unroll(8, True) == 8
+    with pytest.raises(ValueError, match="even"):
+        _loops._check_unroll(5, True)
+    with pytest.raises(ValueError, match=r"\[1, 256\]"):
+        _loops._check_unroll(0, False)
+    with pytest.raises(TypeError, match="unroll must be an int"):
+        _loops._check_unroll(4.0, False)
+    assert _loops._check_until(None) == 0
+    with pytest.raises(TypeError, match="one-element device array"):
+        _loops._check_until(np.zeros(1, np.int32))
