@@ -107,8 +107,10 @@ def test_uncaptured_target_inside_loops_and_vmap():
 
 def test_uncaptured_target_fails_clearly_on_jax_cpu():
     step = spec_step(uncaptured=True)
+    cpu = jax.devices("cpu")[0]  # JAX's CPU backend even where a GPU is present
+    x = jax.device_put(np.random.default_rng(0).random(256).astype(np.float32), cpu)
     with pytest.raises(Exception, match="jaxgraph_replay .*runs on JAX's CUDA backend"):
-        jax.block_until_ready(jax.jit(step)(jnp.asarray(np.random.default_rng(0).random(256), jnp.float32)))
+        jax.block_until_ready(jax.jit(step)(x))
 
 
 def test_spec_names_its_target():
