@@ -45,8 +45,11 @@ extern "C" __global__ void add_one(float* y, int n) {
 
 
 def reference(x):
-    """What the sharded graph computes: 0.5 x + 9 (one scale, nine add_one)."""
-    return np.float32(0.5) * x + np.float32(9)
+    """What the sharded graph computes, in float32 as the kernels do: 0.5 x, then plus 1 nine times."""
+    y = np.float32(0.5) * x
+    for _ in range(9):
+        y = y + np.float32(1)
+    return y
 
 
 def error(fn):
@@ -233,7 +236,7 @@ def gpu_scenarios(rank, world, seed, errors):
         errs, totals = [], []
         for k in range(3):  # fresh inputs each call
             x = global_input(seed, world, 2 + k)
-            want = 3 * reference(x * 2 - 1) + 1
+            want = np.float32(3) * reference(x * np.float32(2) - np.float32(1)) + np.float32(1)
             poison()
             z, total = f(placed(x))
             (shard,) = z.addressable_shards
