@@ -10,11 +10,11 @@ process alone:
   the same shapes: a process whose replay fails leaves the others waiting in
   the step's collectives (a ``psum`` over NCCL), a hang instead of an error;
 - the lowered programs are the same: HLO names a graph by its id in the
-  process's native table, and XLA assumes identical programs on every
-  process (its sharded autotuning and ``jax_share_binary_between_hosts``
-  wait for the other processes' results under a key made from the program).
-  Ids count up in the order a process made its replayables, so a process
-  that made one more first has shifted ids.
+  process's native table, and a multi-controller program must be the same on
+  every process (with ``jax_share_binary_between_hosts`` process 0 compiles
+  and the others wait for the executable under a key made from their own
+  program). Ids count up in the order a process made its replayables, so a
+  process that made one more first has shifted ids.
 
 :func:`agree` exchanges one small record per process through the key-value
 store of JAX's distributed runtime (no device, no collective: it works with
