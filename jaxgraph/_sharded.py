@@ -27,6 +27,14 @@ that way, warp#1181, mujoco#3191). A device without a graph is a clear XLA
 error naming the devices that have one, never a launch on the wrong device;
 :meth:`ShardedGraph.check_devices` says so before anything is compiled.
 
+Several processes (``jax.distributed``, one per GPU or host): each process
+captures for its own devices (the default, or ``devices=mesh``: a global
+mesh stands for this process's part), and :meth:`ShardedGraph.check_devices`
+on the global mesh is collective: every process agrees that each has its
+graphs, with the same shapes and graph id, or every process raises the same
+error (``_processes.py``), rather than one failing while the others wait in
+a collective.
+
 Lifetime: the sharded graph owns its graphs, their pools and the static arrays
 on every device. :meth:`ShardedGraph.close` retires them at once (compiled
 functions then fail with a clear error); the memory goes back to every device
@@ -211,7 +219,7 @@ class ShardedGraph:
             ordinals, error = self._check_local(local), None
         except (ValueError, RuntimeError) as exc:  # every process must learn of it, not only this one
             ordinals, error = (), f"{type(exc).__name__}: {exc}"
-        record = {"error": error, "graph": self.graph_id, "devices": list(ordinals),
+        record = {"error": error, "graph": self.graph_id,
                   "shapes": f"({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)})"}
         records = _processes.agree("check_devices", record, timeout_s=timeout_s)
         problems = _processes.disagreements(records, {"shapes": "shard shapes", "graph": "graph ids"})
@@ -463,7 +471,9 @@ def _default_devices() -> tuple[int, ...]:
 
 
 def _process_index() -> int:
-    return _processes.process_index()
+    import jax
+
+    return jax.process_index()
 
 
 def _cross_process_message(problems: list) -> str:

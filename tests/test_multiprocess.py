@@ -13,13 +13,19 @@ scaling figure (benchmarks/scaling_processes.py needs one GPU per process).
 
 import os
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import jax
 import jaxgraph
 from graph_support import XLA_MODES
+from jaxgraph import _processes
+from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replayable import Replayable
+from jaxgraph._sharded import DeviceCapture, ShardedGraph, device_ordinals
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +35,7 @@ from benchmarks.launch import launch, report  # noqa: E402
 SCENARIOS = str(ROOT / "tests" / "multiprocess_scenarios.py")
 HAS_GPU = jaxgraph.device_count() > 0
 WORLD = 2
+F32 = jax.ShapeDtypeStruct((64,), np.float32)
 # How long the processes of one launch may take in all (the GPU request script shortens it).
 TIMEOUT_S = float(os.environ.get("JAXGRAPH_MULTIPROCESS_TIMEOUT", "240"))
 
@@ -56,6 +63,47 @@ def scenario(result, name, text=""):
     value = result[name]
     assert "crashed" not in value, f"{name} crashed on process {result['rank']}:\n{value['crashed']}\n{text}"
     return value
+
+
+# ---------------------------------------------------------------------------
+# In this process: the pieces that need no second process (tests of internals)
+# ---------------------------------------------------------------------------
+
+
+def fake_gpu(ordinal, process):
+    return types.SimpleNamespace(platform="gpu", local_hardware_id=ordinal, process_index=process)
+
+
+def fake_mesh(*devices):
+    return types.SimpleNamespace(devices=np.array(devices), axis_names=("x",))
+
+
+def test_a_global_mesh_stands_for_this_process_s_devices():
+    mesh = fake_mesh(fake_gpu(0, 0), fake_gpu(0, 1), fake_gpu(1, 0))
+    assert device_ordinals(mesh) == (0, 1)  # process 1's device 0 is not ours to capture on
+    assert _processes.local_devices(mesh) == ([mesh.devices[0], mesh.devices[2]], True)
+    assert _processes.local_devices([0, 1]) == ([0, 1], False)  # ordinals are this process's
+    with pytest.raises(ValueError, match="belongs to process 1, this is process 0"):
+        device_ordinals([fake_gpu(0, 1)])  # naming another process's device outright stays an error
+
+
+def test_checking_a_global_mesh_needs_jax_distributed():
+    step = Replayable._create(ReplaySpec((F32,), (F32,), 3), via="ffi")
+    sg = ShardedGraph._create(step, {0: DeviceCapture(None, (), ())})
+    assert sg.check_devices(fake_mesh(fake_gpu(0, 0))) == (0,)  # one process: no exchange
+    with pytest.raises(RuntimeError, match="span several processes but jax.distributed is not initialized"):
+        sg.check_devices(fake_mesh(fake_gpu(0, 0), fake_gpu(0, 1)))
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        _processes.agree("t", {}, timeout_s=0)
+
+
+def test_disagreements_name_each_process():
+    ok = {"error": None, "graph": 3, "shapes": "(f32[4]) -> (f32[4])"}
+    assert _processes.disagreements([ok, dict(ok)], {"graph": "graph ids"}) == []
+    lines = _processes.disagreements([ok, {**ok, "graph": 4}, {**ok, "error": "RuntimeError: closed"}],
+                                     {"shapes": "shard shapes", "graph": "graph ids"})
+    assert lines == ["process 2: RuntimeError: closed", "graph ids differ between processes (process 0: 3; "
+                     "process 1: 4)"]  # a process with its own error is not compared
 
 
 # ---------------------------------------------------------------------------
