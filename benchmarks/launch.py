@@ -51,7 +51,7 @@ def process_env(rank: int, world: int, port: int, *, platform: str = "gpu", shar
     """The environment of process ``rank`` of ``world`` (torchrun's variables, its GPU, NCCL's settings).
 
     ``platform="cpu"`` runs JAX on the CPU (cross-process collectives over
-    gloo). With ``share_gpu`` every process uses GPU 0 with ``0.8 / world`` of
+    gloo). With ``share_gpu`` every process uses GPU 0 with ``0.6 / world`` of
     its memory and its own NCCL host id.
     """
     env = dict(os.environ if base is None else base)
@@ -63,7 +63,7 @@ def process_env(rank: int, world: int, port: int, *, platform: str = "gpu", shar
         return env
     env["CUDA_VISIBLE_DEVICES"] = "0" if share_gpu else str(rank)
     if share_gpu:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / world:.3f}"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.6 / world:.3f}"
         # NCCL refuses two ranks on one GPU of one host ("Duplicate GPU detected"); a host id per
         # process makes each rank its own host, and their traffic goes over loopback sockets.
         env.update(NCCL_HOSTID=f"jaxgraph-shared-gpu-{rank}", NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")

@@ -163,7 +163,7 @@ def launch(processes: int | None) -> int:
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         if share:  # a slice of the GPU's memory each; NCCL refuses two ranks on one GPU of one host,
             # so each process is its own "host" to NCCL, and they talk over loopback sockets
-            env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.8 / world:.3f}", NCCL_HOSTID=f"example-{rank}",
+            env.update(XLA_PYTHON_CLIENT_MEM_FRACTION=f"{0.6 / world:.3f}", NCCL_HOSTID=f"example-{rank}",
                        NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env))
     try:

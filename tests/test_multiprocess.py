@@ -19,13 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import jax
-import jaxgraph
-from graph_support import XLA_MODES
-from jaxgraph import _processes
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._replayable import Replayable
-from jaxgraph._sharded import DeviceCapture, ShardedGraph, device_ordinals
+# Before JAX starts here: this process's JAX must leave the GPU to the processes it launches.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jaxgraph  # noqa: E402
+from graph_support import XLA_MODES  # noqa: E402
+from jaxgraph import _processes  # noqa: E402
+from jaxgraph._jax_replay import ReplaySpec  # noqa: E402
+from jaxgraph._replayable import Replayable  # noqa: E402
+from jaxgraph._sharded import DeviceCapture, ShardedGraph, device_ordinals  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
