@@ -247,9 +247,10 @@ def gpu_scenarios(rank, world, seed, errors):
     out["capture"] = run(capture)
     if "crashed" not in out["capture"]:
         out["replay_only"] = run(replay_only)
-        out["full_step"] = run(full_step)
-    if errors:
+    if errors:  # before the psum: they need no collective, and a hang there would hide them
         out.update(gpu_errors(rank, step, f32, mesh))
+    if "crashed" not in out["capture"]:
+        out["full_step"] = run(full_step)
     return out
 
 
@@ -294,10 +295,13 @@ def gpu_errors(rank, step, f32, mesh):
 
 
 def run(fn):
+    """``fn()``'s result, or its traceback; printed at once, so a later hang still shows it."""
     try:
-        return fn()
+        result = fn()
     except Exception:
-        return {"crashed": traceback.format_exc()}
+        result = {"crashed": traceback.format_exc()}
+    print(f"SCENARIO {fn.__name__} {json.dumps(result)[:3000]}", flush=True)
+    return result
 
 
 def main(argv):
