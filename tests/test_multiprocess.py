@@ -52,6 +52,8 @@ def run_processes(platform, *extra, world=WORLD, timeout_s=TIMEOUT_S, env=None):
     results = launch([SCENARIOS, platform, str(seed), *extra], world, timeout_s=timeout_s, platform=platform,
                      share_gpu=platform == "gpu" and gpus < world, cwd=str(ROOT), extra_env=env)
     text = report(results)
+    if any(r.returncode != 0 for r in results):
+        print(text, flush=True)  # at once: a run stopped from outside (a time limit) still shows it
     assert all(r.returncode == 0 for r in results), text
     out = []
     for r in results:
