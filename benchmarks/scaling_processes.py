@@ -255,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         _client().wait_at_barrier("scaling/end", 120_000)  # process 0 hosts the coordinator: leave together
         return 0
+    if not args.cpu and _gpu_count() == 0:
+        raise SystemExit("no CUDA GPU here: scaling over processes needs one per process (--cpu runs the path "
+                         "with JAX on the CPU)")
     n = args.processes or (2 if args.cpu or args.share_gpu else _gpu_count())
     if not args.cpu and not args.share_gpu and _gpu_count() < n:
         raise SystemExit(f"scaling over processes needs {n} GPUs (one per process); found {_gpu_count()}. "
