@@ -138,7 +138,10 @@ def initialize(timeout_s: int = 120) -> tuple[int, int]:
     import jax
 
     if os.environ.get("JAX_PLATFORMS") == "cpu":  # cross-process collectives of JAX's CPU backend
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        try:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        except AttributeError:  # a jax without the option: gloo is then its only implementation
+            pass
     if "RANK" in os.environ and "MASTER_PORT" in os.environ:
         address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
         local = os.environ.get("LOCAL_RANK")
