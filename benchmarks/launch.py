@@ -140,7 +140,7 @@ def initialize(timeout_s: int = 120) -> tuple[int, int]:
     if os.environ.get("JAX_PLATFORMS") == "cpu":  # cross-process collectives of JAX's CPU backend
         try:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        except AttributeError:  # a jax without the option: gloo is then its only implementation
+        except AttributeError:  # a jax without the option chooses for itself
             pass
     if "RANK" in os.environ and "MASTER_PORT" in os.environ:
         address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
