@@ -204,6 +204,8 @@ class ShardedGraph:
 
         Raises
         ------
+        TypeError
+            ``devices`` is neither a mesh, a device nor a sequence of them.
         ValueError
             A device has no graph here or is not a CUDA device; with several
             processes, any process's problem, or ids or shapes that differ
