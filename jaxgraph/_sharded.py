@@ -27,6 +27,14 @@ that way, warp#1181, mujoco#3191). A device without a graph is a clear XLA
 error naming the devices that have one, never a launch on the wrong device;
 :meth:`ShardedGraph.check_devices` says so before anything is compiled.
 
+Several processes (``jax.distributed``, one per GPU or host): each process
+captures for its own devices (the default, or ``devices=mesh``: a global
+mesh stands for this process's part), and :meth:`ShardedGraph.check_devices`
+on the global mesh is collective: every process agrees that each has its
+graphs, with the same shapes and graph id, or every process raises the same
+error (``_processes.py``), rather than one failing while the others wait in
+a collective.
+
 Lifetime: the sharded graph owns its graphs, their pools and the static arrays
 on every device. :meth:`ShardedGraph.close` retires them at once (compiled
 functions then fail with a clear error); the memory goes back to every device
@@ -41,7 +49,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import _driver, _introspect
+from . import _driver, _introspect, _processes
 from ._array import DeviceArray
 from ._capture import graph as capture_graph
 from ._graphs import CUDAGraph, _capture_mode
@@ -173,24 +181,56 @@ class ShardedGraph:
         for d in (self.devices if device is None else (cuda_ordinal(device),)):
             self._part(d).graph.replay()
 
-    def check_devices(self, devices: Any) -> tuple[int, ...]:
-        """Check that every device of ``devices`` has a graph; return their CUDA ordinals.
+    def check_devices(self, devices: Any, *, timeout_s: float = 300.0) -> tuple[int, ...]:
+        """Check that every device of ``devices`` has a graph; return this process's CUDA ordinals.
+
+        When ``devices`` span several processes (a global mesh under
+        ``jax.distributed``), this process checks its own devices and the
+        processes compare what they found through JAX's distributed runtime:
+        it is then collective (call it on every process, e.g. before jitting
+        the step; :meth:`shard_map` does) and raises the same error on every
+        process when any process lacks a graph for one of its mesh devices,
+        or when the graph ids or shapes differ between processes. Otherwise
+        one process could fail while the others wait in the step's
+        collectives, or the processes could compile different programs.
 
         Parameters
         ----------
         devices : jax.sharding.Mesh, or a device, or a sequence of devices
             JAX devices (``jax.devices()``) or CUDA ordinals, e.g. the mesh a
             ``shard_map`` of this graph will run on.
+        timeout_s : float
+            How long to wait for the other processes (several processes only).
 
         Raises
         ------
         TypeError
             ``devices`` is neither a mesh, a device nor a sequence of them.
         ValueError
-            A device has no graph here, is not a CUDA device, or belongs to another process.
+            A device has no graph here or is not a CUDA device; with several
+            processes, any process's problem, or ids or shapes that differ
+            between processes (every process raises the same message).
         RuntimeError
-            This sharded graph was closed.
+            This sharded graph was closed (one process), or another process
+            did not reach this check within ``timeout_s``.
         """
+        local, spans = _processes.local_devices(devices)
+        if not spans:
+            return self._check_local(local)
+        try:
+            ordinals, error = self._check_local(local), None
+        except (ValueError, RuntimeError) as exc:  # every process must learn of it, not only this one
+            ordinals, error = (), f"{type(exc).__name__}: {exc}"
+        record = {"error": error, "graph": self.graph_id,
+                  "shapes": f"({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)})"}
+        records = _processes.agree("check_devices", record, timeout_s=timeout_s)
+        problems = _processes.disagreements(records, {"shapes": "shard shapes", "graph": "graph ids"})
+        if problems:
+            raise ValueError(_cross_process_message(problems))
+        return ordinals
+
+    def _check_local(self, devices: list) -> tuple[int, ...]:
+        """:meth:`check_devices` on this process's devices."""
         self._check_open()
         ordinals = device_ordinals(devices)
         missing = [d for d in ordinals if d not in self._parts]
@@ -210,7 +250,7 @@ class ShardedGraph:
         """
         import jax
 
-        self.check_devices(mesh)
+        self.check_devices(mesh)  # collective when the mesh spans several processes
         return jax.jit(jax.shard_map(self, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **kwargs))
 
     # -- lifetime -------------------------------------------------------------------------
@@ -402,12 +442,14 @@ def cuda_ordinal(device: Any) -> int:
 def device_ordinals(devices: Any = None) -> tuple[int, ...]:
     """CUDA ordinals of ``devices`` (a Mesh, a device or a sequence of them); see :func:`capture_per_device`.
 
-    Raises ``ValueError`` for no devices or a device given twice.
+    A mesh stands for its devices of this process (a global mesh under
+    ``jax.distributed`` also holds the other processes'). Raises
+    ``ValueError`` for no devices or a device given twice.
     """
     if devices is None:
         return _default_devices()
-    if hasattr(devices, "devices") and hasattr(devices, "axis_names"):  # a jax.sharding.Mesh
-        devices = list(np.asarray(devices.devices).flat)
+    if _processes.is_mesh(devices):
+        devices = _processes.local_devices(devices)[0]
     elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
         devices = [devices]
     elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
@@ -441,6 +483,14 @@ def _process_index() -> int:
     import jax
 
     return jax.process_index()
+
+
+def _cross_process_message(problems: list) -> str:
+    return ("the processes disagree about this ShardedGraph, so none may run the step: " + "; ".join(problems)
+            + ". Every process must capture it (jaxgraph.capture_per_device) for its own devices of the mesh, "
+            "with the same shapes; and as HLO names a graph by its id and every process must compile the same "
+            "program, every process must make its replayables, graphed callables and sharded graphs in the same "
+            "order (ids count up in that order: a process that made one more first has shifted ids)")
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,152 @@
+"""Several processes (``jax.distributed``): every process agrees before a step runs anywhere.
+
+In a multi-controller JAX program (one process per GPU or per host, after
+``jax.distributed.initialize``) each process captures graphs for its own
+devices (``jax.local_devices()``) and compiles its own copy of one program.
+Two things must then hold on every process, and neither can be seen from one
+process alone:
+
+- every process has a live graph for each of its devices in the mesh, with
+  the same shapes: a process whose replay fails leaves the others waiting in
+  the step's collectives (a ``psum`` over NCCL), a hang instead of an error;
+- the lowered programs are the same: HLO names a graph by its id in the
+  process's native table, and a multi-controller program must be the same on
+  every process (with ``jax_share_binary_between_hosts`` process 0 compiles
+  and the others wait for the executable under a key made from their own
+  program). Ids count up in the order a process made its replayables, so a
+  process that made one more first has shifted ids.
+
+:func:`agree` exchanges one small record per process through the key-value
+store of JAX's distributed runtime (no device, no collective: it works with
+JAX on the CPU and answers within a timeout when a process never arrives),
+and :func:`disagreements` turns the records into one message that every
+process raises alike. :meth:`jaxgraph.ShardedGraph.check_devices` uses both
+when its mesh spans several processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any, Sequence
+
+__all__ = ["agree", "disagreements", "is_mesh", "local_devices", "process_count", "process_index"]
+
+_sequence = itertools.count()  # every process calls agree() in the same order, as the program is SPMD
+
+
+def agree(topic: str, record: dict, *, timeout_s: float) -> list[dict]:
+    """Publish ``record`` and return every process's record, in process order.
+
+    Collective: every process must call it, in the same order as its other
+    calls of :func:`agree`. Records are JSON-serialisable dicts.
+
+    Raises
+    ------
+    RuntimeError
+        JAX's distributed runtime is not initialized, or a process did not
+        publish its record within ``timeout_s`` (it failed earlier, or runs
+        other code): the message names it.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    client = _client()
+    me, count = process_index(), process_count()
+    prefix = f"jaxgraph/{topic}/{next(_sequence)}/"
+    # The records stay in the coordinator: a process may still be reading them
+    # when this one moves on, and each is a few hundred bytes.
+    client.key_value_set(prefix + str(me), json.dumps(record))
+    deadline = time.monotonic() + timeout_s
+    records = []
+    for p in range(count):
+        if p == me:
+            records.append(record)
+            continue
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            records.append(json.loads(client.blocking_key_value_get(prefix + str(p), left_ms)))
+        except Exception as exc:  # jax.errors.JaxRuntimeError; its message says DEADLINE_EXCEEDED
+            if "DEADLINE_EXCEEDED" not in str(exc):
+                raise RuntimeError(f"{topic}: reading process {p}'s record failed: {exc}") from exc
+            raise RuntimeError(
+                f"{topic}: process {p} did not reach this check within {timeout_s:g} s (this is process {me} "
+                f"of {count}); every process must run it, in the same order: process {p} may have failed "
+                "before it or be running other code") from None
+    return records
+
+
+def disagreements(records: Sequence[dict], fields: dict[str, str]) -> list[str]:
+    """One line per problem in ``records`` (one dict per process, in process order).
+
+    A record's ``"error"`` (a string, or ``None``) is that process's own
+    problem; each key of ``fields`` must be equal on every process without
+    an error, and its value says what the key is (``{"graph": "graph ids"}``).
+    """
+    lines = [f"process {p}: {r['error']}" for p, r in enumerate(records) if r.get("error")]
+    healthy = [(p, r) for p, r in enumerate(records) if not r.get("error")]
+    for key, what in fields.items():
+        if len({json.dumps(r.get(key)) for _, r in healthy}) > 1:
+            values = "; ".join(f"process {p}: {_show(r.get(key))}" for p, r in healthy)
+            lines.append(f"{what} differ between processes ({values})")
+    return lines
+
+
+def local_devices(devices: Any) -> tuple[list, bool]:
+    """``devices`` (a Mesh, a device or a sequence) as a list of this process's, and whether others' were there.
+
+    CUDA ordinals (ints) are this process's. Raises ``TypeError`` for anything else than these.
+    """
+    import numpy as np
+
+    if is_mesh(devices):
+        devices = list(np.asarray(devices.devices).flat)
+    elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
+        devices = [devices]
+    elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
+    devices = list(devices)
+    if not any(hasattr(d, "process_index") for d in devices):
+        return devices, False
+    here = process_index()
+    local = [d for d in devices if getattr(d, "process_index", here) == here]
+    return local, len(local) < len(devices)
+
+
+def is_mesh(devices: Any) -> bool:
+    """Whether ``devices`` is a ``jax.sharding.Mesh`` (or looks like one)."""
+    return hasattr(devices, "devices") and hasattr(devices, "axis_names")
+
+
+def process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _client() -> Any:
+    """The key-value client of ``jax.distributed`` (JAX has no public API for it)."""
+    from jax._src import distributed
+
+    client = getattr(distributed.global_state, "client", None)
+    if client is None:
+        raise RuntimeError("the devices span several processes but jax.distributed is not initialized here; "
+                           "call jax.distributed.initialize(...) first in every process")
+    return client
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
