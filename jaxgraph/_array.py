@@ -75,10 +75,12 @@ class DeviceArray:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions, ``len(shape)``."""
         return len(self.shape)
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element, ``dtype.itemsize``."""
         return self.dtype.itemsize
 
     @property
