@@ -90,8 +90,7 @@ class Kernel:
         text = signature if signature is not None else find_signature(source, name)
         self._compiled: CompiledKernel = compile_kernel(source, name, options, arch=arch, cache_dir=cache_dir)
         self.name = name
-        self.params: tuple[Param, ...] = parse_signature(text)
-        params = self.params
+        self.params: tuple[Param, ...] = params = parse_signature(text)
         self._signature_origin = "given as signature=" if signature is not None else "read from the source"
         sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
         if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
@@ -279,8 +278,8 @@ class Kernel:
         if sizes != expected:
             raise TypeError(
                 f"kernel {self.name}: the compiled kernel's {len(sizes)} parameters have sizes {sizes} bytes, "
-                f"but the signature {self._signature_origin} ({', '.join(p.ctype for p in self.params)}) implies {expected}; "
-                "pass signature= with the real parameter types"
+                f"but the signature {self._signature_origin} ({', '.join(p.ctype for p in self.params)}) "
+                f"implies {expected}; pass signature= with the real parameter types"
             )
 
     def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
