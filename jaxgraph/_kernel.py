@@ -90,7 +90,8 @@ class Kernel:
         text = signature if signature is not None else find_signature(source, name)
         self._compiled: CompiledKernel = compile_kernel(source, name, options, arch=arch, cache_dir=cache_dir)
         self.name = name
-        self.params: tuple[Param, ...] = params = parse_signature(text)
+        params = parse_signature(text)
+        self.params: tuple[Param, ...] = params
         self._signature_origin = "given as signature=" if signature is not None else "read from the source"
         sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
         if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
