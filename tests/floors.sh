@@ -54,7 +54,7 @@ echo "floors: $(python --version) in $work/venv"
 # floors); -c pins the runtime floors in the install itself.
 PIP_CONSTRAINT="$work/build.txt" python -m pip install -q -c "$work/runtime.txt" -e ".[test]"
 echo "floors: installed"
-python -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|numpy|cuda-bindings|cuda-core|nvidia-cuda-nvrtc|nvidia-cuda-runtime|pytest) '
+python -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|numpy|cuda-bindings|cuda-core|nvidia-cuda-nvrtc|nvidia-cuda-runtime|pytest|scikit-build-core|scikit_build_core) '
 python - "$work/runtime.txt" <<'EOF'
 import sys
 from importlib.metadata import version
