@@ -10,8 +10,8 @@ source, the kernel name, the options, the architecture and NVRTC's version.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import functools
+import hashlib
 import json
 import os
 import re
@@ -181,10 +181,12 @@ def _supported_archs() -> tuple[int, ...]:
 
 
 def _arch_error(arch: str, why: str) -> ValueError:
+    """The error for an ``arch`` NVRTC cannot compile cubins for, listing the valid ones."""
     valid = ", ".join(f"sm_{n}" for n in _supported_archs())
+    major, minor = nvrtc_version()
     return ValueError(f"arch={arch!r} {why}. Valid: 'sm_XY' for one of the architectures of this NVRTC "
-                      "({}.{}), {}, optionally with an 'a' or 'f' suffix where the GPU has one ".format(
-                          *nvrtc_version(), valid) + "(architecture- or family-specific features, e.g. 'sm_90a')")
+                      f"({major}.{minor}), {valid}, optionally with an 'a' or 'f' suffix where the GPU has one "
+                      "(architecture- or family-specific features, e.g. 'sm_90a')")
 
 
 def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
@@ -213,7 +215,7 @@ def _compile_error(name: str, opts: Any, text: str) -> Exception:
     if head:
         result, log = head.group(2) or _nvrtc_result_name(int(head.group(1))), text[head.end():]
     if "gpu-architecture" in log or "--nv_arch" in log:  # e.g. sm_75a: the right form, no such variant
-        return _arch_error(opts.arch, f"is not a GPU architecture NVRTC compiles for ({result}: "
+        return _arch_error(getattr(opts, "arch", None), f"is not a GPU architecture NVRTC compiles for ({result}: "
                                       f"{log.strip().splitlines()[0]})")
     if "__nv_name_map" in log:  # NVRTC could not instantiate the name expression itself
         base = name.split("<", 1)[0].strip()

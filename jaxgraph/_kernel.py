@@ -56,8 +56,10 @@ class Kernel:
         The parameter list, e.g. ``"float* y, const float* x, float a, int n"``,
         when it cannot be read from ``source`` (macros, typedefs).
     arch : str, optional
-        Compile for this target (``"sm_90"``) instead of the current device's;
-        this is how to compile on a machine without a GPU.
+        Compile for this GPU architecture (``"sm_90"``) instead of the current
+        device's; this is how to compile on a machine without a GPU. Virtual
+        architectures (``"compute_90"``, PTX) are refused; the error lists
+        the valid ones.
     cache_dir : path, optional
         Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR``, else
         ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``).
