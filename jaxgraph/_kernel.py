@@ -26,8 +26,8 @@ from ._compile import CompiledKernel, compile_kernel
 from ._cubin import param_sizes
 from ._driver import check
 from ._native import native
-from ._signature import (Param, check_count, check_pointer_dtype, dim3, find_signature, not_an_array,
-                         pack_error, parse_signature, scalar_value)
+from ._signature import (Param, check_against_source, check_count, check_pointer_dtype, dim3, find_signature,
+                         not_an_array, pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel", "kernel_display_name"]
@@ -98,6 +98,8 @@ class Kernel:
         sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
         if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
             self._check_param_sizes(sizes)
+        if signature is not None:  # same sizes, other types (int for float) only the source can tell
+            check_against_source(name, params, source, name)
         self._fmt = "<" + "".join(p.pack_format for p in params)
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._core = None             # the cuda.core Kernel (parameter info, attributes)

@@ -128,6 +128,22 @@ def test_a_signature_that_disagrees_with_the_source_is_refused_at_compile_time(s
     assert f"implies {sizes}" in str(info.value)
 
 
+@pytest.mark.parametrize("signature, message", [
+    ("float* y, const float* x, int a, int n", "parameter a as int, but the source declares float a"),
+    ("int* y, const float* x, float a, int n", "parameter y as int*, but the source declares float* y"),
+    ("float* y, long long x, float a, int n", "parameter x as long long, but the source declares const float* x"),
+])
+def test_a_signature_of_the_right_sizes_but_other_types_is_refused(signature, message, tmp_path):
+    with pytest.raises(TypeError, match=re.escape(f"kernel axpy<float>: signature= gives {message}")):
+        jaxgraph.Kernel(AXPY, "axpy<float>", signature=signature, arch="sm_90", cache_dir=tmp_path)
+
+
+def test_an_untyped_pointer_in_the_signature_is_taken(tmp_path):
+    k = jaxgraph.Kernel(AXPY, "axpy<float>", signature="void* y, const void* x, float a, int n", arch="sm_90",
+                        cache_dir=tmp_path)
+    assert [p.dtype for p in k.params][:2] == [None, None]
+
+
 def test_a_signature_that_agrees_is_taken(tmp_path):
     k = jaxgraph.Kernel(AXPY, "axpy<float>", signature="float* out, const float* in, float s, int count",
                         arch="sm_90", cache_dir=tmp_path)
