@@ -7,7 +7,7 @@ failures, and the rule that nothing but a cubin is ever cached.
 
 import re
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 import pytest
 
@@ -167,7 +167,8 @@ def test_calling_a_kernel_says_to_give_a_grid_and_a_block(axpy):
 
 
 def test_a_cpu_jax_array_operand_says_what_asarray_says(axpy):
-    x = jnp.asarray(np.random.default_rng().random(16, dtype=np.float32))
+    # On JAX's CPU device explicitly: on a GPU machine jnp.asarray would give a GPU array.
+    x = jax.device_put(np.random.default_rng().random(16, dtype=np.float32), jax.devices("cpu")[0])
     with pytest.raises(TypeError) as launch:
         axpy[1, 32](x, x, 2.0, 16)
     with pytest.raises(TypeError) as wrap:
