@@ -9,6 +9,42 @@ XLA's own stream.
 CUDA is initialised on first use.
 """
 
+__all__ = [
+    "asarray",
+    "capture_per_device",
+    "compile_kernel",
+    "CompileError",
+    "CudaError",
+    "CUDAGraph",
+    "CudaUnavailableError",
+    "current_device",
+    "current_stream",
+    "device_count",
+    "DeviceArray",
+    "empty",
+    "Event",
+    "Generator",
+    "Graph",
+    "graph",
+    "graph_pool_handle",
+    "GraphedCallable",
+    "is_current_stream_capturing",
+    "Kernel",
+    "make_graphed_callables",
+    "MemPool",
+    "Param",
+    "RemovableHandle",
+    "Replayable",
+    "replayable",
+    "set_device",
+    "ShardedGraph",
+    "Stream",
+    "stream",
+    "synchronize",
+    "to_host",
+    "zeros",
+]
+
 from ._array import DeviceArray as DeviceArray
 from ._array import asarray as asarray
 from ._array import empty as empty

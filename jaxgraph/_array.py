@@ -24,7 +24,7 @@ from . import _captures, _driver, _memory
 from ._driver import check
 from ._stream import Event, Stream, current_stream
 
-__all__ = ["DeviceArray", "asarray", "empty", "to_host", "zeros"]
+__all__ = ["DeviceArray", "HOST_JAX_ARRAY_FIX", "asarray", "empty", "is_host_jax_array", "to_host", "zeros"]
 
 _KDLCUDA = 2  # DLPack device type of CUDA memory
 
@@ -75,10 +75,12 @@ class DeviceArray:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions, ``len(shape)``."""
         return len(self.shape)
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element, ``dtype.itemsize``."""
         return self.dtype.itemsize
 
     @property
@@ -299,8 +301,7 @@ def asarray(obj: Any, dtype: Any = None, *, stream: Stream | None = None) -> Dev
                             f"{np.dtype(dtype)}; zero-copy wrapping cannot convert")
         return arr
     if _is_jax_array(obj):
-        raise TypeError("asarray: a jax.Array on the CPU cannot be wrapped as device memory; "
-                        "use jax.device_put to a GPU or pass numpy.asarray(x)")
+        raise TypeError(f"asarray: a jax.Array on the CPU cannot be wrapped as device memory; {HOST_JAX_ARRAY_FIX}")
     host = np.ascontiguousarray(obj, dtype=dtype)
     if host.dtype == object:
         raise TypeError(f"asarray: cannot convert {type(obj).__name__} to a device array")
@@ -354,6 +355,16 @@ def _normalize_dtype(dtype: Any) -> np.dtype:
 def _stream_for(array: DeviceArray, stream: Stream | None) -> Stream:
     _driver.ensure_context(array.device)
     return current_stream(array.device) if stream is None else stream
+
+
+HOST_JAX_ARRAY_FIX = ("put it on a GPU with jax.device_put(x, jax.devices('gpu')[0]), or copy it with "
+                      "jaxgraph.asarray(numpy.asarray(x))")
+"""What to do with a jax.Array on the CPU where device memory is needed (every such error says it)."""
+
+
+def is_host_jax_array(obj: Any) -> bool:
+    """Whether ``obj`` is a JAX array without device memory to share (e.g. on JAX's CPU backend)."""
+    return _is_jax_array(obj) and not hasattr(obj, "__cuda_array_interface__")
 
 
 def _is_jax_array(obj: Any) -> bool:

@@ -10,17 +10,20 @@ source, the kernel name, the options, the architecture and NVRTC's version.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._cubin import is_cubin
 from ._driver import CudaUnavailableError
 
-__all__ = ["CompiledKernel", "CompileError", "compile_kernel", "default_arch", "nvrtc_version"]
+__all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "default_arch", "nvrtc_version"]
 
 
 class CompileError(RuntimeError):
@@ -53,9 +56,18 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
         NVRTC options (``std``, ``define_macro``, ``use_fast_math``, ...), as a
         ``ProgramOptions`` or a dict of its fields. ``arch`` is filled in.
     arch : str, optional
-        Target such as ``"sm_90"``; default: the current device's.
+        A real GPU architecture such as ``"sm_90"`` (:func:`check_arch`);
+        default: the current device's.
     cache_dir : path, optional
         Where cubins are kept; ``False``-y env ``JAXGRAPH_CACHE_DIR=""`` disables.
+
+    Raises
+    ------
+    CompileError
+        NVRTC rejected the source (the message names NVRTC's result and
+        quotes its log), or returned no cubin; nothing is cached then.
+    ValueError
+        ``arch`` is not a GPU architecture NVRTC compiles cubins for.
     """
     from cuda.core import ProgramOptions
 
@@ -66,6 +78,7 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
     if arch is None:
         given = options.get("arch") if isinstance(options, dict) else getattr(options, "arch", None)
         arch = given or default_arch()
+    check_arch(arch)
     # ProgramOptions asks the current device for a default arch: give it ours.
     opts = _check_or_create_options(options, ProgramOptions, arch)
     key = _cache_key(source, name, opts, arch)
@@ -75,6 +88,9 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
         if cached is not None:
             return cached
     cubin, lowered = _nvrtc_compile(source, name, opts)
+    if not is_cubin(cubin):  # never cache (or load) what is not a cubin
+        raise CompileError(f"NVRTC returned no cubin for kernel {name!r} (arch={arch!r}): {len(cubin)} bytes "
+                           f"that are not an ELF image")
     path = _write_cache(directory, key, cubin, lowered) if directory is not None else None
     return CompiledKernel(cubin, name, lowered, arch, path, False)
 
@@ -90,6 +106,27 @@ def default_arch() -> str:
             f"{exc}; pass arch='sm_90' (or another target) to compile without a device"
         ) from None
     return f"sm_{major}{minor}"
+
+
+def check_arch(arch: Any) -> str:
+    """Return ``arch`` if NVRTC compiles cubins for it, else raise ``ValueError`` saying what is valid.
+
+    Valid: ``"sm_XY"`` for an architecture this NVRTC supports
+    (``nvrtcGetSupportedArchs``), optionally with an ``a`` or ``f`` suffix
+    (``"sm_90a"``, ``"sm_100f"``). Virtual architectures (``"compute_90"``)
+    are refused: NVRTC gives PTX for them, and jaxgraph loads cubins.
+    """
+    if not isinstance(arch, str):
+        raise TypeError(f"arch must be a string such as 'sm_90', got {type(arch).__name__} {arch!r}")
+    supported = _supported_archs()
+    match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
+    if match and match.group(1) == "sm" and int(match.group(2)) in supported:
+        return arch
+    if match and match.group(1) == "compute":
+        raise _arch_error(arch, "is a virtual architecture: NVRTC would compile it to PTX, and jaxgraph "
+                          f"compiles kernels to cubins for a real GPU; pass arch='sm_{match.group(2)}"
+                          f"{match.group(3)}' (a GPU of compute capability X.Y is 'sm_XY')")
+    raise _arch_error(arch, "is not a GPU architecture NVRTC compiles for")
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -134,6 +171,24 @@ def _cuda_include_dir() -> str | None:
         return path if os.path.isfile(os.path.join(path, "cuda_fp16.h")) else None
 
 
+@functools.lru_cache(maxsize=None)
+def _supported_archs() -> tuple[int, ...]:
+    """The ``XY`` of every ``sm_XY`` this NVRTC compiles for."""
+    from cuda.bindings import nvrtc
+
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    return tuple(int(a) for a in archs)
+
+
+def _arch_error(arch: str, why: str) -> ValueError:
+    """The error for an ``arch`` NVRTC cannot compile cubins for, listing the valid ones."""
+    valid = ", ".join(f"sm_{n}" for n in _supported_archs())
+    major, minor = nvrtc_version()
+    return ValueError(f"arch={arch!r} {why}. Valid: 'sm_XY' for one of the architectures of this NVRTC "
+                      f"({major}.{minor}), {valid}, optionally with an 'a' or 'f' suffix where the GPU has one "
+                      "(architecture- or family-specific features, e.g. 'sm_90a')")
+
+
 def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
     from cuda.core import Program
 
@@ -142,13 +197,41 @@ def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
         obj = program.compile("cubin", name_expressions=(name,))
     except Exception as exc:
         if type(exc).__name__ == "NVRTCError" or "NVRTC" in str(exc):
-            raise CompileError(f"NVRTC could not compile kernel {name!r}:\n{exc}{_include_hint(str(exc))}") from None
+            raise _compile_error(name, opts, str(exc)) from None
         raise
     mapping = obj.symbol_mapping or {}
     lowered = mapping.get(name, name)
     if isinstance(lowered, bytes):
         lowered = lowered.decode()
     return bytes(obj.code), lowered
+
+
+def _compile_error(name: str, opts: Any, text: str) -> Exception:
+    """NVRTC's failure as a :class:`CompileError` that names its result and what it means for ``name``."""
+    text = text.replace("\x00", "").strip()
+    # cuda.core's NVRTCError reads "<code>: <NVRTC_ERROR_...>, compilation log: ..." (older ones: "<code>: ...").
+    head = re.match(r"(\d+):\s*(NVRTC_\w+)?,?\s*(compilation log:)?\s*", text)
+    result, log = "", text
+    if head:
+        result, log = head.group(2) or _nvrtc_result_name(int(head.group(1))), text[head.end():]
+    if "gpu-architecture" in log or "--nv_arch" in log:  # e.g. sm_75a: the right form, no such variant
+        return _arch_error(getattr(opts, "arch", None), f"is not a GPU architecture NVRTC compiles for ({result}: "
+                                      f"{log.strip().splitlines()[0]})")
+    if "__nv_name_map" in log:  # NVRTC could not instantiate the name expression itself
+        base = name.split("<", 1)[0].strip()
+        what = (f"the template arguments of {name!r} are unknown or failed to instantiate {base!r}"
+                if "<" in name else f"{name!r} is not a __global__ function NVRTC can find in the source")
+        return CompileError(f"NVRTC could not compile kernel {name!r} ({result}): {what}. NVRTC's log:\n{log}")
+    return CompileError(f"NVRTC could not compile kernel {name!r} ({result}):\n{log}{_include_hint(log)}")
+
+
+def _nvrtc_result_name(code: int) -> str:
+    from cuda.bindings import nvrtc
+
+    try:
+        return nvrtc.nvrtcResult(code).name
+    except ValueError:
+        return f"NVRTC error {code}"
 
 
 def _include_hint(log: str) -> str:
@@ -189,6 +272,8 @@ def _read_cache(directory: Path, key: str, name: str, arch: str) -> CompiledKern
         cubin = cubin_path.read_bytes()
         lowered = json.loads(meta_path.read_text())["lowered_name"]
     except (OSError, ValueError, KeyError):
+        return None
+    if not is_cubin(cubin):  # e.g. an empty file some older version cached: compile again
         return None
     return CompiledKernel(cubin, name, lowered, arch, cubin_path, True)
 

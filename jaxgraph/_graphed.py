@@ -101,14 +101,17 @@ class GraphedCallable:
 
     @property
     def replayable(self) -> Replayable:
+        """The :class:`Replayable` of the forward graph: what a call with JAX arrays replays."""
         return self._step
 
     @property
     def static_inputs(self) -> Any:
+        """The graph's static input arrays, structured as the sample arguments (device-array calls fill them)."""
         return _unflatten(self._in_tree, self._static_in)
 
     @property
     def static_outputs(self) -> Any:
+        """The graph's static output arrays, structured as the outputs (the next device-array call overwrites them)."""
         return _unflatten(self._out_tree, [self._static_out[s] for s in self._out_slots])
 
     def summary(self) -> str:

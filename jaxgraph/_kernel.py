@@ -21,12 +21,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _captures, _driver
-from ._array import DeviceArray, asarray
+from ._array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
 from ._compile import CompiledKernel, compile_kernel
+from ._cubin import param_sizes
 from ._driver import check
 from ._native import native
-from ._signature import (Param, check_count, check_pointer_dtype, dim3, find_signature, not_an_array,
-                         pack_error, parse_signature, scalar_value)
+from ._signature import (Param, check_against_source, check_count, check_pointer_dtype, dim3, find_signature,
+                         not_an_array, pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel", "kernel_display_name"]
@@ -55,8 +56,10 @@ class Kernel:
         The parameter list, e.g. ``"float* y, const float* x, float a, int n"``,
         when it cannot be read from ``source`` (macros, typedefs).
     arch : str, optional
-        Compile for this target (``"sm_90"``) instead of the current device's;
-        this is how to compile on a machine without a GPU.
+        Compile for this GPU architecture (``"sm_90"``) instead of the current
+        device's; this is how to compile on a machine without a GPU. Virtual
+        architectures (``"compute_90"``, PTX) are refused; the error lists
+        the valid ones.
     cache_dir : path, optional
         Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR``, else
         ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``).
@@ -67,9 +70,18 @@ class Kernel:
         ``source`` or ``name`` is not a non-empty string, or ``options`` is
         neither a ``ProgramOptions`` nor a dict of its fields.
     jaxgraph.CompileError
-        NVRTC rejected the source; the message contains NVRTC's log.
+        NVRTC rejected the source, or the template arguments of ``name``; the
+        message names NVRTC's result and contains its log.
     ValueError
-        The parameter list could not be read; pass ``signature=``.
+        The parameter list could not be read (pass ``signature=``), or
+        ``arch`` is not a GPU architecture NVRTC compiles cubins for.
+    TypeError
+        The parameter list (read or given as ``signature=``) disagrees with
+        the compiled kernel's parameters.
+
+    Notes
+    -----
+    A kernel is launched as ``k[grid, block](*args)``, not called directly.
     """
 
     def __init__(self, source: str, name: str, options: Any = None, *, signature: str | None = None,
@@ -78,10 +90,19 @@ class Kernel:
             raise TypeError(f"source must be a non-empty string of CUDA C++, got {type(source).__name__}")
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be the kernel's name as a string, got {name!r}")
-        params = parse_signature(signature if signature is not None else find_signature(source, name))
+        # The name is looked up first, then NVRTC instantiates it (a bad template
+        # argument is its error), then the parameter types are read and checked.
+        text = signature if signature is not None else find_signature(source, name)
         self._compiled: CompiledKernel = compile_kernel(source, name, options, arch=arch, cache_dir=cache_dir)
         self.name = name
+        params = parse_signature(text)
         self.params: tuple[Param, ...] = params
+        self._signature_origin = "given as signature=" if signature is not None else "read from the source"
+        sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
+        if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
+            self._check_param_sizes(sizes)
+        if signature is not None:  # same sizes, other types (int for float) only the source can tell
+            check_against_source(name, params, source, name)
         self._fmt = "<" + "".join(p.pack_format for p in params)
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._core = None             # the cuda.core Kernel (parameter info, attributes)
@@ -110,6 +131,7 @@ class Kernel:
 
     @property
     def arch(self) -> str:
+        """The GPU architecture the cubin was compiled for, e.g. ``"sm_90"``."""
         return self._compiled.arch
 
     @property
@@ -141,6 +163,12 @@ class Kernel:
         return f"<jaxgraph.Kernel {self.name}({sig}) {self.arch}>"
 
     # -- launching --------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        """Not a launch: raises ``TypeError`` saying to use ``kernel[grid, block](*args)``."""
+        raise TypeError(f"kernel {self.name} is not called directly: launch it with a grid and a block as "
+                        "kernel[grid, block](*args) (or kernel.launch(*args, grid=..., block=...)); inside "
+                        "jax.jit, use kernel.jax_call(...)")
 
     def __getitem__(self, config: tuple) -> "_BoundLaunch":
         """``kernel[grid, block]``, ``[grid, block, shared_mem]`` or ``[grid, block, shared_mem, stream]``."""
@@ -250,7 +278,7 @@ class Kernel:
         c = self._compiled
         library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
         core = library.get_kernel(c.name)
-        self._check_param_sizes(core)
+        self._check_param_sizes([int(info.size) for info in core.arguments_info])
         self._native_launch = native("launch").launch
         self._library, self._core = library, core
         _DISPLAY_NAMES[c.lowered_name] = c.name  # so pictures of graphs say axpy<float>, not _Z4axpy...
@@ -258,15 +286,14 @@ class Kernel:
         self._h_kernel = _driver.driver().CUfunction(self._function_address)
         return self._h_kernel
 
-    def _check_param_sizes(self, core: Any) -> None:
-        """Compare the parsed parameter list with what the cubin declares."""
-        sizes = [int(info.size) for info in core.arguments_info]
+    def _check_param_sizes(self, sizes: list[int]) -> None:
+        """Compare the parameter list with the sizes the compiled kernel declares."""
         expected = [8 if p.is_pointer else p.dtype.itemsize for p in self.params]
         if sizes != expected:
             raise TypeError(
-                f"kernel {self.name}: the cubin's parameters have sizes {sizes} bytes, but the "
-                f"signature read from the source ({', '.join(p.ctype for p in self.params)}) implies "
-                f"{expected}; pass signature= with the real parameter types"
+                f"kernel {self.name}: the compiled kernel's {len(sizes)} parameters have sizes {sizes} bytes, "
+                f"but the signature {self._signature_origin} ({', '.join(p.ctype for p in self.params)}) "
+                f"implies {expected}; pass signature= with the real parameter types"
             )
 
     def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
@@ -379,5 +406,7 @@ def _device_operand(value: Any, p: Param, kernel: str, stream: Stream | None) ->
     if isinstance(value, np.ndarray):
         raise not_an_array(kernel, p, value, " (host memory); copy it with jaxgraph.asarray(x) first")
     if not hasattr(value, "__cuda_array_interface__"):
+        if is_host_jax_array(value):
+            raise not_an_array(kernel, p, value, f" (a jax.Array on the CPU): {HOST_JAX_ARRAY_FIX}")
         raise not_an_array(kernel, p, value)
     return asarray(value, stream=stream)  # the launch's stream waits for the array's producer

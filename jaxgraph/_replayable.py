@@ -116,22 +116,27 @@ class Replayable:
 
     @property
     def in_shapes(self) -> tuple:
+        """The inputs it takes, as ``jax.ShapeDtypeStruct``s (those of the graph's static inputs)."""
         return self._spec.inputs
 
     @property
     def out_shapes(self) -> tuple:
+        """The outputs it returns, as ``jax.ShapeDtypeStruct``s (those of the graph's static outputs)."""
         return self._spec.outputs
 
     @property
     def via(self) -> str:
+        """How it replays: ``"ffi"`` (on XLA's stream) or ``"callback"`` (through host memory)."""
         return self._via
 
     @property
     def graph_id(self) -> int:
+        """Its id in the native graph table: the ``graph`` attribute of its ``jaxgraph_replay`` calls."""
         return self._spec.graph_id
 
     @property
     def devices(self) -> tuple:
+        """The CUDA device ordinals it holds a graph for, sorted."""
         return tuple(sorted(self._state.devices))
 
     @property

@@ -119,22 +119,27 @@ class ShardedGraph:
 
     @property
     def devices(self) -> tuple[int, ...]:
+        """The CUDA device ordinals that have a graph, in capture order."""
         return tuple(self._parts)
 
     @property
     def in_shapes(self) -> tuple:
+        """The shard-local inputs it takes, as ``jax.ShapeDtypeStruct``s."""
         return self._step.in_shapes
 
     @property
     def out_shapes(self) -> tuple:
+        """The shard-local outputs it returns, as ``jax.ShapeDtypeStruct``s."""
         return self._step.out_shapes
 
     @property
     def replayable(self) -> Replayable:
+        """The :class:`Replayable` holding every device's graph under one id."""
         return self._step
 
     @property
     def graph_id(self) -> int:
+        """The id all its devices' graphs share in the native graph table."""
         return self._step.graph_id
 
     @property
@@ -144,6 +149,7 @@ class ShardedGraph:
 
     @property
     def bindings(self) -> dict:
+        """Per device, how each static buffer meets XLA's buffer (:attr:`Replayable.bindings`)."""
         return self._step.bindings
 
     def graph(self, device: Any) -> CUDAGraph:

@@ -24,6 +24,7 @@ import numpy as np
 
 __all__ = [
     "Param",
+    "check_against_source",
     "check_count",
     "check_pointer_dtype",
     "dim3",
@@ -180,6 +181,25 @@ def find_signature(source: str, name: str) -> str:
     raise ValueError(
         f"no __global__ kernel named {base!r} found in the source; check the name or pass signature="
     )
+
+
+def check_against_source(kernel: str, given: tuple[Param, ...], source: str, name: str) -> None:
+    """Raise ``TypeError`` where a ``signature=`` contradicts the parameter types the source declares.
+
+    Where the source's list cannot be read (macros, typedefs: why
+    ``signature=`` exists) nothing is compared. An untyped pointer
+    (``void*``, ``float4*``) on either side matches any pointer.
+    """
+    try:
+        declared = parse_signature(find_signature(source, name))
+    except ValueError:
+        return
+    if len(declared) != len(given):
+        return  # the compiled kernel's parameter sizes say it (Kernel._check_param_sizes)
+    for g, d in zip(given, declared):
+        if g.is_pointer != d.is_pointer or (g.dtype is not None and d.dtype is not None and g.dtype != d.dtype):
+            raise TypeError(f"kernel {kernel}: signature= gives parameter {g.name} as {g.ctype}, but the source "
+                            f"declares {d.ctype} {d.name}; pass the source's types (or leave signature= out)")
 
 
 # ----------------------------------------------------------------------------

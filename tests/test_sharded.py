@@ -149,7 +149,7 @@ def test_close_is_idempotent_and_calls_afterwards_raise():
 
 def test_eager_call_on_an_array_of_another_platform_is_refused():
     sg = make_sharded()
-    with pytest.raises(ValueError, match="argument 0 is on cpu:0, a cpu device: a ShardedGraph replays on CUDA"):
+    with pytest.raises(ValueError, match=r"argument 0 is on \S+, a cpu device: a ShardedGraph replays on CUDA"):
         sg(jax.device_put(jnp.zeros(64, jnp.float32), jax.devices("cpu")[0]))
 
 

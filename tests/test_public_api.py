@@ -1,0 +1,54 @@
+"""The public API: ``jaxgraph.__all__`` lists it, ``help(jaxgraph)`` shows it, and every part of it has a docstring."""
+
+import inspect
+import pydoc
+import types
+
+import jaxgraph
+
+
+def public_names():
+    """Every public name the package exposes, whether or not ``__all__`` lists it."""
+    return {n for n, v in vars(jaxgraph).items()
+            if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+
+
+def test_all_lists_every_public_name_once_and_each_imports():
+    assert len(jaxgraph.__all__) == len(set(jaxgraph.__all__))
+    assert set(jaxgraph.__all__) == public_names()
+    namespace = {}
+    exec("from jaxgraph import *", namespace)
+    assert {n for n in namespace if n != "__builtins__"} == set(jaxgraph.__all__)
+
+
+def test_help_shows_the_api():
+    text = pydoc.render_doc(jaxgraph, renderer=pydoc.plaintext)
+    for name in ("class Kernel", "class CUDAGraph", "make_graphed_callables(", "replayable(", "capture_per_device("):
+        assert name in text, name
+
+
+def members(cls):
+    """The public methods and properties ``cls`` (or a jaxgraph base) defines, as (name, function)."""
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("jaxgraph"):
+            continue
+        for name, attr in vars(klass).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(attr, property):
+                yield name, attr.fget
+            elif isinstance(attr, (staticmethod, classmethod)):
+                yield name, attr.__func__
+            elif inspect.isfunction(attr):
+                yield name, attr
+
+
+def test_every_public_function_class_method_and_property_has_a_docstring():
+    missing = []
+    for name in jaxgraph.__all__:
+        obj = getattr(jaxgraph, name)
+        if not (obj.__doc__ or "").strip():
+            missing.append(name)
+        if inspect.isclass(obj):
+            missing += [f"{name}.{m}" for m, f in members(obj) if not (f.__doc__ or "").strip()]
+    assert missing == [], f"public API without a docstring: {missing}"
