@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from . import _captures, _driver, _memory, _stream
 from ._driver import check
-from ._graphs import _CAPTURE_MODES, CUDAGraph, ReplaySource, _capture_mode
+from ._checks import CAPTURE_MODES, capture_mode
+from ._graphs import CUDAGraph, ReplaySource
 from ._hooks import RemovableHandle
 from ._memory import PoolHandle
 from ._stream import Stream, current_stream
@@ -83,7 +84,7 @@ class graph:
             raise TypeError(f"graph() captures into a jaxgraph.CUDAGraph, got {type(cuda_graph).__name__}")
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream or None, got {type(stream).__name__}")
-        _capture_mode(capture_error_mode)
+        capture_mode(capture_error_mode)
         self.cuda_graph = cuda_graph
         self.pool: tuple = () if pool is None else (_memory.pool_from_token(pool),)
         self.capture_stream = stream
@@ -162,8 +163,8 @@ class Graph:
     """
 
     def __init__(self, keep_graph: bool = False, *, pool: Any = None, capture_error_mode: str = "default"):
-        self._mode = "global" if capture_error_mode == "default" else _capture_mode(
-            capture_error_mode, valid=("default",) + _CAPTURE_MODES)
+        self._mode = "global" if capture_error_mode == "default" else capture_mode(
+            capture_error_mode, valid=("default",) + CAPTURE_MODES)
         self._pool = None if pool is None else _memory.pool_from_token(pool)
         self._cuda_graph = CUDAGraph(keep_graph)
 

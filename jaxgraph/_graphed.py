@@ -32,7 +32,8 @@ import numpy as np
 from . import _memory
 from ._array import DeviceArray, asarray, empty, zeros
 from ._capture import graph
-from ._graphs import CUDAGraph, _capture_mode
+from ._checks import capture_mode
+from ._graphs import CUDAGraph
 from ._jax_replay import fmt, fmt_all
 from ._replayable import Replayable, replayable, replayable_of_referenced
 from ._stream import Stream, stream, synchronize
@@ -386,7 +387,7 @@ def _check_options(num_warmup_iters: Any, allow_unused_input: Any, capture_error
         raise ValueError(f"num_warmup_iters must be >= 0, got {num_warmup_iters}")
     if not isinstance(allow_unused_input, (bool, np.bool_)):
         raise TypeError(f"allow_unused_input must be a bool, got {type(allow_unused_input).__name__}")
-    _capture_mode(capture_error_mode)
+    capture_mode(capture_error_mode)
 
 
 # ----------------------------------------------------------------------------

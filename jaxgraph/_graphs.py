@@ -20,6 +20,7 @@ import weakref
 from typing import Any, Callable
 
 from . import _captures, _conditional, _driver, _embed, _introspect, _memory
+from ._checks import capture_mode
 from ._driver import CudaError
 from ._generator import Generator
 from ._graph_handles import CaptureState, GraphHandles, require_capturing, require_ended
@@ -32,7 +33,6 @@ from ._stream import Stream, current_stream
 
 __all__ = ["CUDAGraph", "ReplaySource"]
 
-_CAPTURE_MODES = ("global", "thread_local", "relaxed")
 
 
 # ----------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
             The graph already holds a capture (call :meth:`reset`), or the current
             stream is the legacy default stream or already capturing.
         """
-        mode = _capture_mode(capture_error_mode)
+        mode = capture_mode(capture_error_mode)
         pool_obj = None if pool is None else _memory.pool_from_token(pool)
         if self._state is not CaptureState.NOT_STARTED:
             raise RuntimeError(
@@ -429,8 +429,3 @@ def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
 # ----------------------------------------------------------------------------
 
 
-def _capture_mode(mode: Any, valid: tuple = _CAPTURE_MODES) -> str:
-    """Validate a ``capture_error_mode`` string (before any driver call)."""
-    if mode not in valid:
-        raise ValueError(f"capture_error_mode must be one of {', '.join(map(repr, valid))}, got {mode!r}")
-    return mode

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import _loop_build
 from ._array import DeviceArray, asarray
+from ._checks import device_arrays
 from ._graphed import GraphedCallable
 from ._graphs import CUDAGraph
 
@@ -287,26 +288,13 @@ def _step_parts(step: Any, inputs: Any, outputs: Any) -> tuple:
             raise ValueError("this graphed callable has no forward graph")
         return step.graph, tuple(step._static_in), tuple(step._static_out), step
     if isinstance(step, CUDAGraph):
-        ins = _arrays(inputs, "inputs")
-        outs = _arrays(outputs, "outputs")
+        ins = (device_arrays(inputs, "inputs") if inputs is not None else ())
+        outs = (device_arrays(outputs, "outputs") if outputs is not None else ())
         return step, ins, outs, step
     raise TypeError("step must be a jaxgraph.CUDAGraph or a make_graphed_callables result, "
                     f"got {type(step).__name__}")
 
 
-def _arrays(arrays: Any, what: str) -> tuple:
-    if arrays is None:
-        return ()
-    if isinstance(arrays, DeviceArray):
-        arrays = (arrays,)
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"{what} must be a list of device arrays, got {type(arrays).__name__}")
-    out = []
-    for i, a in enumerate(arrays):
-        if not isinstance(a, DeviceArray) and not hasattr(a, "__cuda_array_interface__"):
-            raise TypeError(f"{what}[{i}] must be a device array, got {type(a).__name__}")
-        out.append(asarray(a))
-    return tuple(out)
 
 
 def _check_feed(feed: Any, ins: tuple, outs: tuple) -> list[tuple[DeviceArray, DeviceArray]]:

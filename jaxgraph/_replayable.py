@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from . import _jax_replay
 from ._capture import Graph
+from ._checks import BIND_CHOICES, VIA_CHOICES, check_choice, device_arrays
 from ._graphs import CUDAGraph
 from ._jax_callback import HostReplay
 from ._jax_replay import ReplaySpec, ReplayState, fmt_all
@@ -38,8 +39,6 @@ from ._replay_codes import BufferBinding, ReplayPath
 
 __all__ = ["Replayable", "replayable", "replayable_of_referenced"]
 
-_VIA = ("ffi", "callback")
-_BIND = ("auto", "copy")
 
 
 # ----------------------------------------------------------------------------
@@ -97,7 +96,7 @@ class Replayable:
         """Build from a spec; :func:`replayable` does the device work (tests use this directly)."""
         if backward is not None and not callable(backward):
             raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
-        _check_choice("via", via, _VIA)
+        check_choice("via", via, VIA_CHOICES)
         self = object.__new__(cls)
         self._spec = spec
         self._via = via
@@ -210,7 +209,7 @@ class Replayable:
         if self._via != "ffi":
             raise ValueError("add_device needs via='ffi': the host path replays a single graph")
         _check_graph_type(graph)
-        inputs, outputs = _static_arrays(inputs, "inputs"), _static_arrays(outputs, "outputs")
+        inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
         other = ReplaySpec.from_arrays(inputs, outputs)
         if (other.inputs, other.outputs) != (self._spec.inputs, self._spec.outputs):
             raise ValueError(f"add_device: the arrays are {fmt_all(other.inputs)} -> {fmt_all(other.outputs)}, "
@@ -363,14 +362,14 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
            input_output_aliases: dict[int, int] | None = None, side_effects: bool = False,
            trust_foreign_kernels: bool = False, drop_unreferenced: bool) -> tuple[Replayable, tuple[bool, ...]]:
     """Check the arguments, register the graph (``via="ffi"``), build the spec once and the replayable."""
-    _check_choice("via", via, _VIA)
-    _check_choice("bind", bind, _BIND)
+    check_choice("via", via, VIA_CHOICES)
+    check_choice("bind", bind, BIND_CHOICES)
     if trust_foreign_kernels and bind == "copy":
         raise ValueError("trust_foreign_kernels=True binds buffers, but bind='copy' copies every buffer; "
                          "use one or the other")
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
-    inputs, outputs = _static_arrays(inputs, "inputs"), _static_arrays(outputs, "outputs")
+    inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
     _check_graph_type(graph)
     aliases = _jax_replay.aliases(inputs, outputs, input_output_aliases)
     ReplaySpec.from_arrays(inputs, outputs)  # argument errors (no outputs) before the graph's state
@@ -410,10 +409,6 @@ def _renumber(user_aliases: dict[int, int] | None, kept: Sequence[bool]) -> dict
     return {index[i]: j for i, j in user_aliases.items()}
 
 
-def _check_choice(what: str, value: Any, valid: tuple) -> str:
-    if value not in valid:
-        raise ValueError(f"{what} must be one of {', '.join(map(repr, valid))}, got {value!r}")
-    return value
 
 
 def _check_graph_type(graph: Any) -> None:
@@ -433,16 +428,3 @@ def _check_devices(device: int, inputs: tuple, outputs: tuple) -> None:
                 raise ValueError(f"{where}[{i}] is on device {a.device}, the graph on device {device}")
 
 
-def _static_arrays(arrays: Any, what: str) -> tuple:
-    from ._array import DeviceArray, asarray
-
-    if isinstance(arrays, DeviceArray) or hasattr(arrays, "__cuda_array_interface__"):
-        arrays = (arrays,)
-    if not isinstance(arrays, (list, tuple)):
-        raise TypeError(f"{what} must be a list of device arrays, got {type(arrays).__name__}")
-    out = []
-    for i, a in enumerate(arrays):
-        if not isinstance(a, DeviceArray) and not hasattr(a, "__cuda_array_interface__"):
-            raise TypeError(f"{what}[{i}] must be a device array (jaxgraph.DeviceArray), got {type(a).__name__}")
-        out.append(asarray(a))
-    return tuple(out)

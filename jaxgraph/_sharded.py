@@ -52,9 +52,10 @@ import numpy as np
 from . import _driver, _introspect, _processes
 from ._array import DeviceArray
 from ._capture import graph as capture_graph
-from ._graphs import CUDAGraph, _capture_mode
+from ._checks import BIND_CHOICES, capture_mode, check_choice
+from ._graphs import CUDAGraph
 from ._jax_replay import fmt_all
-from ._replayable import _BIND, Replayable, _check_choice, replayable
+from ._replayable import Replayable, replayable
 
 __all__ = ["DeviceCapture", "ShardedGraph", "capture_per_device", "cuda_ordinal", "device_ordinals"]
 
@@ -376,8 +377,8 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
         raise TypeError(f"fn must be callable (it launches the kernels to capture), got {type(fn).__name__}")
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable (e.g. another ShardedGraph), got {type(backward).__name__}")
-    _check_choice("bind", bind, _BIND)  # every check that needs no device comes first
-    _capture_mode(capture_error_mode)
+    check_choice("bind", bind, BIND_CHOICES)  # every check that needs no device comes first
+    capture_mode(capture_error_mode)
     shapes = _shapes(in_shapes)
     _check_alias_inputs(input_output_aliases, len(shapes))
     ordinals = device_ordinals(devices)
