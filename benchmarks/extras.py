@@ -89,7 +89,7 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         scalar_types = [p.dtype.type for p in kernel.params]
 
         def launch_checked(y, x, _module=code):
-            values = kernel._values((y, x, ELEMENTS))
+            values, _ = kernel._values((y, x, ELEMENTS))
             launch(core_stream, config, core_kernel, values[0], values[1], scalar_types[2](values[2]))
 
         return _jaxgraph_mode("eager.jaxgraph_checks_cuda_core", launch_checked, stream, rng)
