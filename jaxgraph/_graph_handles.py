@@ -16,7 +16,7 @@ import itertools
 from typing import Any
 
 from . import _captures, _driver
-from ._captures import Capture, CaptureInputs
+from ._capture_record import Capture, CaptureInputs
 from ._driver import check
 from ._hooks import fire_destroy
 

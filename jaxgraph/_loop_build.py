@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _driver, _introspect
 from ._array import DeviceArray, zeros
-from ._captures import CaptureInputs
+from ._capture_record import CaptureInputs
 from ._graph_handles import CaptureState
 from ._graphs import CUDAGraph
 from ._kernel import Kernel
