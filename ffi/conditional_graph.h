@@ -7,8 +7,8 @@
 // holds the template itself (the replayable keeps its CUDAGraph alive; a
 // reset detaches the entry here before the template is destroyed) and one
 // executable: its own where the driver makes one, otherwise the CUDAGraph's
-// own executable, borrowed and pointed back at the static arrays after each
-// launch so the CUDAGraph's replays are unchanged.
+// own executable, borrowed as it is: never rebound (a g.replay() could run in
+// between), so every buffer of such an entry is copied.
 //
 // When XLA's addresses change, the executable's bound kernel arguments (nodes
 // inside the bodies too) are rewritten in place: node by node
@@ -59,6 +59,17 @@ inline void PrepareConditional(DeviceGraph* g, uint64_t borrowed) {
     }
     slot.exec = reinterpret_cast<cudaGraphExec_t>(borrowed);
     g->borrowed_exec = true;
+    // The executable is the CUDAGraph's own: it is never pointed at XLA's
+    // buffers, since a g.replay() between our update and our restore would
+    // write them. Every bound buffer is copied instead (a few us per call,
+    // less than updating the executable twice per call).
+    for (Binding& b : g->buffers) {
+      if (b.mode == BindMode::kBound) {
+        b.Copy("the graph's one executable is the CUDAGraph's own (CUDA allows one executable of a "
+               "graph with conditional nodes), so it stays at the static arrays: copied");
+      }
+    }
+    g->bound.clear();
   }
   g->slots.push_back(std::move(slot));
 }

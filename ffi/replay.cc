@@ -126,6 +126,11 @@ ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, b
 ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint64_t>& addresses,
                     bool uncaptured) {
   const char* target = uncaptured ? "jaxgraph_replay_uncaptured" : "jaxgraph_replay";
+  if (g->detached) {  // a reset detached it at once; the table entry goes when no capture is underway
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      std::string(target) + ": the graph was reset or destroyed after this function was "
+                      "compiled; capture it again and build a new replayable function");
+  }
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t err = cudaStreamIsCapturing(stream, &status);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import weakref
 from typing import Any
 
 from . import _captures, _driver
@@ -73,10 +74,14 @@ class GraphHandles:
         The capture underway, if any.
     inputs : CaptureInputs
         What the captured graph holds on to: external inputs and pools.
+    borrowers : list of weakref
+        Replayables (their states) that launch ``graph_exec`` itself: CUDA
+        allows one executable of a graph with conditional nodes, so replay
+        inside jit shares it, and it must not be replaced under them.
     """
 
     __slots__ = ("device", "graph", "private_graph", "graph_exec", "exec_address", "exec_serial", "capture",
-                 "inputs")
+                 "inputs", "borrowers")
 
     _serials = itertools.count(1)
 
@@ -87,6 +92,7 @@ class GraphHandles:
         self.exec_serial = 0
         self.capture: Capture | None = None
         self.inputs = CaptureInputs()
+        self.borrowers: list = []
 
     @property
     def template(self) -> Any:
@@ -95,6 +101,11 @@ class GraphHandles:
 
     def instantiate(self) -> None:
         """Make a fresh executable from the public template, replacing any previous one."""
+        if self.graph_exec is not None and any(getattr(r(), "alive", False) for r in self.borrowers):
+            raise RuntimeError(
+                "instantiate: a replayable launches this graph's executable itself (CUDA allows one "
+                "executable of a graph with conditional nodes, so replay inside jax.jit shares it); "
+                "close that replayable (step.close()) before instantiating again")
         _driver.ensure_context(self.device)
         drv = _driver.driver()
         h_exec = check(drv.cuGraphInstantiate(self.graph, instantiate_flags()), "cuGraphInstantiate")
@@ -103,6 +114,10 @@ class GraphHandles:
         self.exec_serial = next(GraphHandles._serials)
         if previous is not None:
             check(drv.cuGraphExecDestroy(previous), "cuGraphExecDestroy")
+
+    def lend_exec(self, state: Any) -> None:
+        """Note that a replayable (its ``ReplayState``) launches ``graph_exec`` itself."""
+        self.borrowers = [r for r in self.borrowers if r() is not None] + [weakref.ref(state)]
 
     def abort_capture(self) -> None:
         """End a capture underway and discard it; never raises."""

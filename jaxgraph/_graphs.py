@@ -320,7 +320,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
                                "capture it before replaying it inside jax.jit")
         bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
         return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep + h.inputs.held,
-                            h.inputs.kernels, self.register_destroy_callback, self, bodies=bodies, exec=h.exec_address)
+                            h.inputs.kernels, self.register_destroy_callback, self, bodies=bodies, exec=h.exec_address,
+                            lend_exec=h.lend_exec)
 
     # -- internals --------------------------------------------------------------
 
@@ -372,6 +373,7 @@ class ReplaySource:
     graph: Any = None
     bodies: tuple = ()
     exec: int = 0
+    lend_exec: Callable[[Any], None] | None = None
 
 
 def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | None, mode: str,

@@ -129,9 +129,10 @@ class GraphedLoop:
             One array per static input of the step (the initial state and any
             other inputs), shapes and dtypes as captured.
         steps : int or int32 scalar, optional
-            R for this call, a Python int or a traced int32 (the loop must read
-            R from :attr:`count`: built with ``steps=None`` or an array). For a
-            fixed R leave it ``None``.
+            R for this call, a Python int or a traced int32, for a loop built
+            with ``steps=None`` (it owns :attr:`count`). Leave it ``None`` for a
+            fixed R, or for a loop that reads R from your own device array (set
+            that array before the call).
 
         Returns
         -------
@@ -150,7 +151,8 @@ class GraphedLoop:
             args = (*args, jnp.asarray(steps, jnp.int32).reshape(1))
         elif steps is not None:
             raise ValueError("steps= is for loops built with steps=None; this one runs "
-                             f"{self.steps if self.steps is not None else 'count[0] of its own array'} steps")
+                             f"{self.steps if self.steps is not None else 'count[0] of the array it was built with'}"
+                             " steps")
         out = fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
         n_out = len(self.outputs)

@@ -375,24 +375,33 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
     ReplaySpec.from_arrays(inputs, outputs)  # argument errors (no outputs) before the graph's state
     source = _replay_source(graph)
     _check_devices(source.device, inputs, outputs)
-    host, graph_id, kept, conditional = None, 0, (True,) * len(inputs), False
+    host, graph_id, kept, conditional, borrowed = None, 0, (True,) * len(inputs), False, False
     if via == "ffi":
         distinct = [(i, j) for i, j in aliases if inputs[i].ptr != outputs[j].ptr]
         graph_id, kept = _jax_replay.register(source, inputs, outputs, 0, distinct, bind == "auto",
                                               trust_foreign=trust_foreign_kernels,
                                               drop_unreferenced=drop_unreferenced)
-        conditional = _jax_replay.describe_graph(graph_id, source.device).conditionals > 0
-        if not all(kept):
-            inputs = tuple(a for a, k in zip(inputs, kept) if k)
-            aliases = _jax_replay.aliases(inputs, outputs, _renumber(input_output_aliases, kept))
-    else:
-        host = HostReplay(graph, inputs, outputs)
-    spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases, side_effects=bool(side_effects),
-                                  uncaptured=conditional)
-    step = Replayable._create(spec, via=via, host=host, backward=backward, state=ReplayState(spec.graph_id))
+    try:  # until the replayable holds the id, a failure must not leave it registered
+        if via == "ffi":
+            info = _jax_replay.describe_graph(graph_id, source.device)
+            conditional, borrowed = info.conditionals > 0, info.borrowed_exec
+            if not all(kept):
+                inputs = tuple(a for a, k in zip(inputs, kept) if k)
+                aliases = _jax_replay.aliases(inputs, outputs, _renumber(input_output_aliases, kept))
+        else:
+            host = HostReplay(graph, inputs, outputs)
+        spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases,
+                                      side_effects=bool(side_effects), uncaptured=conditional)
+        step = Replayable._create(spec, via=via, host=host, backward=backward, state=ReplayState(spec.graph_id))
+    except BaseException:
+        if graph_id:
+            ReplayState(graph_id).retire()  # detaches and unregisters the id on every device
+        raise
     step._bind = bind == "auto"
     step._trust_foreign = bool(trust_foreign_kernels)
     step._attach(source, inputs, outputs)
+    if borrowed and source.lend_exec is not None:
+        source.lend_exec(step._state)
     return step, kept
 
 

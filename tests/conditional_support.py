@@ -262,10 +262,6 @@ def switch_graph(k):
 # ----------------------------------------------------------------------------
 
 
-def has_capture_api() -> bool:
-    return hasattr(jaxgraph, "if_then") and hasattr(jaxgraph, "while_loop")
-
-
 def user_if_graph(k):
     """y = 2x + 1 if pred else -x, captured with ``jaxgraph.if_then``."""
     x, pred, y = jaxgraph.zeros(N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(N)

@@ -76,13 +76,18 @@ def test_conditional_graph_binds_its_bodies_and_replays_in_jit(k, rng, name):
 
 @pytest.mark.parametrize("name", list(cs.USER_GRAPHS))
 def test_the_users_path_capture_api_then_replayable(k, rng, name):
-    if not cs.has_capture_api():
-        pytest.skip("the capture API for conditional nodes (jaxgraph.if_then, while_loop) is not merged here")
     build, inputs_of = cs.USER_GRAPHS[name]
     g, _, inputs, outputs, ref = build(k)
     step = jaxgraph.replayable(g, inputs, outputs)
-    print(name, repr(step), jaxgraph._jax_replay.describe_graph(step.graph_id, g.device))
+    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    print(name, repr(step), info)
     assert step.replay_paths == (ReplayPath.UNCAPTURED_LAUNCH,)
+    if info.borrowed_exec:  # the CUDAGraph's own executable: never rebound, so every buffer is copied
+        rows = step.bindings[g.device]
+        assert all(r.mode is BindingMode.COPIED and "one executable" in r.reason for r in rows), rows
+        if g._keep_graph:
+            with pytest.raises(RuntimeError, match="launches this graph's executable itself"):
+                g.instantiate()
     before = counters()
     f = jax.jit(lambda *a: step(*a) * 1.0)
     for trip in range(5):
@@ -187,10 +192,9 @@ for name in ("if_else", "while", "nested"):
     step = cs.replayable(g, inputs, outputs, cond)
     check(name, step, ref, name)
 nested_step, nested_ref = step, ref  # the last hand-made graph: forced onto the recorded target below
-if cs.has_capture_api():
-    for name, (build, inputs_of) in cs.USER_GRAPHS.items():
-        g, _, inputs, outputs, ref = build(k)
-        check(name, jaxgraph.replayable(g, inputs, outputs), ref, inputs_of)
+for name, (build, inputs_of) in cs.USER_GRAPHS.items():
+    g, _, inputs, outputs, ref = build(k)
+    check(name, jaxgraph.replayable(g, inputs, outputs), ref, inputs_of)
 report["counters"] = counters()
 print("PARTIAL " + json.dumps(report), flush=True)  # seen even if what follows kills the process
 # The same graph lowered to the command-buffer target: recorded by XLA when
@@ -220,8 +224,7 @@ def test_conditional_replay_under_xla_command_buffer_settings(tmp_path, rng, mod
     report = json.loads(line[len("REPORT "):])
     print(mode, report)
     assert report["if_else"] == report["while"] == report["nested"] == "ok"
-    if cs.has_capture_api():
-        assert report["user_if"] == report["user_while"] == "ok", report
+    assert report["user_if"] == report["user_while"] == "ok", report
     c = report["counters"]
     assert c["uncaptured_launch"] >= 15 and c["splice_nodes"] == c["splice_whole"] == 0, c
     # Forced onto the recorded target: right where XLA launches it, a clear error where it
@@ -230,3 +233,34 @@ def test_conditional_replay_under_xla_command_buffer_settings(tmp_path, rng, mod
     assert forced == "ran" or ("conditional nodes" in forced and "command buffer" in forced), report
     if mode == "off":
         assert forced == "ran", report
+
+
+def test_a_shared_executable_is_never_replaced_or_rebound_under_a_replayable(k, rng):
+    # keep_graph=True: the user instantiates; CUDA then makes no second executable of a
+    # graph with conditional nodes, so the replayable launches the CUDAGraph's own.
+    x, pred, y = jaxgraph.zeros(cs.N), jaxgraph.zeros(1, np.int32), jaxgraph.zeros(cs.N)
+    g = jaxgraph.CUDAGraph(keep_graph=True)
+    with jaxgraph.graph(g):
+        k.axpb[cs.GRID, cs.BLOCK](y, x, -1.0, 0.0, cs.N)
+        with jaxgraph.if_then(pred):
+            k.axpb[cs.GRID, cs.BLOCK](y, x, 2.0, 1.0, cs.N)
+    g.instantiate()
+    step = jaxgraph.replayable(g, [x, pred], [y])
+    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    print("keep_graph=True:", info, step.bindings[g.device])
+    check_jitted(step, "if_else", cs.ref_if_else, rng, trips=3)
+    if not info.borrowed_exec:
+        pytest.skip("this driver made the replayable an executable of its own: nothing is shared")
+    assert all(r.mode is BindingMode.COPIED for r in step.bindings[g.device])
+    with pytest.raises(RuntimeError, match="launches this graph's executable itself"):
+        g.instantiate()
+    values = cs.random_inputs("if_else", rng, 7)  # the CUDAGraph's replays still see its static arrays
+    for a, v in zip((x, pred), values):
+        a.copy_(v)
+    y.fill_(np.float32(np.nan))
+    g.replay()
+    np.testing.assert_allclose(y.numpy(), cs.ref_if_else(*values), rtol=1e-6, atol=1e-6)
+    step.close()
+    g.instantiate()  # nobody shares it now
+    g.replay()
+    np.testing.assert_allclose(y.numpy(), cs.ref_if_else(*values), rtol=1e-6, atol=1e-6)
