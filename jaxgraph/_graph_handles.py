@@ -108,7 +108,13 @@ class GraphHandles:
                 "close that replayable (step.close()) before instantiating again")
         _driver.ensure_context(self.device)
         drv = _driver.driver()
-        h_exec = check(drv.cuGraphInstantiate(self.graph, instantiate_flags()), "cuGraphInstantiate")
+        err, h_exec = drv.cuGraphInstantiate(self.graph, instantiate_flags())
+        if err == drv.CUresult.CUDA_ERROR_NOT_SUPPORTED and self.graph_exec is not None:
+            # A graph with conditional nodes may have one executable at a time: the old one goes first.
+            previous, self.graph_exec, self.exec_address = self.graph_exec, None, 0
+            check(drv.cuGraphExecDestroy(previous), "cuGraphExecDestroy")
+            err, h_exec = drv.cuGraphInstantiate(self.graph, instantiate_flags())
+        h_exec = check((err, h_exec), "cuGraphInstantiate")
         previous, self.graph_exec = self.graph_exec, h_exec
         self.exec_address = int(h_exec)
         self.exec_serial = next(GraphHandles._serials)

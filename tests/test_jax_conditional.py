@@ -53,10 +53,14 @@ def test_conditional_graph_binds_its_bodies_and_replays_in_jit(k, rng, name):
     assert step.replay_paths == (ReplayPath.UNCAPTURED_LAUNCH,)
     assert "paths=uncaptured_launch" in repr(step)
     rows = step.bindings[g.device]
-    print(name, repr(step), jaxgraph._jax_replay.describe_graph(step.graph_id, g.device))
-    # x is read inside the bodies, the control values by set_condition at the top: all bound.
-    assert all(r.mode is BindingMode.BOUND for r in rows), rows
+    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    print(name, repr(step), info)
+    # x is read inside the bodies, the control values by set_condition at the top: all found.
     assert rows[0].sites >= 1 and rows[-1].sites >= 1
+    # Bound, unless the entry launches the CUDAGraph's own executable (CUDA made no second
+    # one): that one is never rebound, so every buffer is copied.
+    shared = info.borrowed_exec
+    assert all(r.mode is (BindingMode.COPIED if shared else BindingMode.BOUND) for r in rows), rows
     poison(inputs + outputs)
     f = jax.jit(lambda *a: step(*a) + 0.0)
     before = counters()
@@ -69,6 +73,9 @@ def test_conditional_graph_binds_its_bodies_and_replays_in_jit(k, rng, name):
     after = counters()
     assert after["uncaptured_launch"] - before["uncaptured_launch"] == 2 * calls
     assert after["splice_nodes"] == before["splice_nodes"] and after["splice_whole"] == before["splice_whole"]
+    if shared:
+        assert after["copy"] > before["copy"] and after["rebind"] == before["rebind"], (before, after)
+        return
     assert after["copy"] == before["copy"], "a bound buffer was copied"
     assert after["rebind"] > before["rebind"], "new addresses must rebind kernels inside the bodies"
     assert np.isnan(outputs[0].numpy()).all(), "the static output was written: it is bound"
