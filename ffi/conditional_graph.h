@@ -87,8 +87,14 @@ inline ffi::Error WriteBoundNodes(DeviceGraph* g) {
 // then points the template back at its static arrays.
 inline ffi::Error UpdateWholeExec(DeviceGraph* g, ExecSlot* slot, const std::vector<uint64_t>& addresses) {
   std::fill(g->dirty.begin(), g->dirty.end(), 0);
+  ForgetAddresses(&slot->addr);  // until the update below succeeds
   RetargetAll(g, addresses);
-  if (auto e = WriteBoundNodes(g); e.failure()) return e;
+  if (auto e = WriteBoundNodes(g); e.failure()) {
+    RetargetAll(g, g->static_addr);  // the template back at its static arrays, as far as it goes
+    std::fill(g->dirty.begin(), g->dirty.end(), 0);
+    (void)WriteBoundNodes(g);
+    return e;
+  }
   cudaGraphExecUpdateResultInfo info{};
   cudaError_t err = cudaGraphExecUpdate(slot->exec, reinterpret_cast<cudaGraph_t>(g->graph), &info);
   RetargetAll(g, g->static_addr);  // the template back at its static arrays, whatever happened

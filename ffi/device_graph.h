@@ -16,6 +16,7 @@
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -173,11 +174,19 @@ inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
   return ffi::Error::Success();
 }
 
+// Addresses no call can have: a record reset to this after a failed rewrite
+// (some sites written, some not) makes the next call rewrite every site.
+inline void ForgetAddresses(std::vector<uint64_t>* recorded) {
+  std::fill(recorded->begin(), recorded->end(), ~uint64_t{0});
+}
+
 // Points the template's kernel nodes at `addresses`.
 inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
   RetargetAll(g, addresses);
   MarkChanged(g, &g->template_addr, addresses);
-  return WriteMarked(g, nullptr);
+  ffi::Error e = WriteMarked(g, nullptr);
+  if (e.failure()) ForgetAddresses(&g->template_addr);
+  return e;
 }
 
 // A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
@@ -240,7 +249,10 @@ inline ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addre
     } else {
       RetargetAll(g, addresses);
       MarkChanged(g, &pick->addr, addresses);
-      if (auto e = WriteMarked(g, pick->exec); e.failure()) return e;
+      if (auto e = WriteMarked(g, pick->exec); e.failure()) {
+        ForgetAddresses(&pick->addr);
+        return e;
+      }
     }
   }
   pick->last_use = ++g->calls;

@@ -120,8 +120,8 @@ def check_arch(arch: Any) -> str:
         raise TypeError(f"arch must be a string such as 'sm_90', got {type(arch).__name__} {arch!r}")
     supported = _supported_archs()
     match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
-    if match and match.group(1) == "sm" and int(match.group(2)) in supported:
-        return arch
+    if match and match.group(1) == "sm" and (int(match.group(2)) in supported or not supported):
+        return arch  # (an NVRTC that cannot list its architectures judges the name itself)
     if match and match.group(1) == "compute":
         raise _arch_error(arch, "is a virtual architecture: NVRTC would compile it to PTX, and jaxgraph "
                           f"compiles kernels to cubins for a real GPU; pass arch='sm_{match.group(2)}"
@@ -171,12 +171,21 @@ def _cuda_include_dir() -> str | None:
         return path if os.path.isfile(os.path.join(path, "cuda_fp16.h")) else None
 
 
-@functools.lru_cache(maxsize=None)
 def _supported_archs() -> tuple[int, ...]:
-    """The ``XY`` of every ``sm_XY`` this NVRTC compiles for."""
+    """The ``XY`` of every ``sm_XY`` this NVRTC compiles for (empty if it cannot say)."""
+    archs = _listed_archs()
+    if not archs:
+        _listed_archs.cache_clear()  # a failed query is asked again next time, not remembered
+    return archs
+
+
+@functools.lru_cache(maxsize=None)
+def _listed_archs() -> tuple[int, ...]:
     from cuda.bindings import nvrtc
 
     err, archs = nvrtc.nvrtcGetSupportedArchs()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return ()
     return tuple(int(a) for a in archs)
 
 

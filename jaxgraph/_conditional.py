@@ -300,5 +300,14 @@ def _take_stream(device: int) -> Stream:
 
 
 def _give_stream(stream: Stream) -> None:
+    """Back for reuse, unless it still captures (its capture could not be ended): then it is dropped."""
+    try:
+        _driver.ensure_context(stream.device)
+        drv = _driver.driver()
+        err, status = drv.cuStreamIsCapturing(stream.handle)
+        if err != 0 or status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            return
+    except Exception:  # called from cleanup paths: never raises
+        return
     with _lock:
         _streams.setdefault(stream.device, []).append(stream)
