@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BIND_CHOICES", "CAPTURE_MODES", "VIA_CHOICES", "capture_mode", "check_choice", "device_arrays"]
+__all__ = ["BIND_CHOICES", "CAPTURE_MODES", "VIA_CHOICES", "arrays_overlap", "capture_mode", "check_choice",
+           "device_arrays"]
 
 CAPTURE_MODES = ("global", "thread_local", "relaxed")  # cudaStreamCaptureMode, by torch's names
 BIND_CHOICES = ("auto", "copy")                         # replayable(bind=...)
@@ -45,3 +46,8 @@ def device_arrays(arrays: Any, what: str) -> tuple:
             raise TypeError(f"{what}[{i}] must be a device array (jaxgraph.DeviceArray), got {type(a).__name__}")
         out.append(asarray(a))
     return tuple(out)
+
+
+def arrays_overlap(a: Any, b: Any) -> bool:
+    """Whether two arrays (``ptr`` and ``nbytes``) share any byte of device memory."""
+    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes

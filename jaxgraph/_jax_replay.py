@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from . import _driver, _memory
+from ._checks import arrays_overlap
 from ._native import native, register_ffi_targets
 from ._replay_codes import BufferBinding, binding_from_row, paths_from_codes
 
@@ -345,7 +346,7 @@ def aliases(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple
     for what, arrays in (("inputs", inputs), ("outputs", outputs)):
         for i, a in enumerate(arrays):
             for j in range(i):
-                if _overlap(a, arrays[j]):
+                if arrays_overlap(a, arrays[j]):
                     raise ValueError(f"{what}[{j}] and {what}[{i}] use the same device memory; "
                                      "give each static array once")
     pairs = {}
@@ -356,7 +357,7 @@ def aliases(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple
                     raise ValueError(f"inputs[{i}] and outputs[{j}] are the same memory with different "
                                      "shapes or dtypes; pass the same array for both")
                 pairs[i] = j
-            elif _overlap(a, b):
+            elif arrays_overlap(a, b):
                 raise ValueError(f"inputs[{i}] and outputs[{j}] overlap without being the same array")
     for i, j in (user or {}).items():
         if not (isinstance(i, int) and isinstance(j, int) and 0 <= i < len(inputs) and 0 <= j < len(outputs)):
@@ -374,9 +375,6 @@ def distinct_aliases(spec: ReplaySpec, inputs: tuple, outputs: tuple) -> list:
     """The aliases of ``spec`` between different static arrays (the native table copies those inputs)."""
     return [(i, j) for i, j in spec.aliases if inputs[i].ptr != outputs[j].ptr]
 
-
-def _overlap(a: Any, b: Any) -> bool:
-    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
 # ----------------------------------------------------------------------------

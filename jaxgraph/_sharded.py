@@ -44,15 +44,12 @@ because an XLA command buffer that recorded a replay may still use it until then
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
-import numpy as np
-
-from . import _driver, _introspect, _processes
-from ._array import DeviceArray
-from ._capture import graph as capture_graph
+from . import _processes
 from ._checks import BIND_CHOICES, capture_mode, check_choice
+from ._device_capture import DeviceCapture, capture_on, static_input_shapes
+from ._devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
 from ._graphs import CUDAGraph
 from ._jax_replay import fmt_all
 from ._replayable import Replayable, replayable
@@ -63,14 +60,6 @@ __all__ = ["DeviceCapture", "ShardedGraph", "capture_per_device", "cuda_ordinal"
 # ----------------------------------------------------------------------------
 # ShardedGraph
 # ----------------------------------------------------------------------------
-
-
-class DeviceCapture(NamedTuple):
-    """One device's part of a :class:`ShardedGraph`: its graph and static arrays."""
-
-    graph: CUDAGraph | None
-    inputs: tuple
-    outputs: tuple
 
 
 class ShardedGraph:
@@ -168,7 +157,7 @@ class ShardedGraph:
     def __repr__(self) -> str:
         state = "alive" if self.alive else "closed" if self._closed else "retired"
         return (f"<jaxgraph.ShardedGraph ({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)}) on "
-                f"devices {_names(self.devices)} graph={self.graph_id} {state}>")
+                f"devices {device_names(self.devices)} graph={self.graph_id} {state}>")
 
     # -- calling ----------------------------------------------------------------------
 
@@ -242,8 +231,8 @@ class ShardedGraph:
         ordinals = device_ordinals(devices)
         missing = [d for d in ordinals if d not in self._parts]
         if missing:
-            raise ValueError(f"no graph for device{'s' if len(missing) > 1 else ''} {_names(missing)}: this "
-                             f"ShardedGraph was captured on device(s) {_names(self.devices)}; capture it on "
+            raise ValueError(f"no graph for device{'s' if len(missing) > 1 else ''} {device_names(missing)}: this "
+                             f"ShardedGraph was captured on device(s) {device_names(self.devices)}; capture it on "
                              "every device it runs on (jaxgraph.capture_per_device(..., devices=mesh.devices.flat))")
         return ordinals
 
@@ -284,7 +273,7 @@ class ShardedGraph:
         d = cuda_ordinal(device)
         part = self._parts.get(d)
         if part is None:
-            raise ValueError(f"no graph for device {d}: this ShardedGraph has device(s) {_names(self.devices)}")
+            raise ValueError(f"no graph for device {d}: this ShardedGraph has device(s) {device_names(self.devices)}")
         return part
 
     def _check_open(self) -> None:
@@ -299,13 +288,13 @@ class ShardedGraph:
             return
         for device in sorted(value.devices(), key=lambda d: d.id):
             platform = getattr(device, "platform", "?")
-            if platform not in _CUDA_PLATFORMS:
+            if platform not in CUDA_PLATFORMS:
                 raise ValueError(f"argument {index} is on {device}, a {platform} device: a ShardedGraph replays "
                                  "on CUDA devices (JAX with CUDA)")
             ordinal = cuda_ordinal(device)
             if ordinal not in self._parts:
                 raise ValueError(f"argument {index} is on {device} (CUDA device {ordinal}), which has no graph "
-                                 f"in this ShardedGraph (devices {_names(self.devices)}); put it on one of "
+                                 f"in this ShardedGraph (devices {device_names(self.devices)}); put it on one of "
                                  "those, or capture on that device too")
 
 
@@ -379,7 +368,7 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
         raise TypeError(f"backward must be callable (e.g. another ShardedGraph), got {type(backward).__name__}")
     check_choice("bind", bind, BIND_CHOICES)  # every check that needs no device comes first
     capture_mode(capture_error_mode)
-    shapes = _shapes(in_shapes)
+    shapes = static_input_shapes(in_shapes)
     _check_alias_inputs(input_output_aliases, len(shapes))
     ordinals = device_ordinals(devices)
     parts: dict[int, DeviceCapture] = {}
@@ -387,7 +376,7 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     device = ordinals[0]
     try:
         for device in ordinals:
-            part = parts[device] = _capture_on(device, fn, shapes, capture_error_mode)
+            part = parts[device] = capture_on(device, fn, shapes, capture_error_mode)
             if step is None:
                 step = replayable(part.graph, part.inputs, part.outputs, bind=bind, backward=backward,
                                   input_output_aliases=input_output_aliases, side_effects=side_effects)
@@ -404,94 +393,6 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     return ShardedGraph._create(step, parts)
 
 
-# ----------------------------------------------------------------------------
-# Devices
-# ----------------------------------------------------------------------------
-
-_CUDA_PLATFORMS = ("gpu", "cuda")
-
-
-def cuda_ordinal(device: Any) -> int:
-    """The CUDA ordinal of ``device``: an int ordinal, or a local JAX GPU device.
-
-    A JAX device's ordinal is its ``local_hardware_id``: the ordinal XLA
-    hands the FFI call on that device, and the one ``jaxgraph`` allocates on.
-
-    Raises
-    ------
-    TypeError
-        Neither an int nor a JAX device.
-    ValueError
-        A negative ordinal, a device that is not a CUDA GPU, or a device of another process.
-    """
-    if isinstance(device, (bool, np.bool_)):
-        raise TypeError(f"a device must be a CUDA ordinal or a JAX device, got {device!r}")
-    if isinstance(device, (int, np.integer)):
-        if device < 0:
-            raise ValueError(f"a CUDA device ordinal is >= 0, got {device}")
-        return int(device)
-    platform = getattr(device, "platform", None)
-    if platform is None:
-        raise TypeError(f"a device must be a CUDA ordinal or a JAX device, got {type(device).__name__}")
-    if platform not in _CUDA_PLATFORMS:
-        raise ValueError(f"{device} is a {platform} device: jaxgraph graphs live on CUDA GPUs (JAX with CUDA)")
-    process = getattr(device, "process_index", 0)
-    here = _process_index()
-    if process != here:
-        raise ValueError(f"{device} belongs to process {process}, this is process {here}: each process captures "
-                         "graphs for its own devices (jax.local_devices())")
-    ordinal = getattr(device, "local_hardware_id", None)
-    if ordinal is None:
-        raise ValueError(f"{device} has no local_hardware_id, so its CUDA ordinal is unknown")
-    return int(ordinal)
-
-
-def device_ordinals(devices: Any = None) -> tuple[int, ...]:
-    """CUDA ordinals of ``devices`` (a Mesh, a device or a sequence of them); see :func:`capture_per_device`.
-
-    A mesh stands for its devices of this process (a global mesh under
-    ``jax.distributed`` also holds the other processes'). Raises
-    ``ValueError`` for no devices or a device given twice.
-    """
-    if devices is None:
-        return _default_devices()
-    if _processes.is_mesh(devices):
-        devices = _processes.local_devices(devices)[0]
-    elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
-        devices = [devices]
-    elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
-        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
-    ordinals = tuple(cuda_ordinal(d) for d in devices)
-    if not ordinals:
-        raise ValueError("devices is empty: name at least one device")
-    repeated = sorted({d for d in ordinals if ordinals.count(d) > 1})
-    if repeated:
-        raise ValueError(f"device(s) {_names(repeated)} given more than once: each device gets one graph")
-    return ordinals
-
-
-def _default_devices() -> tuple[int, ...]:
-    """JAX's local GPUs, or every CUDA device when JAX has no GPU backend."""
-    import jax
-
-    try:
-        gpus = jax.local_devices(backend="gpu")
-    except RuntimeError:  # no GPU backend in this JAX
-        gpus = []
-    if gpus:
-        return tuple(cuda_ordinal(d) for d in gpus)
-    count = _driver.device_count()
-    if count == 0:
-        raise _driver.CudaUnavailableError("no CUDA device: capture_per_device needs at least one GPU")
-    return tuple(range(count))
-
-
-def _process_index() -> int:
-    import jax
-
-    return jax.process_index()
-
-
 def _cross_process_message(problems: list) -> str:
     return ("the processes disagree about this ShardedGraph, so none may run the step: " + "; ".join(problems)
             + ". Every process must capture it (jaxgraph.capture_per_device) for its own devices of the mesh, "
@@ -503,56 +404,6 @@ def _cross_process_message(problems: list) -> str:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-
-def _capture_on(device: int, fn: Callable[..., Any], shapes: tuple, mode: str) -> DeviceCapture:
-    """Allocate the static inputs on ``device`` and capture ``fn`` there; the previous device is restored."""
-    from ._array import zeros
-
-    previous = _driver.current_device()
-    _driver.set_device(device)
-    try:
-        inputs = tuple(zeros(shape, dtype) for shape, dtype in shapes)
-        g = CUDAGraph()
-        with warnings.catch_warnings():
-            # An empty capture is an error here, with a clearer message than the warning.
-            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
-            with capture_graph(g, capture_error_mode=mode):
-                result = fn(*inputs)
-        try:
-            outputs = _outputs(result)
-            if _introspect.node_count(g._handles.template) == 0:
-                raise RuntimeError(f"capture_per_device: fn launched nothing on device {device}; it must "
-                                   "launch its kernels on the current stream (jaxgraph's default), with no "
-                                   "stream= of another device")
-        except BaseException:
-            g.reset()
-            raise
-        return DeviceCapture(g, inputs, outputs)
-    finally:
-        _driver.set_device(previous)
-
-
-def _outputs(result: Any) -> tuple:
-    if isinstance(result, DeviceArray) or hasattr(result, "__cuda_array_interface__"):
-        result = (result,)
-    if not isinstance(result, (list, tuple)) or not result:
-        raise TypeError("fn must return its static outputs: a device array or a non-empty tuple of them, got "
-                        f"{type(result).__name__}")
-    return tuple(result)
-
-
-def _shapes(in_shapes: Any) -> tuple:
-    if not isinstance(in_shapes, (list, tuple)):
-        raise TypeError("in_shapes must be a list of jax.ShapeDtypeStruct (one per static input), got "
-                        f"{type(in_shapes).__name__}")
-    out = []
-    for i, s in enumerate(in_shapes):
-        if not hasattr(s, "shape") or not hasattr(s, "dtype"):
-            raise TypeError(f"in_shapes[{i}] must have a shape and a dtype (jax.ShapeDtypeStruct), "
-                            f"got {type(s).__name__}")
-        out.append((tuple(int(n) for n in s.shape), np.dtype(s.dtype)))
-    return tuple(out)
 
 
 def _check_alias_inputs(aliases: Any, n_inputs: int) -> None:
@@ -579,6 +430,3 @@ def _release(step: Replayable | None, parts: dict[int, DeviceCapture]) -> None:
     except Exception:  # the capture's own error is the one to report
         pass
 
-
-def _names(devices: Sequence[int]) -> str:
-    return ", ".join(str(d) for d in devices) or "none"
