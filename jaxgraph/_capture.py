@@ -23,7 +23,8 @@ from typing import Any, Callable
 from . import _captures, _driver, _memory, _stream
 from ._driver import check
 from ._checks import CAPTURE_MODES, capture_mode
-from ._graphs import CUDAGraph, ReplaySource
+from ._graphs import CUDAGraph
+from ._replay_source import ReplaySource
 from ._hooks import RemovableHandle
 from ._memory import PoolHandle
 from ._stream import Stream, current_stream

@@ -248,7 +248,7 @@ class GraphInfo(NamedTuple):
 def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_id: int,
              aliases: Sequence[tuple[int, int]], bind: bool, *, trust_foreign: bool = False,
              drop_unreferenced: bool = False) -> Registration:
-    """Enter ``source`` (a :class:`~jaxgraph._graphs.ReplaySource`) into the native table.
+    """Enter ``source`` (a :class:`~jaxgraph._replay_source.ReplaySource`) into the native table.
 
     ``graph_id`` 0 asks for a new id. ``trust_foreign`` binds outputs that
     kernels jaxgraph did not launch receive as arguments (else they are

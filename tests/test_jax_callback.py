@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._graphs import ReplaySource
+from jaxgraph._replay_source import ReplaySource
 from jaxgraph._jax_replay import ReplaySpec
 from jaxgraph._replayable import Replayable
 
