@@ -29,7 +29,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from . import _driver, _memory
-from ._checks import arrays_overlap
 from ._native import native, register_ffi_targets
 from ._replay_codes import BufferBinding, binding_from_row, paths_from_codes
 
@@ -38,10 +37,8 @@ __all__ = [
     "Registration",
     "ReplaySpec",
     "ReplayState",
-    "aliases",
     "describe_bindings",
     "describe_graph",
-    "distinct_aliases",
     "jaxgraph_replay",
     "register",
     "result_shapes",
@@ -326,55 +323,6 @@ def _native_quietly(call: str, graph_id: int, device: int) -> None:
         getattr(native("replay"), call)(graph_id, device)
     except Exception:  # finalizers and destroy callbacks never raise
         pass
-
-
-# ----------------------------------------------------------------------------
-# Aliasing
-# ----------------------------------------------------------------------------
-
-
-def aliases(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple:
-    """The ``(input, output)`` pairs XLA gives one buffer: shared static arrays, then ``user``'s.
-
-    Raises ``ValueError`` for a static array given twice among the inputs or
-    the outputs, static arrays that overlap without being the same, and bad
-    or conflicting user aliases; ``TypeError`` when ``user`` is not a dict.
-    """
-    if user is not None and not isinstance(user, dict):
-        raise TypeError(f"input_output_aliases must be a dict {{input index: output index}}, "
-                        f"got {type(user).__name__}")
-    for what, arrays in (("inputs", inputs), ("outputs", outputs)):
-        for i, a in enumerate(arrays):
-            for j in range(i):
-                if arrays_overlap(a, arrays[j]):
-                    raise ValueError(f"{what}[{j}] and {what}[{i}] use the same device memory; "
-                                     "give each static array once")
-    pairs = {}
-    for i, a in enumerate(inputs):
-        for j, b in enumerate(outputs):
-            if (a.ptr, a.nbytes) == (b.ptr, b.nbytes) and a.nbytes:
-                if (a.shape, a.dtype) != (b.shape, b.dtype):
-                    raise ValueError(f"inputs[{i}] and outputs[{j}] are the same memory with different "
-                                     "shapes or dtypes; pass the same array for both")
-                pairs[i] = j
-            elif arrays_overlap(a, b):
-                raise ValueError(f"inputs[{i}] and outputs[{j}] overlap without being the same array")
-    for i, j in (user or {}).items():
-        if not (isinstance(i, int) and isinstance(j, int) and 0 <= i < len(inputs) and 0 <= j < len(outputs)):
-            raise ValueError(f"input_output_aliases: {i!r} -> {j!r} does not name an input and an output")
-        if pairs.get(i, j) != j or j in (v for k, v in pairs.items() if k != i):
-            raise ValueError(f"input_output_aliases: input {i} or output {j} is already aliased")
-        if (inputs[i].shape, inputs[i].dtype) != (outputs[j].shape, outputs[j].dtype):
-            raise ValueError(f"input_output_aliases: input {i} is {fmt(inputs[i])}, output {j} is "
-                             f"{fmt(outputs[j])}; aliased buffers must match")
-        pairs[i] = j
-    return tuple(sorted(pairs.items()))
-
-
-def distinct_aliases(spec: ReplaySpec, inputs: tuple, outputs: tuple) -> list:
-    """The aliases of ``spec`` between different static arrays (the native table copies those inputs)."""
-    return [(i, j) for i, j in spec.aliases if inputs[i].ptr != outputs[j].ptr]
-
 
 
 # ----------------------------------------------------------------------------

@@ -34,6 +34,8 @@ from ._checks import BIND_CHOICES, VIA_CHOICES, check_choice, device_arrays
 from ._graphs import CUDAGraph
 from ._jax_callback import HostReplay
 from ._jax_replay import ReplaySpec, ReplayState, fmt_all
+from ._replay_args import (alias_pairs, check_devices, check_graph_type, distinct_aliases, renumber_aliases,
+                           replay_source)
 from ._replay_call import replay_function
 from ._replay_codes import BufferBinding, ReplayPath
 
@@ -208,7 +210,7 @@ class Replayable:
         """
         if self._via != "ffi":
             raise ValueError("add_device needs via='ffi': the host path replays a single graph")
-        _check_graph_type(graph)
+        check_graph_type(graph)
         inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
         other = ReplaySpec.from_arrays(inputs, outputs)
         if (other.inputs, other.outputs) != (self._spec.inputs, self._spec.outputs):
@@ -216,12 +218,12 @@ class Replayable:
                              f"this replayable's are {fmt_all(self._spec.inputs)} -> "
                              f"{fmt_all(self._spec.outputs)}")
         self._state.check_alive()
-        source = _replay_source(graph)
+        source = replay_source(graph)
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
-        _check_devices(source.device, inputs, outputs)
+        check_devices(source.device, inputs, outputs)
         _jax_replay.register(source, inputs, outputs, self.graph_id,
-                             _jax_replay.distinct_aliases(self._spec, inputs, outputs), self._bind,
+                             distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
                              trust_foreign=self._trust_foreign)
         info = _jax_replay.describe_graph(self.graph_id, source.device)
         if info.conditionals and not self._spec.uncaptured:
@@ -370,16 +372,15 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
     if backward is not None and not callable(backward):
         raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
     inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
-    _check_graph_type(graph)
-    aliases = _jax_replay.aliases(inputs, outputs, input_output_aliases)
+    check_graph_type(graph)
+    aliases = alias_pairs(inputs, outputs, input_output_aliases)
     ReplaySpec.from_arrays(inputs, outputs)  # argument errors (no outputs) before the graph's state
-    source = _replay_source(graph)
-    _check_devices(source.device, inputs, outputs)
+    source = replay_source(graph)
+    check_devices(source.device, inputs, outputs)
     host, graph_id, kept, conditional, borrowed = None, 0, (True,) * len(inputs), False, False
     if via == "ffi":
-        distinct = [(i, j) for i, j in aliases if inputs[i].ptr != outputs[j].ptr]
-        graph_id, kept = _jax_replay.register(source, inputs, outputs, 0, distinct, bind == "auto",
-                                              trust_foreign=trust_foreign_kernels,
+        graph_id, kept = _jax_replay.register(source, inputs, outputs, 0, distinct_aliases(aliases, inputs, outputs),
+                                              bind == "auto", trust_foreign=trust_foreign_kernels,
                                               drop_unreferenced=drop_unreferenced)
     try:  # until the replayable holds the id, a failure must not leave it registered
         if via == "ffi":
@@ -387,7 +388,7 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
             conditional, borrowed = info.conditionals > 0, info.borrowed_exec
             if not all(kept):
                 inputs = tuple(a for a, k in zip(inputs, kept) if k)
-                aliases = _jax_replay.aliases(inputs, outputs, _renumber(input_output_aliases, kept))
+                aliases = alias_pairs(inputs, outputs, renumber_aliases(input_output_aliases, kept))
         else:
             host = HostReplay(graph, inputs, outputs)
         spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases,
@@ -403,37 +404,3 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
     if borrowed and source.lend_exec is not None:
         source.lend_exec(step._state)
     return step, kept
-
-
-# ----------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------
-
-
-def _renumber(user_aliases: dict[int, int] | None, kept: Sequence[bool]) -> dict[int, int] | None:
-    """``user_aliases`` with inputs numbered among the kept ones (aliased inputs are always kept)."""
-    if not user_aliases:
-        return user_aliases
-    index = {old: sum(kept[:old]) for old in range(len(kept)) if kept[old]}
-    return {index[i]: j for i, j in user_aliases.items()}
-
-
-
-
-def _check_graph_type(graph: Any) -> None:
-    if not isinstance(graph, (CUDAGraph, Graph)):
-        raise TypeError(f"graph must be a captured jaxgraph.CUDAGraph or jaxgraph.Graph, got {type(graph).__name__}")
-
-
-def _replay_source(graph: Any) -> Any:
-    _check_graph_type(graph)
-    return graph._replay_source()
-
-
-def _check_devices(device: int, inputs: tuple, outputs: tuple) -> None:
-    for where, arrays in (("inputs", inputs), ("outputs", outputs)):
-        for i, a in enumerate(arrays):
-            if a.device != device:
-                raise ValueError(f"{where}[{i}] is on device {a.device}, the graph on device {device}")
-
-
