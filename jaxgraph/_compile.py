@@ -23,7 +23,8 @@ from typing import Any
 from ._cubin import is_cubin
 from ._driver import CudaUnavailableError
 
-__all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "default_arch", "nvrtc_version"]
+__all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "default_arch", "kernel_display_name",
+           "nvrtc_version", "remember_display_name"]
 
 
 class CompileError(RuntimeError):
@@ -127,6 +128,19 @@ def check_arch(arch: Any) -> str:
                           f"compiles kernels to cubins for a real GPU; pass arch='sm_{match.group(2)}"
                           f"{match.group(3)}' (a GPU of compute capability X.Y is 'sm_XY')")
     raise _arch_error(arch, "is not a GPU architecture NVRTC compiles for")
+
+
+def remember_display_name(symbol: str, name: str) -> None:
+    """Note that the loaded cubin symbol ``symbol`` is the kernel its user called ``name``."""
+    _DISPLAY_NAMES[symbol] = name
+
+
+def kernel_display_name(symbol: str | None) -> str | None:
+    """The name a loaded kernel was given for its cubin symbol (``symbol`` itself otherwise)."""
+    return _DISPLAY_NAMES.get(symbol, symbol) if symbol is not None else None
+
+
+_DISPLAY_NAMES: dict[str, str] = {}  # symbol in a loaded cubin -> the name the Kernel was given
 
 
 def nvrtc_version() -> tuple[int, int]:

@@ -17,7 +17,7 @@ from ._array import DeviceArray
 from ._capture import graph as capture_graph
 from ._graphs import CUDAGraph
 
-__all__ = ["DeviceCapture", "capture_on", "static_input_shapes", "static_outputs"]
+__all__ = ["DeviceCapture", "capture_on", "release_captures", "static_input_shapes", "static_outputs"]
 
 
 class DeviceCapture(NamedTuple):
@@ -78,3 +78,15 @@ def static_input_shapes(in_shapes: Any) -> tuple:
                             f"got {type(s).__name__}")
         out.append((tuple(int(n) for n in s.shape), np.dtype(s.dtype)))
     return tuple(out)
+
+
+def release_captures(step: Any, parts: dict[int, DeviceCapture]) -> None:
+    """Undo a partial capture: close the replayable ``step`` (if any) and reset every graph; never raises."""
+    try:
+        if step is not None:
+            step.close()
+        for part in parts.values():
+            if part.graph is not None:
+                part.graph.reset()
+    except Exception:  # the capture's own error is the one to report
+        pass

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from . import _driver, _graph_views
+from ._compile import kernel_display_name
 from ._driver import check
 from ._graph_handles import CaptureState, GraphHandles, require_ended
-from ._kernel import kernel_display_name
 
 __all__ = ["GraphIntrospection", "dump_dot", "graph_data", "nested_node_count", "node_count"]
 

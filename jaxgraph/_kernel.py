@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _captures, _driver
 from ._array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
-from ._compile import CompiledKernel, compile_kernel
+from ._compile import CompiledKernel, compile_kernel, remember_display_name
 from ._cubin import param_sizes
 from ._driver import check
 from ._native import native
@@ -30,7 +30,7 @@ from ._signature import (Param, check_against_source, check_count, check_pointer
                          not_an_array, pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
-__all__ = ["Kernel", "kernel_display_name"]
+__all__ = ["Kernel"]
 
 _SLOT = 8  # bytes per parameter slot in the packed argument buffer
 _DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -281,7 +281,7 @@ class Kernel:
         self._check_param_sizes([int(info.size) for info in core.arguments_info])
         self._native_launch = native("launch").launch
         self._library, self._core = library, core
-        _DISPLAY_NAMES[c.lowered_name] = c.name  # so pictures of graphs say axpy<float>, not _Z4axpy...
+        remember_display_name(c.lowered_name, c.name)  # pictures of graphs say axpy<float>, not _Z4axpy...
         self._function_address = int(core.handle)
         self._h_kernel = _driver.driver().CUfunction(self._function_address)
         return self._h_kernel
@@ -393,14 +393,6 @@ class _BoundLaunch:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-_DISPLAY_NAMES: dict[str, str] = {}  # symbol in a loaded cubin -> the name the Kernel was given
-
-
-def kernel_display_name(symbol: str | None) -> str | None:
-    """The name a loaded :class:`Kernel` was given for its cubin symbol (``symbol`` itself otherwise)."""
-    return _DISPLAY_NAMES.get(symbol, symbol) if symbol is not None else None
-
 
 def _device_operand(value: Any, p: Param, kernel: str, stream: Stream | None) -> DeviceArray:
     if isinstance(value, np.ndarray):

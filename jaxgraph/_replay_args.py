@@ -16,7 +16,8 @@ from ._checks import arrays_overlap
 from ._graphs import CUDAGraph
 from ._jax_replay import fmt
 
-__all__ = ["alias_pairs", "check_devices", "check_graph_type", "distinct_aliases", "renumber_aliases", "replay_source"]
+__all__ = ["alias_pairs", "check_alias_indices", "check_devices", "check_graph_type", "distinct_aliases",
+           "renumber_aliases", "replay_source"]
 
 
 def alias_pairs(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple:
@@ -88,3 +89,16 @@ def check_devices(device: int, inputs: tuple, outputs: tuple) -> None:
         for i, a in enumerate(arrays):
             if a.device != device:
                 raise ValueError(f"{where}[{i}] is on device {a.device}, the graph on device {device}")
+
+
+def check_alias_indices(aliases: Any, n_inputs: int) -> None:
+    """What can be checked of ``input_output_aliases`` before the outputs exist (replayable checks the rest)."""
+    if aliases is None:
+        return
+    if not isinstance(aliases, dict):
+        raise TypeError(f"input_output_aliases must be a dict {{input index: output index}}, "
+                        f"got {type(aliases).__name__}")
+    for i, j in aliases.items():
+        if not (isinstance(i, int) and isinstance(j, int) and 0 <= i < n_inputs and j >= 0):
+            raise ValueError(f"input_output_aliases: {i!r} -> {j!r} does not name an input (of {n_inputs}) "
+                             "and an output")

@@ -48,10 +48,11 @@ from typing import Any, Callable, Sequence
 
 from . import _processes
 from ._checks import BIND_CHOICES, capture_mode, check_choice
-from ._device_capture import DeviceCapture, capture_on, static_input_shapes
+from ._device_capture import DeviceCapture, capture_on, release_captures, static_input_shapes
 from ._devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
 from ._graphs import CUDAGraph
 from ._jax_replay import fmt_all
+from ._replay_args import check_alias_indices
 from ._replayable import Replayable, replayable
 
 __all__ = ["DeviceCapture", "ShardedGraph", "capture_per_device", "cuda_ordinal", "device_ordinals"]
@@ -369,7 +370,7 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     check_choice("bind", bind, BIND_CHOICES)  # every check that needs no device comes first
     capture_mode(capture_error_mode)
     shapes = static_input_shapes(in_shapes)
-    _check_alias_inputs(input_output_aliases, len(shapes))
+    check_alias_indices(input_output_aliases, len(shapes))
     ordinals = device_ordinals(devices)
     parts: dict[int, DeviceCapture] = {}
     step: Replayable | None = None
@@ -383,12 +384,12 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
             else:
                 step.add_device(part.graph, part.inputs, part.outputs)
     except (TypeError, ValueError) as exc:
-        _release(step, parts)
+        release_captures(step, parts)
         if type(exc) in (TypeError, ValueError):  # name the device; subclasses keep their own message
             raise type(exc)(f"capture_per_device, device {device}: {exc}") from exc
         raise
     except BaseException:
-        _release(step, parts)
+        release_captures(step, parts)
         raise
     return ShardedGraph._create(step, parts)
 
@@ -404,29 +405,3 @@ def _cross_process_message(problems: list) -> str:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
-
-
-def _check_alias_inputs(aliases: Any, n_inputs: int) -> None:
-    """What can be checked of ``input_output_aliases`` before the outputs exist (replayable checks the rest)."""
-    if aliases is None:
-        return
-    if not isinstance(aliases, dict):
-        raise TypeError(f"input_output_aliases must be a dict {{input index: output index}}, "
-                        f"got {type(aliases).__name__}")
-    for i, j in aliases.items():
-        if not (isinstance(i, int) and isinstance(j, int) and 0 <= i < n_inputs and j >= 0):
-            raise ValueError(f"input_output_aliases: {i!r} -> {j!r} does not name an input (of {n_inputs}) "
-                             "and an output")
-
-
-def _release(step: Replayable | None, parts: dict[int, DeviceCapture]) -> None:
-    """Undo a partial capture: retire the id and reset every graph; never raises."""
-    try:
-        if step is not None:
-            step.close()
-        for part in parts.values():
-            if part.graph is not None:
-                part.graph.reset()
-    except Exception:  # the capture's own error is the one to report
-        pass
-
