@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _captures, _driver, _memory
 from ._driver import check
-from ._stream import Event, Stream, current_stream
+from ._stream import Stream, current_stream, wait_on_current
 
 __all__ = ["DeviceArray", "HOST_JAX_ARRAY_FIX", "asarray", "empty", "is_host_jax_array", "to_host", "zeros"]
 
@@ -232,7 +232,7 @@ class DeviceArray:
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"cannot export device {self.__dlpack_device__()} memory to {dl_device}")
         if stream != -1:
-            _order_consumer(self.device, stream)
+            wait_on_current(self.device, stream)
         from cuda.core import Buffer
         from cuda.core.utils import StridedMemoryView
 
@@ -387,7 +387,7 @@ def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray
         if tuple(strides) != tuple(reversed(expected)) and math.prod(shape) > 1:
             raise ValueError("asarray: only C-contiguous device arrays can be wrapped without a copy; "
                              "make it contiguous first")
-    device = _pointer_device(ptr) if ptr else _driver.current_device()
+    device = _driver.pointer_device(ptr) if ptr else _driver.current_device()
     producer_stream = cai.get("stream")
     if producer_stream not in (None, 0):
         # CAI v3: the consumer must order itself after the producer's stream.
@@ -397,23 +397,3 @@ def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray
         if not _captures.order_after(producer, consumer):  # no capture anywhere: wait from the host
             producer.synchronize()
     return DeviceArray(ptr, shape, dtype, device, obj, _token=_INTERNAL)
-
-
-def _pointer_device(ptr: int) -> int:
-    drv = _driver.driver()
-    _driver.ensure_context()
-    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    return int(check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
-
-
-def _order_consumer(device: int, consumer_stream: int | None) -> None:
-    """Make the DLPack consumer's stream wait for this thread's current stream."""
-    ours = current_stream(device)
-    # DLPack (CUDA): None and 1 mean the legacy default stream, 2 per-thread default.
-    theirs = 1 if consumer_stream is None else int(consumer_stream)
-    if theirs == int(ours) or (theirs == 1 and ours.is_legacy_default):
-        return
-    _driver.ensure_context(device)
-    event = Event(device=device)
-    event.record(ours)
-    check(_driver.driver().cuStreamWaitEvent(theirs, event.handle, 0), "cuStreamWaitEvent")

@@ -24,6 +24,7 @@ __all__ = [
     "device_count",
     "driver",
     "ensure_context",
+    "pointer_device",
     "set_device",
 ]
 
@@ -246,6 +247,14 @@ def compute_capability(device: int | None = None) -> tuple[int, int]:
     minor = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
                   "cuDeviceGetAttribute")
     return int(major), int(minor)
+
+
+def pointer_device(ptr: int) -> int:
+    """The ordinal of the device whose memory ``ptr`` points into."""
+    drv = driver()
+    ensure_context()
+    attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(drv.cuPointerGetAttribute(attr, ptr), "cuPointerGetAttribute"))
 
 
 def _check_ordinal(device: Any) -> int:

@@ -58,5 +58,6 @@ def embed(handles: Any, stream: Stream) -> None:
                                f"graph ({exc}); capture its regions directly into this capture instead") from exc
         raise
     # What keeps the embedded graph's addresses (and its kernels' code) valid now keeps this graph's too.
-    capture.retained += [*inputs.keep, *inputs.pools, *inputs.held, *(ref() for *_, ref in inputs.watched if ref() is not None)]
+    watched = [ref() for *_, ref in inputs.watched]
+    capture.retained += [*inputs.keep, *inputs.pools, *inputs.held, *(w for w in watched if w is not None)]
     capture.kernels.update(dict(inputs.kernels))

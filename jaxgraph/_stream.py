@@ -13,7 +13,7 @@ from typing import Any
 from . import _driver
 from ._driver import check
 
-__all__ = ["Event", "Stream", "current_stream", "stream", "synchronize"]
+__all__ = ["Event", "Stream", "current_stream", "stream", "synchronize", "wait_on_current"]
 
 
 # ----------------------------------------------------------------------------
@@ -275,3 +275,17 @@ def synchronize(device: int | None = None) -> None:
     """Block the host until all work on ``device`` (default: current device) is done."""
     _driver.ensure_context(device)
     check(_driver.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def wait_on_current(device: int, consumer_stream: int | None) -> None:
+    """Make a DLPack consumer's stream (a raw handle; ``None``: the legacy default stream) wait
+    for this thread's current stream on ``device``."""
+    ours = current_stream(device)
+    # DLPack (CUDA): None and 1 mean the legacy default stream, 2 per-thread default.
+    theirs = 1 if consumer_stream is None else int(consumer_stream)
+    if theirs == int(ours) or (theirs == 1 and ours.is_legacy_default):
+        return
+    _driver.ensure_context(device)
+    event = Event(device=device)
+    event.record(ours)
+    check(_driver.driver().cuStreamWaitEvent(theirs, event.handle, 0), "cuStreamWaitEvent")
