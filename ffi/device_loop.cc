@@ -225,7 +225,7 @@ class Builder {
       CUgraphNode node = nullptr;
       CheckDriver(d_.add_child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0,
                                reinterpret_cast<CUgraph>(step)),
-            "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+                  "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
       prev = node;
       for (const auto& [dst, src, bytes] : p_.copies) prev = Memcpy(graph, prev, dst, src, bytes);
     }
@@ -250,7 +250,7 @@ class Builder {
     params.conditional.ctx = ctx_;
     CUgraphNode node = nullptr;
     CheckDriver(d_.add_node(&node, graph, prev ? &prev : nullptr, nullptr, prev ? 1 : 0, &params),
-          "cuGraphAddNode (conditional)");
+                "cuGraphAddNode (conditional)");
     *body = params.conditional.phGraph_out[0];
     conditionals.emplace_back(reinterpret_cast<uint64_t>(node), type == CU_GRAPH_COND_TYPE_WHILE ? "WHILE" : "IF",
                               std::vector<uint64_t>{reinterpret_cast<uint64_t>(*body)});
