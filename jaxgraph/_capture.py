@@ -254,8 +254,7 @@ def is_current_stream_capturing() -> bool:
     Makes no driver call (and creates no CUDA context) when the current
     stream is the legacy default stream, which never captures.
     """
-    streams = getattr(_stream._local, "streams", None) or {}
-    s = streams.get(_driver.current_device())
+    s = _stream.current_stream_if_set(_driver.current_device())
     if s is None or s.is_legacy_default:
         return False
     if _captures.capture_on(s) is not None:
