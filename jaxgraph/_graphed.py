@@ -33,10 +33,10 @@ import numpy as np
 
 from . import _memory
 from ._array import DeviceArray, asarray
+from ._checks import fmt, fmt_all
 from ._graphed_capture import (Entry, capture_backward, capture_forward, check_options, is_device_array,
                                pair_entries, static_copy, unflatten, warm_up)
 from ._graphs import CUDAGraph
-from ._jax_replay import fmt, fmt_all
 from ._replayable import Replayable, replayable, replayable_of_referenced
 
 __all__ = ["GraphedCallable", "make_graphed_callables"]

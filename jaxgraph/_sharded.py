@@ -47,11 +47,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from . import _processes
-from ._checks import BIND_CHOICES, capture_mode, check_choice
+from ._checks import BIND_CHOICES, capture_mode, check_choice, fmt_all
 from ._device_capture import DeviceCapture, capture_on, release_captures, static_input_shapes
 from ._devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
 from ._graphs import CUDAGraph
-from ._jax_replay import fmt_all
 from ._replay_args import check_alias_indices
 from ._replayable import Replayable, replayable
 
