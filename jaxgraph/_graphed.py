@@ -39,7 +39,7 @@ from ._graphed_capture import (Entry, capture_backward, capture_forward, check_o
 from ._graphs import CUDAGraph
 from ._replayable import Replayable, replayable, replayable_of_referenced
 
-__all__ = ["GraphedCallable", "make_graphed_callables"]
+__all__ = ["GraphedCallable", "flat_statics", "make_graphed_callables"]
 
 # ----------------------------------------------------------------------------
 # GraphedCallable
@@ -164,6 +164,11 @@ class GraphedCallable:
                     static.copy_(source)
         self.graph.replay()
         return self._static_out
+
+
+def flat_statics(step: GraphedCallable) -> tuple[tuple, tuple]:
+    """``step``'s static input and output arrays, flat, in the order its graph was captured with."""
+    return step._static_in, step._static_out
 
 
 # ----------------------------------------------------------------------------

@@ -16,12 +16,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._capture import Graph
+from ._capture import Graph, cuda_graph_of
 from ._checks import BIND_CHOICES, VIA_CHOICES, arrays_overlap, check_choice, device_arrays, fmt, fmt_all
-from ._graphs import CUDAGraph
+from ._graphs import CUDAGraph, replay_source
+from ._replay_source import ReplaySource
 
 __all__ = ["ReplaySpec", "alias_pairs", "check_alias_indices", "check_arguments", "check_devices", "check_graph_type",
-           "check_outputs", "distinct_aliases", "renumber_aliases", "replay_source", "shapes_of"]
+           "check_outputs", "distinct_aliases", "renumber_aliases", "shapes_of", "source_of"]
 
 
 # ----------------------------------------------------------------------------
@@ -191,10 +192,12 @@ def check_graph_type(graph: Any) -> None:
         raise TypeError(f"graph must be a captured jaxgraph.CUDAGraph or jaxgraph.Graph, got {type(graph).__name__}")
 
 
-def replay_source(graph: Any) -> Any:
-    """``graph``'s :class:`~jaxgraph._replay_source.ReplaySource` (raises if it holds no capture)."""
-    check_graph_type(graph)
-    return graph._replay_source()
+def source_of(graph: CUDAGraph | Graph) -> ReplaySource:
+    """``graph``'s :class:`~jaxgraph._replay_source.ReplaySource` (raises if it holds no capture).
+
+    The caller has checked ``graph``'s type (:func:`check_graph_type`).
+    """
+    return replay_source(cuda_graph_of(graph))
 
 
 def check_devices(device: int, inputs: tuple, outputs: tuple) -> None:

@@ -34,7 +34,7 @@ from ._checks import VIA_CHOICES, check_choice, device_arrays, fmt_all
 from ._graphs import CUDAGraph
 from ._jax_callback import HostReplay
 from ._replay_args import (ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type, check_outputs,
-                           distinct_aliases, renumber_aliases, replay_source, shapes_of)
+                           distinct_aliases, renumber_aliases, shapes_of, source_of)
 from ._replay_call import replay_function
 from ._replay_codes import BufferBinding, ReplayPath
 from ._replay_source import ReplaySource
@@ -227,7 +227,7 @@ class Replayable:
                              f"this replayable's are {fmt_all(self._spec.inputs)} -> "
                              f"{fmt_all(self._spec.outputs)}")
         self._state.check_alive()
-        source = replay_source(graph)
+        source = source_of(graph)
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         check_devices(source.device, inputs, outputs)
@@ -375,7 +375,7 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
     inputs, outputs, aliases = check_arguments(graph, inputs, outputs, via=via, bind=bind, backward=backward,
                                                input_output_aliases=input_output_aliases,
                                                trust_foreign_kernels=trust_foreign_kernels)
-    source = replay_source(graph)  # the graph's state, after every argument error
+    source = source_of(graph)  # the graph's state, after every argument error
     check_devices(source.device, inputs, outputs)
     if via != "ffi":
         spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
