@@ -307,7 +307,7 @@ def test_replay_after_reset_is_refused(k, rng):
     g.reset()
     for call, message in ((g.replay, "nothing has been captured yet"),
                           (g.raw_cuda_graph_exec, "the graph is not instantiated"),
-                          (g._replay_source, "holds no captured graph")):
+                          (lambda: source_of(g), "holds no captured graph")):
         with pytest.raises(RuntimeError, match=message):
             call()
 
