@@ -215,6 +215,10 @@ class Graph:
         """Draw the captured graph to ``path``; see :meth:`CUDAGraph.render`."""
         return self._cuda_graph.render(path, format)
 
+    def node_count(self, nested: bool = True) -> int:
+        """Number of nodes in the captured graph; see :meth:`CUDAGraph.node_count`."""
+        return self._cuda_graph.node_count(nested)
+
     def __str__(self) -> str:
         return str(self._cuda_graph)
 

@@ -17,9 +17,10 @@ N = 2048
 
 
 @pytest.mark.parametrize("nested", [True, False])
-def test_node_count_before_capture_says_to_capture_first(nested):
+@pytest.mark.parametrize("make", [jaxgraph.CUDAGraph, jaxgraph.Graph])
+def test_node_count_before_capture_says_to_capture_first(make, nested):
     with pytest.raises(RuntimeError, match="node_count: nothing has been captured yet"):
-        jaxgraph.CUDAGraph().node_count(nested=nested)
+        make().node_count(nested=nested)
 
 
 class StateOnTheDevice:
@@ -106,3 +107,16 @@ def test_a_generator_registers_through_the_protocol(k):
     first = (g.replay(), jaxgraph.to_host(noise))[1]
     second = (g.replay(), jaxgraph.to_host(noise))[1]
     assert 0.0 <= first.min() and first.max() < 1.0 and not np.array_equal(first, second)
+
+
+@pytest.mark.gpu
+def test_an_accelerator_graph_counts_its_nodes(k, rng, side_stream):
+    x = jaxgraph.asarray(rng.standard_normal(N).astype(np.float32))
+    y = jaxgraph.empty(N)
+    g = jaxgraph.Graph()
+    with side_stream, g:
+        k.add[blocks(N), BLOCK](y, x, x, N)
+    assert g.node_count() == 1 and g.node_count(nested=False) == 1
+    poison(y)
+    g.replay()                                         # on the current stream, as CUDAGraph.replay
+    np.testing.assert_allclose(jaxgraph.to_host(y), 2 * jaxgraph.to_host(x), rtol=1e-6)
