@@ -90,7 +90,7 @@ def counter_deltas(before: dict, after: dict, calls: int) -> dict:
     return {k: (after[k] - before.get(k, 0)) / max(1, calls) for k in after}
 
 
-def warm_up(mode: Mode, calls: int = WARM_UP_CALLS, seconds: float = WARM_UP_S) -> int:
+def warm_up(mode: Mode, calls: int = WARM_UP_CALLS, seconds: float = WARM_UP_S) -> dict:
     """Make the mode's first calls, untimed: batches of 1, 2, 4, ... until ``calls`` calls or ``seconds``.
 
     The first calls after compiling do one-off work (XLA records its command
@@ -98,14 +98,16 @@ def warm_up(mode: Mode, calls: int = WARM_UP_CALLS, seconds: float = WARM_UP_S) 
     executable). Calibrating on them gives too few calls per sample: a quick
     run of 2026-11-23 calibrated 4 calls per sample of ``jit_loop`` under
     command buffers, whose samples read 2.2x the cost seen after 200 calls.
-    Returns the calls made.
+    Returns ``{"warm_up_calls": calls made, "warm_up_us": us per call of each batch}``.
     """
-    done, batch, spent = 0, 1, 0.0
+    done, batch, spent, per_call = 0, 1, 0.0, []
     while done < calls and spent < seconds:
-        spent += mode.run(batch)
+        took = mode.run(batch)
+        per_call.append(round(took / batch * 1e6, 2))
+        spent += took
         done += batch
         batch = max(1, min(batch * 2, calls - done))
-    return done
+    return {"warm_up_calls": done, "warm_up_us": per_call}
 
 
 def settle(mode: Mode, target_s: float, max_calls: int, rounds: int = SETTLE_ROUNDS) -> dict:
@@ -149,7 +151,7 @@ def prepare(factory: Callable[[], Mode], target_s: float, max_calls: int,
         mode.counters = counters
         warmed = warm_up(mode)
         calibrate(mode, target_s, max_calls)
-        settled = {"warm_up_calls": warmed, **settle(mode, target_s, max_calls)}
+        settled = {**warmed, **settle(mode, target_s, max_calls)}
     except Skip as exc:
         return None, {"skipped": str(exc)}
     except Exception as exc:  # one broken mode must not cost the others their run

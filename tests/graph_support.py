@@ -164,6 +164,7 @@ def ref_normal(seed, offset, n):
 XLA_MODES = {
     "off": "--xla_gpu_enable_command_buffer=",
     "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+    "defaults": None,  # XLA_FLAGS unset: JAX's own command-buffer settings
 }
 
 
@@ -172,7 +173,10 @@ def run_xla_worker(worker, src, tmp_path, mode, seed):
     the array it saved and the JSON it printed after ``REPORT ``."""
     (tmp_path / "src.cu").write_text(src)
     out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env.pop("XLA_FLAGS", None)
+    if XLA_MODES[mode] is not None:
+        env["XLA_FLAGS"] = XLA_MODES[mode]
     proc = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "src.cu"), str(seed), str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"

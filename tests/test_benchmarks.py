@@ -317,9 +317,10 @@ def test_measure_group_records_median_counters_per_call():
 
 def test_warm_up_makes_the_first_calls_before_calibration_within_a_bound():
     fast = fake_mode("fast", 1e-4)
-    assert harness.warm_up(fast) == 64 and fast.calls_seen == [1, 2, 4, 8, 16, 32, 1]
+    assert harness.warm_up(fast) == {"warm_up_calls": 64, "warm_up_us": [100.0] * 7}
+    assert fast.calls_seen == [1, 2, 4, 8, 16, 32, 1]
     slow = fake_mode("slow", 0.1)  # 0.1 s per call: stops once 0.25 s have gone
-    assert harness.warm_up(slow) == 3 and slow.calls_seen == [1, 2]
+    assert harness.warm_up(slow)["warm_up_calls"] == 3 and slow.calls_seen == [1, 2]
     # A mode whose first calls are slow (XLA recording) is calibrated on its steady calls.
     first = iter([0.05] + [1e-4] * 1000)
     recording = harness.Mode("jit_loop", lambda calls: sum(next(first) for _ in range(calls)), per_call=100)
