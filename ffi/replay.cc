@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "capture_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
@@ -86,13 +87,14 @@ ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::Rema
 }
 
 // Copies the inputs in (or, with `outputs`, the outputs out) that are copied:
-// all of them when `everything` (a graph spliced whole at its static addresses).
+// all of them when `everything` (a graph spliced whole at its static addresses),
+// and the bound ones `also` names (a recording's plan, capture_policy.h).
 ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool outputs,
-                       bool everything, cudaStream_t stream) {
+                       bool everything, const std::vector<char>& also, cudaStream_t stream) {
   size_t begin = outputs ? g->num_inputs : 0, end = outputs ? g->buffers.size() : g->num_inputs;
   for (size_t i = begin; i < end; ++i) {
     const Binding& b = g->buffers[i];
-    if (!b.Moves() && !everything) continue;
+    if (!b.Moves() && !everything && (also.empty() || !also[i])) continue;
     void* xla = reinterpret_cast<void*>(addresses[i]);
     void* static_array = reinterpret_cast<void*>(b.base);
     auto e = outputs ? Copy(xla, static_array, b.bytes, stream) : Copy(static_array, xla, b.bytes, stream);
@@ -115,8 +117,11 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));
   bool splice = status == cudaStreamCaptureStatusActive;
   if (splice && g->conditionals > 0) return CapturedConditional(target);
-  bool whole = splice && !g->unflattenable.empty();  // spliced as one child graph: copy everything
-  if (auto e = CopyBuffers(g, addresses, false, whole, stream); e.failure()) return e;
+  // Under capture (XLA recording), which bound buffers stay bound (capture_policy.h).
+  CapturePlan plan = splice ? PlanCapture(*g) : CapturePlan{};
+  bool whole = splice && (plan.whole || !g->unflattenable.empty());  // one child graph: copy everything
+  if (whole) plan.copy.clear();
+  if (auto e = CopyBuffers(g, addresses, false, whole, plan.copy, stream); e.failure()) return e;
   if (g->conditionals > 0) {
     if (auto e = LaunchConditional(g, stream, addresses); e.failure()) return e;
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
@@ -129,7 +134,7 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (auto e = SpliceWhole(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceWhole);
   } else if (splice) {
-    RetargetAll(g, addresses);
+    RetargetAll(g, SpliceAddresses(*g, addresses, plan));
     if (auto e = SpliceNodes(g->order, g->nodes, stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceNodes);
   } else {
@@ -139,7 +144,7 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
   }
-  return CopyBuffers(g, addresses, true, whole, stream);
+  return CopyBuffers(g, addresses, true, whole, plan.copy, stream);
 }
 
 ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
@@ -296,6 +301,16 @@ NB_MODULE(_replay, m) {
      "nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', "
      "'borrowed_exec', 'exec_update_whole'.");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
+  m.def("set_capture_policy", [](int policy) {
+    if (policy < static_cast<int>(CapturePolicy::kAuto) || policy > static_cast<int>(CapturePolicy::kWhole)) {
+      throw std::invalid_argument("capture policy must be a code of codes()['capture'], got " +
+                                  std::to_string(policy));
+    }
+    return capture_policy.exchange(policy);
+  }, nb::arg("policy"),
+     "Set how replays go into XLA's command buffers (a code of codes()['capture']), for every graph "
+     "recorded from now on; returns the previous code. For tests and benchmarks "
+     "(benchmarks/capture_policies.py).");
   m.def("codes", []() {
     nb::dict binding, path, out;
     binding["bound"] = static_cast<int>(BindMode::kBound);
@@ -305,8 +320,14 @@ NB_MODULE(_replay, m) {
     path["splice_nodes"] = static_cast<int>(ReplayPath::kSpliceNodes);
     path["splice_whole"] = static_cast<int>(ReplayPath::kSpliceWhole);
     path["uncaptured_launch"] = static_cast<int>(ReplayPath::kUncapturedLaunch);
+    nb::dict capture;
+    capture["auto"] = static_cast<int>(CapturePolicy::kAuto);
+    capture["bind"] = static_cast<int>(CapturePolicy::kBind);
+    capture["copy"] = static_cast<int>(CapturePolicy::kCopy);
+    capture["whole"] = static_cast<int>(CapturePolicy::kWhole);
     out["binding"] = binding;
     out["path"] = path;
+    out["capture"] = capture;
     return out;
   }, "The codes describe_bindings and describe_graph use, by name.");
   m.def("counters", []() {

@@ -38,6 +38,11 @@ def describe_graph(id: int, device: int) -> dict:
 def live_graphs() -> int:
     """Number of live (graph, device) entries."""
 
+def set_capture_policy(policy: int) -> int:
+    """
+    Set how replays go into XLA's command buffers (a code of codes()['capture']), for every graph recorded from now on; returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).
+    """
+
 def codes() -> dict:
     """The codes describe_bindings and describe_graph use, by name."""
 

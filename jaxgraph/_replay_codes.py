@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 from ._native import native
 
-__all__ = ["BindingMode", "BufferBinding", "ReplayPath", "binding_from_row", "counters", "paths_from_codes"]
+__all__ = ["BindingMode", "BufferBinding", "CapturePolicy", "ReplayPath", "binding_from_row", "counters",
+           "paths_from_codes", "set_capture_policy"]
 
 
 class BindingMode(str, enum.Enum):
@@ -60,6 +61,29 @@ class ReplayPath(str, enum.Enum):
         return self.value
 
 
+class CapturePolicy(str, enum.Enum):
+    """How a replay goes into XLA's command buffer when XLA records it (``ffi/capture_policy.h``).
+
+    XLA records the call again when its buffers move to addresses it holds
+    no recording for, and updates its executable in place: a bound buffer's
+    kernel arguments are rewritten there, a copied one changes one memcpy
+    node. ``BIND`` is the default; the others exist to compare the ways
+    (``benchmarks/capture_policies.py``).
+    """
+
+    AUTO = "auto"
+    """By cost: a bound buffer held by more than a few kernel arguments is copied, the rest bound."""
+    BIND = "bind"
+    """Every bound buffer bound in the spliced nodes (no copies)."""
+    COPY = "copy"
+    """Every bound buffer copied around the spliced nodes, which keep the static arrays."""
+    WHOLE = "whole"
+    """The static template spliced as one child-graph node, every buffer copied."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class BufferBinding(NamedTuple):
     """How one static buffer meets XLA's buffer in a jitted replay.
 
@@ -87,6 +111,17 @@ def counters() -> dict[str, int]:
     return dict(native("replay").counters())
 
 
+def set_capture_policy(policy: CapturePolicy | str) -> CapturePolicy:
+    """Set the :class:`CapturePolicy` of every replay XLA records from now on; return the previous one.
+
+    Process-wide, for tests and benchmarks; a function already recorded keeps
+    its recordings until XLA records it again.
+    """
+    policy = CapturePolicy(policy)  # ValueError names the bad value
+    previous = native("replay").set_capture_policy(native("replay").codes()["capture"][policy.value])
+    return _codes()["capture"][int(previous)]
+
+
 def binding_from_row(row: tuple) -> BufferBinding:
     """A :class:`BufferBinding` from the native ``(kind, index, mode code, sites, reason)``."""
     kind, index, mode, sites, reason = row
@@ -104,7 +139,8 @@ def _codes() -> dict:
     if _CODE_TABLE is None:
         table = native("replay").codes()
         _CODE_TABLE = {"binding": {code: BindingMode(name) for name, code in table["binding"].items()},
-                       "path": {code: ReplayPath(name) for name, code in table["path"].items()}}
+                       "path": {code: ReplayPath(name) for name, code in table["path"].items()},
+                       "capture": {code: CapturePolicy(name) for name, code in table["capture"].items()}}
     return _CODE_TABLE
 
 

@@ -7,7 +7,8 @@ inputs moves the operand too. Under command buffers XLA records the replay
 into its own CUDA graph once (the handler splices the graph's nodes) and must
 then follow those moves. Every result here is checked exactly against numpy
 (integer-valued floats), with the graph's static arrays poisoned first, and
-the replay counters say which path the calls took. Each setting runs in its
+the replay counters say which path the calls took, under each capture policy
+(``jaxgraph._replay_codes.CapturePolicy``: which buffers a recording copies). Each setting runs in its
 own process (XLA reads XLA_FLAGS once).
 """
 
@@ -125,6 +126,18 @@ WORKER = textwrap.dedent(r'''
 
     poison()
     counted("mixed", mixed_calls)
+
+    # 5. The other ways of splicing (capture policies), each on functions recorded under it.
+    for policy in ("copy", "whole", "auto"):
+        previous = _replay_codes.set_capture_policy(policy)
+        try:
+            f, mixed = jax.jit(lambda x: step(x)), jax.jit(stages)  # new functions: recorded afresh
+            poison()
+            addresses.clear()
+            counted(f"{policy}_alternating", lambda: alternating(8, 0))
+            counted(f"{policy}_mixed", mixed_calls)
+        finally:
+            _replay_codes.set_capture_policy(previous)
     report["failures"] = failures
     np.save(out_path, np.zeros(1))
     print("REPORT " + json.dumps(report))
@@ -149,9 +162,18 @@ def test_replays_follow_xla_buffers_that_move(tmp_path, rng, mode):
     # nodes go into XLA's graph (spliced), never a child graph of copies.
     assert report["mixed"]["splice_nodes"] >= 3 and report["mixed"]["splice_whole"] == 0, report["mixed"]
     assert report["mixed"]["copy"] == 0
+    # The other policies: "copy" copies both buffers around nodes at the static arrays, "auto"
+    # only the output (24 sites; the input has 1), "whole" splices one child graph with both copied.
+    copies_per_splice = {"copy": 2, "auto": 1, "whole": 2}
+    for policy, copies in copies_per_splice.items():
+        m = report[f"{policy}_mixed"]
+        splices = m["splice_whole"] if policy == "whole" else m["splice_nodes"]
+        other = m["splice_nodes"] if policy == "whole" else m["splice_whole"]
+        assert splices >= 3 and other == 0 and m["copy"] == copies * splices, (policy, m)
     if mode == "on":
         # A lone replay is recorded too; once recorded, XLA follows its moving buffers without
         # calling the handler on every call (jax 0.11.2): the steady calls cost no handler work.
         first = report["alternating_first"]
         assert first["splice_nodes"] >= 1 and first["splice_whole"] == 0, first
         assert report["alternating_steady"]["handler_calls"] <= 3, report["alternating_steady"]
+        assert report["whole_alternating"]["splice_whole"] >= 1, report["whole_alternating"]

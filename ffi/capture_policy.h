@@ -1,0 +1,88 @@
+// Which buffers a replay spliced into XLA's command buffer keeps bound, and
+// which it copies, chosen by cost. Included by replay.cc only.
+//
+// XLA (jax 0.11.2) records a command-buffer-compatible FFI call by running its
+// handler under stream capture and holds the captured graph as one child node
+// of its own executable. When the call's buffers move, XLA updates that node
+// in place (cuGraphExecChildGraphNodeSetParams) from a recording for the new
+// addresses: it keeps recordings for several recent address sets (seen on the
+// H100: an output alternating between two buffers, and 8 rotating inputs,
+// each recorded once), and runs the handler again only for a set it does not
+// hold. A bound buffer's sites (the kernel arguments holding its address)
+// differ between recordings, so every such update rewrites them in XLA's
+// executable; a copied buffer leaves the kernels on its static array, which
+// never moves, and the update changes one memcpy node. A copy costs one
+// memcpy node per call (~1-2 us of device time for a small buffer) whether or
+// not XLA's addresses changed. Which way is cheaper is measured by
+// benchmarks/capture_policies.py; the policy below selects it.
+
+#ifndef JAXGRAPH_FFI_CAPTURE_POLICY_H_
+#define JAXGRAPH_FFI_CAPTURE_POLICY_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "device_graph.h"
+
+namespace jaxgraph {
+
+// How replays go into XLA's command buffer; the codes cross to Python
+// (jaxgraph._replay_codes.CapturePolicy). kBind is the default; the others
+// exist so tests and benchmarks (benchmarks/capture_policies.py) can compare
+// the ways on one graph.
+enum class CapturePolicy : int {
+  kAuto = 0,   // by cost: bound buffers with many sites copied, the rest bound
+  kBind = 1,   // every bound buffer bound in the spliced nodes
+  kCopy = 2,   // every bound buffer copied; nodes spliced one by one at the static arrays
+  kWhole = 3,  // the static template as one child-graph node, every buffer copied
+};
+inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kBind)};
+
+constexpr size_t kCaptureSitesWorthACopy = 4;
+
+// What one recording splices: the template whole, or its nodes with some
+// bound buffers copied (`copy`, per buffer; empty: none).
+struct CapturePlan {
+  bool whole = false;
+  std::vector<char> copy;
+};
+
+inline CapturePlan PlanCapture(const DeviceGraph& g) {
+  CapturePlan plan;
+  auto policy = static_cast<CapturePolicy>(capture_policy.load(std::memory_order_relaxed));
+  if (policy == CapturePolicy::kWhole) {
+    plan.whole = true;
+    return plan;
+  }
+  if (policy == CapturePolicy::kBind) return plan;
+  for (size_t i : g.bound) {
+    if (policy == CapturePolicy::kAuto && g.buffers[i].sites.size() <= kCaptureSitesWorthACopy) continue;
+    if (plan.copy.empty()) plan.copy.assign(g.buffers.size(), 0);
+    plan.copy[i] = 1;
+  }
+  if (plan.copy.empty()) return plan;
+  // An input sharing its buffer with a copied output is copied in with it.
+  for (size_t i = 0; i < g.num_inputs; ++i) {
+    if (g.alias[i] >= 0 && plan.copy[g.num_inputs + g.alias[i]]) plan.copy[i] = 1;
+  }
+  return plan;
+}
+
+// The addresses the spliced nodes take: XLA's, or the static array's for a
+// buffer the plan copies.
+inline const std::vector<uint64_t>& SpliceAddresses(const DeviceGraph& g, const std::vector<uint64_t>& addresses,
+                                                    const CapturePlan& plan) {
+  if (plan.copy.empty()) return addresses;
+  thread_local std::vector<uint64_t> at;
+  at = addresses;
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (plan.copy[i]) at[i] = g.static_addr[i];
+  }
+  return at;
+}
+
+}  // namespace jaxgraph
+
+#endif  // JAXGRAPH_FFI_CAPTURE_POLICY_H_
