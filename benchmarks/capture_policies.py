@@ -5,10 +5,11 @@
 One process with XLA command buffers on (``FUSION,CUSTOM_CALL``, min size 1).
 When a replay's buffers move, XLA (jax 0.11.2) needs a recording of the call
 for the new addresses: it keeps recordings for a few recent address sets and
-runs the handler again (a splice) only for a set it does not hold. Two modes
+runs the handler again (a splice) only for a set it does not hold. The modes
 show both sides: ``jit_loop`` (one fixed input; XLA's output alternates
-between two buffers, both recorded once) and ``jit_cycle`` (rotating over
-``CYCLE`` inputs: more address sets than XLA keeps, so every call records).
+between two buffers, both recorded once), ``jit_changing`` (8 inputs),
+``jit_cycle`` (rotating over ``CYCLE`` inputs: more address sets than XLA
+keeps, so calls record again) and ``mixed`` (3 replays between XLA ops).
 Each :class:`jaxgraph._replay_codes.CapturePolicy` is measured in turn (the
 policy is process-wide and read when XLA records), each group with its own
 raw ``cuGraphLaunch`` floor, with the replay counters per call. Every mode is
@@ -58,23 +59,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in args.ns:
         chain = Chain(kernel, n)
-        step = jaxgraph.replayable(chain.graph, inputs=[chain.x_s], outputs=[chain.y_s])
         for policy in args.policies:
             previous = _replay_codes.set_capture_policy(policy)
             try:
+                # A replayable per mode: a graph keeps the policy of its first recording, and each
+                # mode gets executables (and XLA recordings) of its own.
+                def fresh():
+                    return jaxgraph.replayable(chain.graph, inputs=[chain.x_s], outputs=[chain.y_s])
+
                 factories = [("raw", functools.partial(graph_modes.raw, chain, stream, rng)),
-                             ("jit_loop", functools.partial(jax_modes.jit_loop, step, n, rng)),
-                             ("jit_cycle", functools.partial(_cycle, step, n, rng))]
+                             ("jit_loop", functools.partial(jax_modes.jit_loop, fresh(), n, rng)),
+                             ("jit_changing", functools.partial(jax_modes.jit_changing, fresh(), n, rng)),
+                             ("jit_cycle", functools.partial(_cycle, fresh(), n, rng)),
+                             ("mixed", functools.partial(jax_modes.mixed, fresh(), n, rng))]
                 records = harness.measure_group(f"[{policy}] N={n}", factories, args.repeats,
                                                 args.target_ms / 1e3, 20_000, print, _replay_codes.counters)
             finally:
                 _replay_codes.set_capture_policy(previous)
-            rows.append(_row(policy, n, stats.summarize_process({"modes": {k: {"unit": r.get("unit"), "by_n": {
-                str(n): r}} for k, r in records.items()}})["modes"]))
+            modes = {k: {"unit": r.get("unit"), "by_n": {str(n): r}} for k, r in records.items()}
+            rows.append(_row(policy, n, stats.summarize_process({"modes": modes})["modes"]))
         chain.close()
-    print("\n| policy | N | jit_loop | jit_cycle | cycle: splices per call | cycle: copies per call "
-          "| cycle: handler us per call | problems |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("\n| policy | N | jit_loop | jit_changing | jit_cycle | mixed | splices per call (changing / cycle / "
+          "mixed) | copies per call (cycle) | handler us per call (cycle) | problems |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     print("\n".join(rows))
     return 0
 
@@ -87,17 +94,24 @@ def _cycle(step, n: int, rng: np.random.Generator) -> harness.Mode:
 
 
 def _row(policy: str, n: int, modes: dict) -> str:
-    def cell(key: str) -> str:
-        entry = modes.get(key, {}).get("by_n", {}).get(str(n), {})
-        if "stats" not in entry:
-            return entry.get("error", entry.get("skipped", "–"))[:40]
-        return f"{fmt(entry['stats']['median'] * n)} us ({entry.get('ratio', float('nan')):.2f}x)"
+    def entry(key: str) -> dict:
+        return modes.get(key, {}).get("by_n", {}).get(str(n), {})
 
-    cycle = modes.get("jit_cycle", {}).get("by_n", {}).get(str(n), {}).get("counters", {})
-    splices = cycle.get("splice_nodes", 0) + cycle.get("splice_whole", 0)
+    def cell(key: str) -> str:
+        e = entry(key)
+        if "stats" not in e:
+            return e.get("error", e.get("skipped", "–"))[:40]
+        return f"{fmt(e['stats']['median'] * e.get('per_call', n))} us ({e.get('ratio', float('nan')):.2f}x)"
+
+    def splices(key: str) -> str:
+        c = entry(key).get("counters", {})
+        return f"{c.get('splice_nodes', 0) + c.get('splice_whole', 0):.2f}"
+
+    cycle = entry("jit_cycle").get("counters", {})
     problems = "; ".join(f"{k}: {e['error']}" for k, m in modes.items() for e in m["by_n"].values() if "error" in e)
-    return (f"| {policy} | {n} | {cell('jit_loop')} | {cell('jit_cycle')} | {splices:.2f} | "
-            f"{cycle.get('copy', 0):.2f} | {fmt(cycle.get('handler_ns', 0) / 1e3)} | {problems or '–'} |")
+    return (f"| {policy} | {n} | {cell('jit_loop')} | {cell('jit_changing')} | {cell('jit_cycle')} | {cell('mixed')} "
+            f"| {splices('jit_changing')} / {splices('jit_cycle')} / {splices('mixed')} | {cycle.get('copy', 0):.2f} "
+            f"| {fmt(cycle.get('handler_ns', 0) / 1e3)} | {problems or '–'} |")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ class RunConfig:
     quick: bool = False
     modes: tuple | None = None   # run only these modes and scalars (None: all); the floor always runs
     loops: bool = False          # the loop modes (loop_modes.py) instead of the chain modes
+    capture_policy: str | None = None  # jaxgraph._replay_codes.CapturePolicy for the JAX processes (None: default)
 
     def runs(self, key: str) -> bool:
         """Whether mode (or scalar) ``key`` is measured in this run."""

@@ -32,6 +32,7 @@ SCALE = {"us_per_kernel": 1e6, "us_per_call": 1e6, "us_per_launch": 1e6, "ms": 1
 WARM_UP_CALLS = 64    # untimed calls before calibrating (or WARM_UP_S, whichever comes first)
 WARM_UP_S = 0.25
 SETTLE_ROUNDS = 8     # at most this many sample-sized runs wait for the counters to settle
+RESETTLE_ROUNDS = 4   # ... and again for each mode once the whole group is built
 NOISY_COUNTERS = ("handler_ns",)  # times, not events: not compared when settling
 
 
@@ -189,6 +190,9 @@ def measure_group(label: str, factories: list[tuple[str, Callable[[], Mode]]], r
                   counters: Callable[[], dict] | None = None) -> dict[str, dict]:
     """Prepare the modes of one group (one N, or the N-independent figures) and sample them interleaved.
 
+    XLA drops every executable's command buffers when it loads a new one, so
+    once the group is built each mode settles again before the first round.
+
     Returns one record per mode key: ``samples`` plus calibration and check
     details, or ``skipped``/``error``; with ``counters``, also ``counters``:
     the median change per call of each counter over the samples.
@@ -200,6 +204,8 @@ def measure_group(label: str, factories: list[tuple[str, Callable[[], Mode]]], r
         mode, records[key] = prepare(factory, target_s, max_calls, counters)
         if mode is not None:
             modes.append(mode)
+    for mode in modes:  # XLA dropped the command buffers of the modes built before the last one
+        records[mode.key]["resettle_runs"] = settle(mode, target_s, max_calls, RESETTLE_ROUNDS).get("settle_runs")
     ready = ", ".join(f"{m.key} x{m.calls}" for m in modes) or "none"
     log(f"{label} ready in {time.perf_counter() - start:.1f} s (calls per sample: {ready})")
     for key, record in records.items():

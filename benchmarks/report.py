@@ -55,6 +55,8 @@ def _header(results: dict) -> list[str]:
     cfg = results.get("config", {})
     soft = ", ".join(f"{k} {versions[k]}" for k in VERSION_KEYS if k in versions)
     run = "quick run" if results.get("quick") else "full run"
+    if cfg.get("capture_policy"):
+        run += f", capture policy {cfg['capture_policy']}"
     facts = [results.get("date", "undated"), f"{run}, {cfg.get('repeats', '?')} interleaved repeats per N",
              f"driver {device.get('driver', '?')}", soft, f"git {results.get('git') or '?'}"]
     return [

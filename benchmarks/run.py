@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-ms", type=float, help="wall time per sample")
     p.add_argument("--jax-calls-budget-s", type=float, help="skip a jax_calls N estimated to compile longer")
     p.add_argument("--timeout-s", type=float, default=None, help="per worker (default 240, quick 120)")
+    p.add_argument("--capture-policy", choices=("auto", "bind", "copy", "whole"),
+                   help="how replays go into XLA's command buffers (jaxgraph._replay_codes.CapturePolicy; "
+                   "default: jaxgraph's)")
     p.add_argument("--no-plot", action="store_true", help="write JSON and markdown only")
     args = p.parse_args(argv)
     if args.settings is None:
@@ -75,7 +78,8 @@ def build_config(args: argparse.Namespace) -> config.RunConfig:
     """The quick or full budgets, with the command line's overrides."""
     base = config.LOOPS if getattr(args, "loops", False) else config.QUICK if args.quick else config.FULL
     overrides = {"ns": args.ns, "repeats": args.repeats, "target_ms": args.target_ms,
-                 "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes}
+                 "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes,
+                 "capture_policy": getattr(args, "capture_policy", None)}
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -68,6 +68,11 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
     kernel = jaxgraph.Kernel(SOURCE, "add_one")
     stream = jaxgraph.Stream()
     counters = _replay_counters(log) if setting.uses_jax else None
+    if setting.uses_jax and cfg.capture_policy is not None:
+        from jaxgraph import _replay_codes
+
+        _replay_codes.set_capture_policy(cfg.capture_policy)
+        proc["capture_policy"] = cfg.capture_policy
     previous = None  # (N, setup seconds) of the last jax_calls built, for its compile budget
     for n in cfg.ns:
         chain = Chain(kernel, n)

@@ -31,7 +31,10 @@ namespace jaxgraph {
 // How replays go into XLA's command buffer; the codes cross to Python
 // (jaxgraph._replay_codes.CapturePolicy). kBind is the default; the others
 // exist so tests and benchmarks (benchmarks/capture_policies.py) can compare
-// the ways on one graph.
+// the ways. A graph keeps the policy of its first recording: XLA updates a
+// recorded call only from a recording of the same shape (nodes and edges),
+// and fails the call otherwise (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, seen
+// when the policy changed between two recordings of one call).
 enum class CapturePolicy : int {
   kAuto = 0,   // by cost: bound buffers with many sites copied, the rest bound
   kBind = 1,   // every bound buffer bound in the spliced nodes
@@ -49,23 +52,25 @@ struct CapturePlan {
   std::vector<char> copy;
 };
 
-inline CapturePlan PlanCapture(const DeviceGraph& g) {
+// The plan of a recording of `g`, under the policy of its first recording.
+inline CapturePlan PlanCapture(DeviceGraph* g) {
+  if (g->capture_policy < 0) g->capture_policy = capture_policy.load(std::memory_order_relaxed);
+  auto policy = static_cast<CapturePolicy>(g->capture_policy);
   CapturePlan plan;
-  auto policy = static_cast<CapturePolicy>(capture_policy.load(std::memory_order_relaxed));
   if (policy == CapturePolicy::kWhole) {
     plan.whole = true;
     return plan;
   }
   if (policy == CapturePolicy::kBind) return plan;
-  for (size_t i : g.bound) {
-    if (policy == CapturePolicy::kAuto && g.buffers[i].sites.size() <= kCaptureSitesWorthACopy) continue;
-    if (plan.copy.empty()) plan.copy.assign(g.buffers.size(), 0);
+  for (size_t i : g->bound) {
+    if (policy == CapturePolicy::kAuto && g->buffers[i].sites.size() <= kCaptureSitesWorthACopy) continue;
+    if (plan.copy.empty()) plan.copy.assign(g->buffers.size(), 0);
     plan.copy[i] = 1;
   }
   if (plan.copy.empty()) return plan;
   // An input sharing its buffer with a copied output is copied in with it.
-  for (size_t i = 0; i < g.num_inputs; ++i) {
-    if (g.alias[i] >= 0 && plan.copy[g.num_inputs + g.alias[i]]) plan.copy[i] = 1;
+  for (size_t i = 0; i < g->num_inputs; ++i) {
+    if (g->alias[i] >= 0 && plan.copy[g->num_inputs + g->alias[i]]) plan.copy[i] = 1;
   }
   return plan;
 }

@@ -83,6 +83,7 @@ struct DeviceGraph {
   std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
   std::vector<ExecSlot> slots;
   uint64_t calls = 0;
+  int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
   std::mutex mutex;                // one call at a time rebinds and launches
 
   ~DeviceGraph() {

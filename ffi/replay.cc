@@ -118,7 +118,7 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   bool splice = status == cudaStreamCaptureStatusActive;
   if (splice && g->conditionals > 0) return CapturedConditional(target);
   // Under capture (XLA recording), which bound buffers stay bound (capture_policy.h).
-  CapturePlan plan = splice ? PlanCapture(*g) : CapturePlan{};
+  CapturePlan plan = splice ? PlanCapture(g) : CapturePlan{};
   bool whole = splice && (plan.whole || !g->unflattenable.empty());  // one child graph: copy everything
   if (whole) plan.copy.clear();
   if (auto e = CopyBuffers(g, addresses, false, whole, plan.copy, stream); e.failure()) return e;
@@ -308,8 +308,9 @@ NB_MODULE(_replay, m) {
     }
     return capture_policy.exchange(policy);
   }, nb::arg("policy"),
-     "Set how replays go into XLA's command buffers (a code of codes()['capture']), for every graph "
-     "recorded from now on; returns the previous code. For tests and benchmarks "
+     "Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs "
+     "recorded for the first time from now on (a graph keeps the policy of its first recording); "
+     "returns the previous code. For tests and benchmarks "
      "(benchmarks/capture_policies.py).");
   m.def("codes", []() {
     nb::dict binding, path, out;

@@ -40,7 +40,7 @@ def live_graphs() -> int:
 
 def set_capture_policy(policy: int) -> int:
     """
-    Set how replays go into XLA's command buffers (a code of codes()['capture']), for every graph recorded from now on; returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).
+    Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs recorded for the first time from now on (a graph keeps the policy of its first recording); returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).
     """
 
 def codes() -> dict:

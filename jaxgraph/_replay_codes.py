@@ -112,10 +112,12 @@ def counters() -> dict[str, int]:
 
 
 def set_capture_policy(policy: CapturePolicy | str) -> CapturePolicy:
-    """Set the :class:`CapturePolicy` of every replay XLA records from now on; return the previous one.
+    """Set the :class:`CapturePolicy` of graphs XLA records for the first time from now on; return
+    the previous one.
 
-    Process-wide, for tests and benchmarks; a function already recorded keeps
-    its recordings until XLA records it again.
+    Process-wide, for tests and benchmarks. A graph keeps the policy of its
+    first recording: XLA can update a recorded call only from a recording of
+    the same shape, so a replayable made before the change keeps its way.
     """
     policy = CapturePolicy(policy)  # ValueError names the bad value
     previous = native("replay").set_capture_policy(native("replay").codes()["capture"][policy.value])

@@ -82,6 +82,11 @@ def test_driver_quick_and_overrides():
     assert cfg.quick and cfg.ns == (1, 100) and cfg.repeats == 2
     assert cfg.target_ms == config.QUICK.target_ms and args.timeout_s == 120.0
     assert args.settings == ("on", "nojax") and args.out == Path("/tmp/x")
+    assert cfg.capture_policy is None
+    whole = run.build_config(run.parse_args(["--quick", "--capture-policy", "whole"]))
+    assert whole.capture_policy == "whole" and config.RunConfig.from_json(whole.to_json()) == whole
+    with pytest.raises(SystemExit):
+        run.parse_args(["--capture-policy", "sometimes"])
 
 
 def test_driver_runs_a_subset_of_the_modes_and_always_the_floor(tmp_path):

@@ -47,7 +47,7 @@ WORKER = textwrap.dedent(r'''
             add_one[16, 256](y_s, y_s, n)
     step = jaxgraph.replayable(g, [x_s], [y_s])
     rng = np.random.default_rng(seed)
-    failures, report = [], {"bindings": [str(b) for b in step.bindings]}
+    failures, report = [], {"bindings": [str(b) for b in step.bindings[g.device]]}
 
     def fresh():
         return rng.integers(-1000, 1000, n).astype(np.float32)
@@ -127,11 +127,14 @@ WORKER = textwrap.dedent(r'''
     poison()
     counted("mixed", mixed_calls)
 
-    # 5. The other ways of splicing (capture policies), each on functions recorded under it.
+    # 5. The other ways of splicing (capture policies), each on a replayable of its own
+    #    (a graph keeps the policy it was first recorded with).
     for policy in ("copy", "whole", "auto"):
         previous = _replay_codes.set_capture_policy(policy)
         try:
-            f, mixed = jax.jit(lambda x: step(x)), jax.jit(stages)  # new functions: recorded afresh
+            step = jaxgraph.replayable(g, [x_s], [y_s])
+            # New function objects: jax reuses the trace of a function it jitted before.
+            f, mixed = jax.jit(lambda x: step(x)), jax.jit(lambda x: stages(x))
             poison()
             addresses.clear()
             counted(f"{policy}_alternating", lambda: alternating(8, 0))
