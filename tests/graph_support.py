@@ -9,38 +9,11 @@ import types
 import numpy as np
 
 import jaxgraph
+from kernels import ADD, AXPB, BLOCK_SUM, SCALE
 
 BLOCK = 256
 
-GRAPH_KERNELS = r"""
-extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-
-extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
-}
-
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-
-// out[0] += sum(x): out must be zeroed first (a memset in the same graph).
-extern "C" __global__ void block_sum(float* out, const float* x, int n) {
-  __shared__ float partial[256];
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  partial[threadIdx.x] = i < n ? x[i] : 0.0f;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) atomicAdd(out, partial[0]);
-}
-"""
+GRAPH_KERNELS = AXPB + SCALE + ADD + BLOCK_SUM
 
 KERNEL_NAMES = ("axpb", "scale", "add", "block_sum")
 

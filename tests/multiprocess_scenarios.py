@@ -31,17 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.launc
 
 from benchmarks.launch import initialize  # noqa: E402
 
+from kernels import INC, SCALE  # noqa: E402  (tests/, the script's own directory)
+
 N = 4096  # floats per process (one shard)
-SOURCE = r"""
-extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
-}
-extern "C" __global__ void add_one(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-"""
+SOURCE = SCALE + INC
 
 
 def reference(x):
@@ -174,19 +167,19 @@ def gpu_scenarios(rank, world, seed, errors):
     f32 = jax.ShapeDtypeStruct((N,), jnp.float32)
     blocks = (N + 255) // 256
     scale = jaxgraph.Kernel(SOURCE, "scale")
-    add_one = jaxgraph.Kernel(SOURCE, "add_one")
+    inc = jaxgraph.Kernel(SOURCE, "inc")
 
     def step(x):  # y = 0.5 x + 9, ten launches
         y = jaxgraph.empty(x.shape)
         scale[blocks, 256](y, x, 0.5, N)
         for _ in range(9):
-            add_one[blocks, 256](y, N)
+            inc[blocks, 256](y, N)
         return y
 
     def triple(x):  # for make_graphed_callables: z = 3 x + 1
         z = jaxgraph.empty(x.shape)
         scale[blocks, 256](z, x, 3.0, N)
-        add_one[blocks, 256](z, N)
+        inc[blocks, 256](z, N)
         return z
 
     local = jax.local_devices()

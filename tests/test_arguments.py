@@ -13,14 +13,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph._array import _INTERNAL, DeviceArray
+from kernels import AXPY
 
-SOURCE = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
 
 # Placeholders each path turns into its own kind of array.
 Y, X, XI = "output float32[8]", "input float32[8]", "input int32[8]"
@@ -46,7 +40,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def axpy(tmp_path_factory):
-    return jaxgraph.Kernel(SOURCE, "axpy<float>", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
+    return jaxgraph.Kernel(AXPY, "axpy<float>", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
 
 
 def eager_args(args):

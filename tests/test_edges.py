@@ -16,32 +16,18 @@ import numpy as np
 import pytest
 
 import jaxgraph
-
-TEMPLATE = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
-
-ADD_ONE = r"""
-extern "C" __global__ void add_one(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] + 1.0f;
-}
-"""
+from kernels import ADD_ONE, AXPY
 
 
 def test_template_named_without_arguments_says_to_instantiate_it(tmp_path):
     with pytest.raises(ValueError, match=r"kernel 'axpy' is a template: name an instance of it, such as 'axpy<float>'"):
-        jaxgraph.Kernel(TEMPLATE, "axpy", arch="sm_90", cache_dir=tmp_path)
+        jaxgraph.Kernel(AXPY, "axpy", arch="sm_90", cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("source, name, message", [
     (123, "axpy", "source must be a non-empty string of CUDA C\\+\\+, got int"),
     ("  ", "axpy", "source must be a non-empty string"),
-    (TEMPLATE, 5, "name must be the kernel's name as a string, got 5"),
+    (AXPY, 5, "name must be the kernel's name as a string, got 5"),
 ])
 def test_kernel_arguments_are_type_checked(source, name, message):
     with pytest.raises(TypeError, match=message):

@@ -12,6 +12,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _graph_views
+from kernels import AXPY
 from graph_support import BLOCK, blocks, load_kernels
 
 
@@ -126,14 +127,6 @@ def test_an_uncaptured_graph_summarizes_without_a_device():
 # ---------------------------------------------------------------------------
 
 N = 3000
-
-AXPY = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
 
 
 @pytest.mark.gpu

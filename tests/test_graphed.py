@@ -17,6 +17,7 @@ import jaxgraph
 from jaxgraph._graphed import GraphedCallable, _vjp_backward
 from jaxgraph._jax_replay import ReplaySpec
 from jaxgraph._replayable import Replayable
+from kernels import ACCUMULATE, ADD, AXPB, COUNT_POSITIVE, MUL, SQUARE_MUL
 
 X = np.zeros(8, np.float32)
 
@@ -177,39 +178,7 @@ def test_grad_through_the_backward_stand_in_prunes_unused_inputs_and_handles_int
 # GPU: real captures
 # ---------------------------------------------------------------------------
 
-SRC = r"""
-extern "C" __global__ void mul(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] * y[i];
-}
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void add_into(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += x[i];
-}
-// y = x * x * w and its backward.
-extern "C" __global__ void square_mul(float* y, const float* x, const float* w, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] * x[i] * w[i];
-}
-extern "C" __global__ void square_mul_bwd(float* gx, float* gw, const float* x, const float* w,
-                                          const float* g, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) { gx[i] = 2.0f * x[i] * w[i] * g[i]; gw[i] = x[i] * x[i] * g[i]; }
-}
-// count[0] = number of x[i] > 0 (count zeroed first).
-extern "C" __global__ void count_positive(int* count, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n && x[i] > 0.0f) atomicAdd(count, 1);
-}
-"""
+SRC = MUL + ADD + AXPB + ACCUMULATE + SQUARE_MUL + COUNT_POSITIVE
 
 SHAPE = (48, 65)  # 3120 elements: not a multiple of the block
 N = SHAPE[0] * SHAPE[1]
@@ -220,7 +189,7 @@ BLOCKS = (N + 255) // 256
 def k():
     import types
 
-    names = ("mul", "add", "axpb", "add_into", "square_mul", "square_mul_bwd", "count_positive")
+    names = ("mul", "add", "axpb", "accumulate", "square_mul", "square_mul_bwd", "count_positive")
     return types.SimpleNamespace(**{name: jaxgraph.Kernel(SRC, name) for name in names})
 
 
@@ -350,7 +319,7 @@ def test_two_layers_share_one_pool_and_differentiate_together(k, rng):
 @pytest.mark.gpu
 def test_in_place_update_returned_and_a_scan_of_replays(k, rng):
     def accumulate(acc, x):  # acc += x, in place; returns acc
-        k.add_into[BLOCKS, 256](acc, x, N)
+        k.accumulate[BLOCKS, 256](acc, x, N)
         return acc
 
     graphed = jaxgraph.make_graphed_callables(accumulate, (randn(rng), randn(rng)))

@@ -16,19 +16,11 @@ import jaxgraph
 from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, replay_and_check
 from jaxgraph import _captures, _memory
 from jaxgraph._array import _INTERNAL, DeviceArray
+from kernels import SPIN_COPY
 
 pytestmark = pytest.mark.gpu
 
 N = 4096
-
-SPIN_COPY = r"""
-extern "C" __global__ void spin_copy(float* out, const float* in, long long cycles, int n) {
-  long long start = clock64();
-  while (clock64() - start < cycles) { }
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = in[i];
-}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,7 @@ import jaxgraph
 from jaxgraph._replay_source import ReplaySource
 from jaxgraph._jax_replay import ReplaySpec
 from jaxgraph._replayable import Replayable
-
-AFFINE = r"""
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-"""
+from kernels import AXPB
 
 
 def sds(shape, dtype=np.float32):
@@ -238,7 +232,7 @@ def test_repr_names_shapes_and_path():
 def affine_graph():
     """A graph of 10 launches: y = 2 x + 1, then y = 2 y + 1 nine times (exact for small ints)."""
     n = 1000
-    k = jaxgraph.Kernel(AFFINE, "affine")
+    k = jaxgraph.Kernel(AXPB, "axpb")
     x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):

@@ -19,68 +19,21 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
+from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF
 from conftest import enable_x64  # noqa: E402
 from graph_support import run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-SRC = r"""
-#include <cuda_fp16.h>
-template <typename T>
-__global__ void axpy_out(T* out, const T* x, const T* y, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a * x[i] + y[i];
-}
-extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-extern "C" __global__ void sum_diff(float* s, float* d, const float* a, const float* b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) { s[i] = a[i] + b[i]; d[i] = a[i] - b[i]; }
-}
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void square(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] * x[i];
-}
-extern "C" __global__ void square_bwd(float* dx, const float* x, const float* y, const float* g, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dx[i] = 2.0f * x[i] * g[i];
-}
-extern "C" __global__ void scalars(double* out, signed char a, unsigned short b, long long c,
-                                   unsigned int d, float e, double f, __half g, bool h) {
-  out[0] = a; out[1] = b; out[2] = (double)c; out[3] = d; out[4] = e; out[5] = f;
-  out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
-}
-extern "C" __global__ void block_sum(float* out, const float* x, int n) {
-  extern __shared__ float partial[];
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int t = 0; t < blockDim.x; ++t) total += partial[t];
-    out[0] = total;
-  }
-}
-"""
+SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
 
 N = 4096
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "affine",
-             "inc", "square", "square_bwd", "scalars", "block_sum"]
+    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
+             "inc", "square", "square_bwd", "scalars", "block_sum_dynamic"]
     return {name: jaxgraph.Kernel(SRC, name) for name in names}
 
 
@@ -90,7 +43,7 @@ def capture_chain(kernels, a=2.0, b=0.0, launches=100, n=N):
     blocks = (n + 255) // 256
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        kernels["affine"][blocks, 256](y_s, x_s, a, b, n)
+        kernels["axpb"][blocks, 256](y_s, x_s, a, b, n)
         for _ in range(launches - 1):
             kernels["inc"][blocks, 256](y_s, n)
     return g, x_s, y_s
@@ -176,7 +129,7 @@ def test_kernel_call_scalar_types_reach_the_kernel(kernels):
 
 @pytest.mark.parametrize("shared_mem", [1024 * 4, 64 * 1024])  # above 48 KiB needs the raised limit
 def test_kernel_call_with_dynamic_shared_memory(kernels, rng, shared_mem):
-    k = kernels["block_sum"]
+    k = kernels["block_sum_dynamic"]
     n, block = 10_000, 1024
     x = rng.standard_normal(n).astype(np.float32)
     out = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), x, n, grid=1, block=block,
@@ -374,11 +327,11 @@ WORKER = textwrap.dedent(r'''
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
-    affine, inc, saxpy = (jaxgraph.Kernel(open(src).read(), k) for k in ("affine", "inc", "saxpy"))
+    axpb, inc, saxpy = (jaxgraph.Kernel(open(src).read(), k) for k in ("axpb", "inc", "saxpy"))
     x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        affine[16, 256](y_s, x_s, 2.0, 0.0, n)
+        axpb[16, 256](y_s, x_s, 2.0, 0.0, n)
         for _ in range(99):
             inc[16, 256](y_s, n)
     step = jaxgraph.replayable(g, [x_s], [y_s])

@@ -19,6 +19,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
+from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST
 from graph_support import ref_uniform  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -26,34 +27,12 @@ pytestmark = pytest.mark.gpu
 N = 4096
 B = (N + 255) // 256
 
-SRC = r"""
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void scale_nonconst(float* y, float* x, float a, int n) {  // reads x, not const
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
-}
-extern "C" __global__ void bump(float* count) { count[0] += 1.0f; }
-extern "C" __global__ void add_count(float* y, const float* x, const float* count, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] + count[0];
-}
-"""
+SRC = AXPB + ADD + INC + SCALE_NONCONST + COUNT
 
 
 @pytest.fixture(scope="module")
 def k():
-    names = ("affine", "add", "inc", "scale_nonconst", "bump", "add_count")
+    names = ("axpb", "add", "inc", "scale_nonconst", "bump", "add_count")
     kernels = {name: jaxgraph.Kernel(SRC, name) for name in names}
     for kernel in kernels.values():
         kernel.handle  # noqa: B018 - load before capture
@@ -74,7 +53,7 @@ def two_stage(k):
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
         tmp = jaxgraph.empty(N)
-        k["affine"][B, 256](tmp, x_s, 2.0, 1.0, N)
+        k["axpb"][B, 256](tmp, x_s, 2.0, 1.0, N)
         k["add"][B, 256](y_s, tmp, x_s, N)
     return g, x_s, y_s
 
@@ -121,7 +100,7 @@ def test_alternating_addresses_of_a_many_site_buffer_reuse_cached_executables(k,
     x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        k["affine"][B, 256](y_s, x_s, 3.0, 1.0, N)
+        k["axpb"][B, 256](y_s, x_s, 3.0, 1.0, N)
         for _ in range(9):
             k["inc"][B, 256](y_s, N)
     step = jaxgraph.replayable(g, [x_s], [y_s])
@@ -304,7 +283,7 @@ def test_a_graph_with_memory_nodes_is_refused_in_jit_and_replays_from_the_host(k
         h = jaxgraph.current_stream().handle
         err, scratch = cu.cuMemAllocAsync(N * 4, h)
         assert err == cu.CUresult.CUDA_SUCCESS, err
-        k["affine"][B, 256](y_s, x_s, 3.0, 1.0, N)
+        k["axpb"][B, 256](y_s, x_s, 3.0, 1.0, N)
         assert cu.cuMemFreeAsync(scratch, h)[0] == cu.CUresult.CUDA_SUCCESS
     with pytest.raises(RuntimeError, match="allocates or frees memory in its own nodes.*via=\"callback\""):
         jaxgraph.replayable(g, [x_s], [y_s])

@@ -15,27 +15,10 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _loop_build, _loops
+from kernels import LOOP_STEP
 
 N = 1000
 BLOCK = 256
-
-# One step: y = 0.5 x + b; thread 0 counts the step and raises the flag at the stop_at-th step.
-STEP = r"""
-extern "C" __global__ void lstep(float* y, const float* x, const float* b, int* counter, int* flag,
-                                 const int* stop_at, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = 0.5f * x[i] + b[i];
-  if (i == 0) {
-    int c = atomicAdd(counter, 1) + 1;
-    if (c >= *stop_at) *flag = 1;
-  }
-}
-extern "C" __global__ void lstep_inplace(float* x, const float* b, int* counter, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = 0.5f * x[i] + b[i];
-  if (i == 0) atomicAdd(counter, 1);
-}
-"""
 
 
 def ref(x, b, steps):
@@ -51,7 +34,7 @@ def blocks(n):
 
 @pytest.fixture(scope="module")
 def k():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
     ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
     return ks
 
@@ -279,7 +262,7 @@ _XLA = {
 
 
 def _kernels():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
     ks.step.handle, ks.inplace.handle  # noqa: B018
     return ks
 

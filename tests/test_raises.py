@@ -19,13 +19,7 @@ import jaxgraph
 from jaxgraph._array import _INTERNAL, DeviceArray
 from jaxgraph._jax_replay import ReplaySpec
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
-
-SOURCE = r"""
-extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
+from kernels import SAXPY
 
 
 def documented(fn) -> set[str]:
@@ -81,8 +75,8 @@ def fake_stream():
 
 
 @pytest.fixture(scope="module")
-def axpy(tmp_path_factory):
-    return jaxgraph.Kernel(SOURCE, "axpy", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
+def saxpy(tmp_path_factory):
+    return jaxgraph.Kernel(SAXPY, "saxpy", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
 
 
 X = np.zeros(8, np.float32)
@@ -152,10 +146,10 @@ CASES = [
      "applies to memory jaxgraph allocated"),
     # Kernel
     (jaxgraph.Kernel, lambda: jaxgraph.Kernel(123, "axpy", arch="sm_90"), TypeError, "source must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "", arch="sm_90"), TypeError, "name must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "axpy", options=5, signature="float* y", arch="sm_90"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "", arch="sm_90"), TypeError, "name must be"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "saxpy", options=5, signature="float* y", arch="sm_90"),
      TypeError, "options must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "nothing", arch="sm_90"), ValueError, "no __global__"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "nothing", arch="sm_90"), ValueError, "no __global__"),
 ]
 
 
@@ -181,10 +175,10 @@ JAX_CALL_CASES = [
 
 
 @pytest.mark.parametrize("options, exc, match", JAX_CALL_CASES)
-def test_jax_call_errors_are_documented(axpy, options, exc, match):
+def test_jax_call_errors_are_documented(saxpy, options, exc, match):
     x = jnp.zeros(8, jnp.float32)
     with pytest.raises(exc, match=match) as info:
-        jax.jit(lambda x: axpy.jax_call(sds(8), x, 1.0, 8, **options)).trace(x)
+        jax.jit(lambda x: saxpy.jax_call(sds(8), x, 1.0, 8, **options)).trace(x)
     assert type(info.value).__name__ in documented(jaxgraph.Kernel.jax_call)
 
 

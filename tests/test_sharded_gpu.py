@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import _driver, _memory, _native  # noqa: E402
+from kernels import ADD, AXPB, INC
 from graph_support import jax_gpus, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -33,20 +34,7 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 N = 4096
 
-SRC = r"""
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-"""
+SRC = AXPB + INC + ADD
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +57,7 @@ def mesh(gpus):
 
 @pytest.fixture(scope="module")
 def k():
-    kernels = {name: jaxgraph.Kernel(SRC, name) for name in ("affine", "inc", "add")}
+    kernels = {name: jaxgraph.Kernel(SRC, name) for name in ("axpb", "inc", "add")}
     for kernel in kernels.values():
         kernel.handle  # noqa: B018 - load before capture
     return kernels
@@ -84,7 +72,7 @@ def chain(k, n=N, launches=10):
     def fn(x):
         device = jaxgraph.current_device()
         y = jaxgraph.empty(x.shape)
-        k["affine"][(n + 255) // 256, 256](y, x, 2.0, 1000.0 * device, n)
+        k["axpb"][(n + 255) // 256, 256](y, x, 2.0, 1000.0 * device, n)
         for _ in range(launches - 1):
             k["inc"][(n + 255) // 256, 256](y, n)
         return y
@@ -247,7 +235,7 @@ def test_outputs_on_another_device_are_refused_and_nothing_leaks(k, gpus):
     stray = jaxgraph.zeros(N)  # on device 0, returned as device 1's output too
 
     def fn(x):
-        k["affine"][N // 256, 256](stray, x, 1.0, 0.0, N)
+        k["axpb"][N // 256, 256](stray, x, 1.0, 0.0, N)
         return stray
 
     live = live_graphs()
@@ -275,7 +263,7 @@ def test_destroying_the_sharded_graph_frees_every_devices_memory(k, gpus, rng):
     def fn(x):
         tmp = jaxgraph.empty(x.shape)  # the graph's pool on this device
         y = jaxgraph.empty(x.shape)
-        k["affine"][blocks, 256](tmp, x, 2.0, 1.0, m)
+        k["axpb"][blocks, 256](tmp, x, 2.0, 1.0, m)
         k["add"][blocks, 256](y, tmp, x, m)
         return y
 
@@ -343,13 +331,13 @@ WORKER = textwrap.dedent(r'''
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
-    affine, inc = (jaxgraph.Kernel(open(src).read(), name) for name in ("affine", "inc"))
+    axpb, inc = (jaxgraph.Kernel(open(src).read(), name) for name in ("axpb", "inc"))
     gpus = jax.local_devices(backend="gpu")[:2]
     mesh = Mesh(np.array(gpus), ("x",))
 
     def fn(x):  # y = 2 x + 1000 * device + 99 on each device
         y = jaxgraph.empty(x.shape)
-        affine[16, 256](y, x, 2.0, 1000.0 * jaxgraph.current_device(), n)
+        axpb[16, 256](y, x, 2.0, 1000.0 * jaxgraph.current_device(), n)
         for _ in range(99):
             inc[16, 256](y, n)
         return y
