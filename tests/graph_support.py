@@ -73,12 +73,29 @@ def free_device_bytes():
     return int(free)
 
 
+def path_calls(before: dict, after: dict) -> dict:
+    """Calls per native replay path between two ``jaxgraph._replay_codes.counters()`` snapshots.
+
+    One key per :class:`jaxgraph.ReplayPath` that the extension counts, so a test asserts
+    exactly which path ran: ``path_calls(b, a) == {"launch": 4, "splice_nodes": 0, ...}``;
+    ``before={}`` reads ``after`` as a change already taken.
+    """
+    paths = [p.value for p in jaxgraph.ReplayPath if p is not jaxgraph.ReplayPath.HOST_CALLBACK]
+    return {p: after[p] - before.get(p, 0) for p in paths}
+
+
+def launched(calls: int) -> dict:
+    """``path_calls`` of ``calls`` calls that each launched the graph on XLA's stream (no command buffer)."""
+    return {"launch": calls, "splice_nodes": 0, "splice_whole": 0, "uncaptured_launch": 0}
+
+
 MiB = 1 << 20
 
 
 # ---------------------------------------------------------------------------
 # Philox-4x32-10 in numpy: the reference for jaxgraph.Generator
 # ---------------------------------------------------------------------------
+
 
 _MASK = np.uint64(0xFFFFFFFF)
 

@@ -19,9 +19,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF
+from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF  # noqa: E402
 from conftest import enable_x64  # noqa: E402
-from graph_support import run_xla_worker  # noqa: E402
+from graph_support import launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -323,7 +323,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph._replay_codes import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
@@ -344,11 +344,13 @@ WORKER = textwrap.dedent(r'''
 
     rng = np.random.default_rng(seed)
     results = []
+    seen = [counters()]  # the counters after each phase: f, direct, copied
     for _ in range(4):  # fresh input buffers each call
         x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         results.append(np.asarray(f(jnp.asarray(x), jnp.asarray(z))))
     # The replay bound straight to the function's parameter, rotating over inputs:
     # XLA re-records its command buffer with each new address.
+    seen.append(counters())
     direct = jax.jit(step)
     inputs = [jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(3)]
     for i in range(6):
@@ -358,14 +360,14 @@ WORKER = textwrap.dedent(r'''
             raise SystemExit(f"direct replay {i} wrong: got {got[:3]}, want {want[:3]}")
     # bind="copy": no kernel argument is read, so the graph goes in whole (a child
     # graph) with every buffer copied; it must agree too.
+    seen.append(counters())
     copied = jax.jit(jaxgraph.replayable(g, [x_s], [y_s], bind="copy"))
     for i in range(6):
         got = np.asarray(copied(inputs[i % 3]))
         if not np.allclose(got, 2 * np.asarray(inputs[i % 3]) + 99, rtol=1e-5, atol=1e-4):
             raise SystemExit(f"bind='copy' replay {i} wrong: got {got[:3]}")
-    replay = _native.native("replay")
-    counters = replay.counters()
-    report = {"splices": counters["splice_nodes"], "whole": counters["splice_whole"], "launches": counters["launch"]}
+    seen.append(counters())
+    report = {"phases": dict(zip(("f", "direct", "copied"), ({p: b[p] - a[p] for p in b} for a, b in zip(seen, seen[1:]))))}
     g.reset()
     try:
         jax.block_until_ready(f(jnp.asarray(x + 1), jnp.asarray(z)))
@@ -394,9 +396,14 @@ def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rn
         data = np.random.default_rng(seed)
     np.testing.assert_array_equal(on, off)
 
-    # Off: every call launches the graph on XLA's stream; nothing is spliced.
-    assert off_report["splices"] == off_report["whole"] == 0 and off_report["launches"] >= 4
+    # Off: every call (4 of f, 6 direct, 6 copied) launches the graph on XLA's stream; nothing is spliced.
+    off_phases = {name: path_calls({}, change) for name, change in off_report["phases"].items()}
+    assert off_phases == {"f": launched(4), "direct": launched(6), "copied": launched(6)}, off_report
+    assert off_report["phases"]["copied"]["copy"] > 0 and off_report["phases"]["f"]["copy"] == 0, off_report
     assert "was reset or destroyed" in off_report["after_reset"]
-    # On: XLA recorded the replay into its command buffer as a child-graph node.
-    assert on_report["splices"] > 0, on_report
-    assert on_report["whole"] > 0, on_report  # bind="copy": spliced as one child graph
+    # On: XLA recorded the replay into its command buffer, bound node by node; bind="copy" reads no
+    # kernel argument, so that graph goes in whole, as one child graph.
+    on = {name: path_calls({}, change) for name, change in on_report["phases"].items()}
+    for name, path in (("f", "splice_nodes"), ("direct", "splice_nodes"), ("copied", "splice_whole")):
+        other = "splice_whole" if path == "splice_nodes" else "splice_nodes"
+        assert on[name][path] > 0 and on[name][other] == on[name]["uncaptured_launch"] == 0, (name, on_report)

@@ -19,8 +19,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST
-from graph_support import ref_uniform  # noqa: E402
+from jaxgraph._replay_codes import counters  # noqa: E402
+from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
+from graph_support import launched, path_calls, ref_uniform  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -41,10 +42,6 @@ def k():
 
 def rnd(rng, n=N):
     return rng.standard_normal(n).astype(np.float32)
-
-
-def counters():
-    return jaxgraph._native.native("replay").counters()
 
 
 def two_stage(k):
@@ -75,6 +72,7 @@ def test_bound_buffers_are_never_copied_and_follow_new_addresses(k, rng):
         outs.append(out)                    # kept alive: the next result gets a new address
         np.testing.assert_allclose(np.asarray(out), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
     after = counters()
+    assert path_calls(before, after) == launched(4), (before, after)  # command buffers are off here
     assert after["copy"] == before["copy"], "a bound buffer was copied"
     assert after["rebind"] > before["rebind"], "new addresses must rebind kernel arguments"
     assert np.isnan(x_s.numpy()).all() and np.isnan(y_s.numpy()).all(), "the static arrays were touched"
@@ -110,6 +108,7 @@ def test_alternating_addresses_of_a_many_site_buffer_reuse_cached_executables(k,
     np.testing.assert_allclose(np.asarray(out), 3.0 * x + 10.0, rtol=1e-6, atol=1e-5)
     assert 2 <= len(seen) <= 4, seen  # the case under test: a few alternating result addresses
     assert change["instantiate"] == 0 and change["rebind"] == 0, (seen, change)
+    assert path_calls({}, change) == launched(6), change
 
 
 def test_alternating_addresses_of_a_few_site_buffer_are_rebound(k, rng):
@@ -121,7 +120,8 @@ def test_alternating_addresses_of_a_few_site_buffer_are_rebound(k, rng):
     np.testing.assert_allclose(np.asarray(out), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
     assert len(seen) >= 2, seen
     assert change["instantiate"] == 0, change
-    assert 0 < change["rebind"] <= change["launch"], change  # at most one site per call
+    assert path_calls({}, change) == launched(6), change
+    assert 0 < change["rebind"] <= 6, change  # at most one site per call
 
 
 def test_copy_fallback_says_why_and_stays_correct(k, rng):
@@ -263,11 +263,10 @@ def test_unused_outputs_drop_the_call_unless_side_effects(k, rng):
         before = counters()
         jax.block_until_ready(f(x))
         after = counters()
-        # Command buffers are off in this process: a call that runs launches.
-        return after["launch"] - before["launch"]
+        return path_calls(before, after)
 
-    assert runs(pure) == 0        # XLA removed the call, as it removes any unused pure op
-    assert runs(effectful) == 1   # kept: one replay per call
+    assert runs(pure) == launched(0)        # XLA removed the call, as it removes any unused pure op
+    assert runs(effectful) == launched(1)   # kept: one replay per call, launched (command buffers are off here)
     del pure, effectful
     gc.collect()
 

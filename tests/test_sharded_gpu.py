@@ -26,8 +26,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import _driver, _memory, _native  # noqa: E402
-from kernels import ADD, AXPB, INC
-from graph_support import jax_gpus, run_xla_worker  # noqa: E402
+from jaxgraph._replay_codes import counters  # noqa: E402
+from kernels import ADD, AXPB, INC  # noqa: E402
+from graph_support import jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -104,10 +105,6 @@ def check_shards(out, x, launches=10):
         np.testing.assert_array_equal(np.asarray(shard.data), chain_ref(x[shard.index], device, launches),
                                       err_msg=f"shard on device {device}")
     return seen
-
-
-def counters():
-    return _native.native("replay").counters()
 
 
 def free_bytes(device):
@@ -199,9 +196,8 @@ def test_each_device_binds_xla_buffers_without_copies(k, gpus, mesh, rng):
         check_shards(f(jax.device_put(x, NamedSharding(mesh, P("x")))), x)
     after = counters()
     assert after["copy"] == before["copy"]
-    # Launched on both devices per call, or (XLA recording a command buffer) spliced node by node.
-    launched = after["launch"] - before["launch"] == 2 * calls
-    assert launched or after["splice_nodes"] > before["splice_nodes"], (before, after)
+    # JAX's defaults leave a lone custom call out of command buffers: launched on both devices, every call.
+    assert path_calls(before, after) == launched(2 * calls), (before, after)
     for d in sg.devices:
         assert np.isnan(sg.inputs(d)[0].numpy()).all() and np.isnan(sg.outputs(d)[0].numpy()).all()
 
@@ -327,7 +323,7 @@ WORKER = textwrap.dedent(r'''
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jaxgraph
-    from jaxgraph import _native
+    from jaxgraph._replay_codes import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
@@ -365,10 +361,8 @@ WORKER = textwrap.dedent(r'''
         got, want = np.asarray(direct(placed[i % 3])), 2 * inputs[i % 3] + offsets + 99
         if not np.array_equal(got, want):
             raise SystemExit(f"direct replay {i} wrong: got {got[n - 2:n + 2]}, want {want[n - 2:n + 2]}")
-    counters = _native.native("replay").counters()
     np.save(out_path, np.stack(results))
-    print("REPORT " + json.dumps({"splices": counters["splice_nodes"], "launches": counters["launch"],
-                                  "devices": [d.local_hardware_id for d in gpus]}))
+    print("REPORT " + json.dumps({"calls": counters(), "devices": [d.local_hardware_id for d in gpus]}))
 ''')
 
 def run_worker(tmp_path, mode, seed):
@@ -389,7 +383,8 @@ def test_command_buffers_on_and_off_agree_on_every_device(gpus, tmp_path, rng):
         for got in (off, on):
             np.testing.assert_allclose(got[i], h * z + 3, rtol=1e-5, atol=1e-3)
     np.testing.assert_array_equal(on, off)
-    # Off: both devices launch their graph on every call; nothing is spliced.
-    assert off_report["splices"] == 0 and off_report["launches"] >= 2 * 10, off_report
-    # On: each device's XLA command buffer recorded its own graph as nodes.
-    assert on_report["splices"] >= 2, on_report
+    # Off: both devices launch their graph on every one of the 10 calls; nothing is spliced.
+    assert path_calls({}, off_report["calls"]) == launched(2 * 10), off_report
+    # On: each device's XLA command buffer recorded its own graph node by node, never whole.
+    on_paths = path_calls({}, on_report["calls"])
+    assert on_paths["splice_nodes"] >= 2 and on_paths["splice_whole"] == on_paths["uncaptured_launch"] == 0, on_report
