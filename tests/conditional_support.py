@@ -127,6 +127,23 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
 # ----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def counted_while(k, cond, x, y, n, counter):
+    """In a capture: y = 0, then a WHILE node of ``n[0]`` trips (none when 0, at most 64).
+
+    Yields the body's stream; the body's last kernel, added on leaving, counts the trip
+    down in ``counter`` (an int32[1] allocated before the capture).
+    """
+    s = jaxgraph.current_stream()
+    k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
+    h = cond.handle(s)
+    k.start_count[1, 1](h, counter, n)
+    (body,) = cond.add(s, h, "WHILE")
+    with cond.body(body) as b:
+        yield b
+        cond.launch(k.count_down_while, b, h, counter, grid=1, block=1)
+
+
 def ref_if_else(xv, p):
     return 2 * xv + 1 if p[0] else -xv
 
@@ -160,14 +177,8 @@ def while_graph(k):
     cond = Conditionals(jaxgraph.current_device())
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        s = jaxgraph.current_stream()
-        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
-        h = cond.handle(s)
-        k.start_count[1, 1](h, counter, n)  # no trip when n == 0
-        (body,) = cond.add(s, h, "WHILE")
-        with cond.body(body) as b:
+        with counted_while(k, cond, x, y, n, counter) as b:
             cond.launch(k.accumulate, b, y, x, N)
-            cond.launch(k.count_down_while, b, h, counter, grid=1, block=1)
 
     return g, cond, [x, n], [y], ref_while
 
@@ -179,18 +190,12 @@ def nested_graph(k):
     cond = Conditionals(jaxgraph.current_device())
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        s = jaxgraph.current_stream()
-        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
-        h = cond.handle(s)
-        k.start_count[1, 1](h, counter, n)
-        (body,) = cond.add(s, h, "WHILE")
-        with cond.body(body) as b:
+        with counted_while(k, cond, x, y, n, counter) as b:
             inner = cond.handle(b)
             cond.launch(k.set_condition, b, inner, pred, grid=1, block=1)
             (then,) = cond.add(b, inner, "IF")
             with cond.body(then) as bb:
                 cond.launch(k.accumulate, bb, y, x, N)
-            cond.launch(k.count_down_while, b, h, counter, grid=1, block=1)
 
     def ref(xv, nv, p):
         return np.float32(nv[0]) * xv if p[0] else np.zeros_like(xv)

@@ -206,6 +206,21 @@ def host(tree):
     return jax.tree_util.tree_map(lambda a: a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a), tree)
 
 
+def square_mul_layer(k):
+    """``(forward, backward)`` of y = x * x * w, each launching its kernel on fresh pool arrays."""
+    def forward(x, w):
+        y = jaxgraph.empty(x.shape)
+        k.square_mul[BLOCKS, 256](y, x, w, N)
+        return y
+
+    def backward(x, w, y, g):
+        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
+        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
+        return gx, gw
+
+    return forward, backward
+
+
 @pytest.mark.gpu
 def test_graphed_matches_eager_inside_and_outside_jit_on_fresh_inputs(k, rng):
     def step(x, p):
@@ -247,16 +262,7 @@ def test_graphed_matches_eager_inside_and_outside_jit_on_fresh_inputs(k, rng):
 
 @pytest.mark.gpu
 def test_grad_through_a_graphed_callable_matches_jax_and_numpy(k, rng):
-    def forward(x, w):
-        y = jaxgraph.empty(x.shape)
-        k.square_mul[BLOCKS, 256](y, x, w, N)
-        return y
-
-    def backward(x, w, y, g):
-        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
-        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
-        return gx, gw
-
+    forward, backward = square_mul_layer(k)
     graphed = jaxgraph.make_graphed_callables(forward, (randn(rng), randn(rng)), backward=backward)
     assert graphed.backward_graph is not None
     # The backward never reads y: it is not among the backward replay's inputs (x, w, g).
@@ -278,15 +284,7 @@ def test_grad_through_a_graphed_callable_matches_jax_and_numpy(k, rng):
 @pytest.mark.gpu
 def test_two_layers_share_one_pool_and_differentiate_together(k, rng):
     """torch's pattern: several callables with their backwards, captured into one pool."""
-    def layer1(x, w):
-        h = jaxgraph.empty(x.shape)
-        k.square_mul[BLOCKS, 256](h, x, w, N)
-        return h
-
-    def layer1_bwd(x, w, h, g):
-        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
-        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
-        return gx, gw
+    layer1, layer1_bwd = square_mul_layer(k)
 
     def layer2(h, v):
         y = jaxgraph.empty(h.shape)
