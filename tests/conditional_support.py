@@ -6,6 +6,10 @@ cuda.bindings, capturing each body on a side stream (cuStreamBeginCaptureToGraph
 as PyTorch does. :class:`Conditionals` records the bodies and the kernels
 launched in them, which :func:`replayable` hands to the replay (the capture
 API records them itself).
+
+Tests internals (listed in tests/README.md): ``CUDAGraph._replay_source`` patched with the
+bodies of hand-made conditional nodes; conditional nodes built with cuda.bindings inside a
+jaxgraph capture, beside the capture API.
 """
 
 import contextlib

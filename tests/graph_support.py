@@ -66,15 +66,37 @@ def replay_and_check(g, outputs, expected, rtol=1e-6, atol=0.0):
         np.testing.assert_allclose(out.numpy(), want, rtol=rtol, atol=atol)
 
 
+class NullBuffer:
+    """A foreign device buffer at address 0 (CUDA Array Interface v3): never read, written or launched."""
+
+    def __init__(self, shape, dtype):
+        self.__cuda_array_interface__ = {"data": (0, False), "shape": tuple(shape),
+                                         "typestr": np.dtype(dtype).str, "version": 3}
+
+
+def null_array(shape=(4,), dtype=np.float32):
+    """A DeviceArray at address 0 made by the public ``jaxgraph.asarray`` (no device needed),
+    for argument checks that must fail before anything touches it."""
+    return jaxgraph.asarray(NullBuffer(shape, dtype))
+
+
 def free_device_bytes():
     """Free device memory (after all work finished), from cuMemGetInfo."""
-    jaxgraph.synchronize()
-    free, _total = jaxgraph._driver.check(jaxgraph._driver.driver().cuMemGetInfo(), "cuMemGetInfo")
-    return int(free)
+    jaxgraph.synchronize()  # also makes the device's primary context current on this thread
+    return int(driver_call("cuMemGetInfo")[0])
+
+
+def driver_call(name, *args):
+    """``cuda.bindings.driver.<name>(*args)``'s values; a CUresult other than success fails the test."""
+    from cuda.bindings import driver
+
+    err, *values = getattr(driver, name)(*args)
+    assert err == driver.CUresult.CUDA_SUCCESS, f"{name}: {err}"
+    return values
 
 
 def path_calls(before: dict, after: dict) -> dict:
-    """Calls per native replay path between two ``jaxgraph._replay_codes.counters()`` snapshots.
+    """Calls per native replay path between two ``internals.counters()`` snapshots.
 
     One key per :class:`jaxgraph.ReplayPath` that the extension counts, so a test asserts
     exactly which path ran: ``path_calls(b, a) == {"launch": 4, "splice_nodes": 0, ...}``;
@@ -162,7 +184,8 @@ def run_xla_worker(worker, src, tmp_path, mode, seed):
     the array it saved and the JSON it printed after ``REPORT ``."""
     (tmp_path / "src.cu").write_text(src)
     out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "src.cu"), str(seed), str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"

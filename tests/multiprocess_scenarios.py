@@ -15,6 +15,10 @@ check of ``ShardedGraph.check_devices`` on graph-less specs and stand-in GPU
 devices. ``gpu``: graphs captured on each process's GPU, replayed inside one
 jitted ``shard_map`` over the global mesh; ``--errors`` adds the failures
 that must be caught before anything runs, with real captures.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``,
+``internals.spec_sharded``; the CPU scenario lowers and checks sharded specs in every process,
+with no GPU.
 """
 
 import hashlib
@@ -76,9 +80,7 @@ def cpu_scenarios(rank, world, seed):
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from jaxgraph._jax_replay import ReplaySpec
-    from jaxgraph._replayable import Replayable
-    from jaxgraph._sharded import DeviceCapture, ShardedGraph
+    from internals import spec_replayable, spec_sharded
 
     f32 = jax.ShapeDtypeStruct
     mesh = Mesh(np.array(jax.devices()), ("x",))
@@ -88,9 +90,8 @@ def cpu_scenarios(rank, world, seed):
     gpu_mesh = types.SimpleNamespace(devices=np.array(gpus), axis_names=("x",))
 
     def spec(graph_id, n=N, devices=(0,)):
-        step = Replayable._create(ReplaySpec((f32((n,), jnp.float32),), (f32((n,), jnp.float32),), graph_id),
-                                  via="ffi")
-        return ShardedGraph._create(step, {d: DeviceCapture(None, (), ()) for d in devices})
+        return spec_sharded(spec_replayable((f32((n,), jnp.float32),), (f32((n,), jnp.float32),), graph_id),
+                            devices)
 
     def lowered(sg):
         def body(x):

@@ -3,6 +3,9 @@
 Each case here is something a new user hits: a template named without its
 arguments, a non-string source, a missing CUDA header, a non-bool flag, JAX
 without CUDA. The message must name the cause and the fix.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable`` (one test); a replay
+compiled for JAX's CPU backend names the fix; no GPU to capture a graph on.
 """
 
 import os
@@ -68,11 +71,10 @@ def test_jax_call_compiled_for_the_cpu_says_jaxgraph_needs_cuda():
 
 
 def test_replayable_compiled_for_the_cpu_suggests_the_callback_path():
-    from jaxgraph._jax_replay import ReplaySpec
-    from jaxgraph._replayable import Replayable
+    from internals import spec_replayable
 
     sds = jax.ShapeDtypeStruct((8,), jnp.float32)
-    step = Replayable._create(ReplaySpec((sds,), (sds,), graph_id=123456), via="ffi")
+    step = spec_replayable((sds,), (sds,), graph_id=123456)
     cpu = jax.devices("cpu")[0]
     x = jax.device_put(np.arange(8, dtype=np.float32), cpu)
     with jax.default_device(cpu):

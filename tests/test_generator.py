@@ -1,4 +1,8 @@
-"""jaxgraph.Generator: Philox-4x32-10 on the device, eager and across graph replays."""
+"""jaxgraph.Generator: Philox-4x32-10 on the device, eager and across graph replays.
+
+Tests internals (listed in tests/README.md): ``_generator._KERNELS_SOURCE``; the generator's own
+CUDA source compiles to a cubin on a CPU.
+"""
 
 import gc
 import weakref

@@ -3,6 +3,9 @@
 Neither Graphviz's ``dot`` nor the ``graphviz`` package is installed on CI or
 the GPU machine, so the tests check the DOT text itself and the error that
 names what to install; the one test that draws an SVG skips without ``dot``.
+
+Tests internals (listed in tests/README.md): ``_graph_views``; summaries and DOT text of made-up
+node lists, with no graph behind them.
 """
 
 import shutil

@@ -6,6 +6,11 @@ private ``_create``s), so everything JAX sees (pytrees, duplicate outputs,
 ``jit``, the ``custom_vjp`` backward with its input pruning and float0
 cotangents) is the real code. The GPU tests capture real kernels and compare
 with the same callable run eagerly and with numpy, on fresh random inputs.
+
+Tests internals (listed in tests/README.md): ``GraphedCallable._create``,
+``_graphed._vjp_backward``, ``internals.spec_replayable``, ``GraphedCallable._keep``; the JAX
+plumbing of graphed callables on a CPU, over host-callback stand-ins; which inputs the backward
+replay keeps.
 """
 
 import jax
@@ -15,8 +20,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphed import GraphedCallable, _vjp_backward
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._replayable import Replayable
+from internals import spec_replayable
 from kernels import ACCUMULATE, ADD, AXPB, COUNT_POSITIVE, MUL, SQUARE_MUL
 
 X = np.zeros(8, np.float32)
@@ -111,8 +115,8 @@ def jax_on_cpu(request):
 def stand_in(args, outputs, forward, backward=None, out_slots=None):
     """A GraphedCallable over a callback replayable whose host function is ``forward``."""
     leaves, in_tree = jax.tree_util.tree_flatten(args)
-    spec = ReplaySpec(tuple(sds(np.shape(a), np.asarray(a).dtype) for a in leaves), tuple(outputs[1]))
-    step = Replayable._create(spec, via="callback", host=forward, backward=backward)
+    step = spec_replayable([sds(np.shape(a), np.asarray(a).dtype) for a in leaves], outputs[1], via="callback",
+                           host=forward, backward=backward)
     slots = out_slots if out_slots is not None else range(len(outputs[1]))
     return GraphedCallable._create("step", in_tree, outputs[0], slots, step)
 
@@ -154,8 +158,8 @@ def test_grad_through_the_backward_stand_in_prunes_unused_inputs_and_handles_int
         seen.append((ct_y.copy(), ct_count.copy()))
         return ct_y * w, ct_y * x
 
-    bwd = Replayable._create(ReplaySpec((sds((8,)),) * 3 + (sds((), np.int32),), (sds((8,)), sds((8,)))),
-                             via="callback", host=backward_host)
+    bwd = spec_replayable((sds((8,)),) * 3 + (sds((), np.int32),), (sds((8,)), sds((8,))), via="callback",
+                          host=backward_host)
     # Inputs of the backward's call: x, w, n | y, count | ct_y, ct_count; n, y are not read.
     used = [True, True, False, False, False, True, True]
     vjp = _vjp_backward(bwd, used, 3, [sds((8,)), sds((), np.int32)], [0, 1, None])

@@ -3,6 +3,9 @@
 The first half needs no device: signatures, argument validation (which
 happens before any driver call) and errors before capture. The second half
 checks PyTorch's error situations on the GPU.
+
+Tests internals (listed in tests/README.md): ``_captures.any_underway``, ``_memory._pools``,
+``CUDAGraph._replay_source``; no capture or pool left behind after an error.
 """
 
 import functools

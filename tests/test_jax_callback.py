@@ -1,9 +1,12 @@
 """The host path of graph replay (``via="callback"``): argument handling, errors, transformations.
 
 The CPU tests drive a replayable whose host function is a numpy stand-in for
-the graph (built with the private ``Replayable._create``): everything JAX
+the graph (``internals.spec_replayable``): everything JAX
 sees (``pure_callback`` plumbing, checks, vmap, grad, destroy callbacks) is
 the real code. The GPU tests replay a real captured graph.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable(via="callback")``,
+``ReplaySource``; the host-callback path on a CPU, with numpy stand-ins for graphs.
 """
 
 import threading
@@ -15,8 +18,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._replay_source import ReplaySource
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._replayable import Replayable
+from internals import spec_replayable
 from kernels import AXPB
 
 
@@ -25,8 +27,7 @@ def sds(shape, dtype=np.float32):
 
 
 def host_step(inputs, outputs, host, **kwargs):
-    spec = ReplaySpec(tuple(inputs), tuple(outputs))
-    return Replayable._create(spec, via="callback", host=host, **kwargs)
+    return spec_replayable(inputs, outputs, via="callback", host=host, **kwargs)
 
 
 class FakeGraph:

@@ -7,6 +7,11 @@ The graphs (IF/ELSE, WHILE, a WHILE holding an IF, SWITCH) are built by hand
 in ``conditional_support.py``; every call draws fresh inputs, so kernels
 inside the bodies are rebound between calls, and every expected result comes
 from numpy. Static arrays are poisoned first: a bound buffer is never touched.
+
+Tests internals (listed in tests/README.md): ``internals.counters``,
+``internals.spec_replayable``, ``_jax_replay.describe_graph``; calls per replay path; whether
+the CUDAGraph's own executable is shared; a conditional graph forced onto the command-buffer
+target.
 """
 
 import json
@@ -23,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import conditional_support as cs  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode, ReplayPath  # noqa: E402
-from jaxgraph._replay_codes import counters  # noqa: E402
+from internals import counters  # noqa: E402
 from graph_support import launched, path_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -174,8 +179,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 import conditional_support as cs
 import jaxgraph
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._replay_codes import counters
+from internals import counters, spec_replayable
 
 k = cs.load_kernels()
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else None)
@@ -206,8 +210,7 @@ report["counters"] = counters()
 print("PARTIAL " + json.dumps(report), flush=True)  # seen even if what follows kills the process
 # The same graph lowered to the command-buffer target: recorded by XLA when
 # its command buffers are on, where the handler must refuse it clearly.
-spec = ReplaySpec(nested_step._spec.inputs, nested_step._spec.outputs, nested_step.graph_id)
-forced = jaxgraph.Replayable._create(spec, via="ffi")
+forced = spec_replayable(nested_step.in_shapes, nested_step.out_shapes, nested_step.graph_id)
 g_forced = jax.jit(lambda x, *c: jnp.tanh(forced(x * 2.0, *c)) + x)
 report["forced"] = "ran"
 try:

@@ -3,6 +3,10 @@
 Every test draws fresh random inputs. Command buffers on and off are compared
 in subprocesses (XLA_FLAGS must be set before JAX starts), which also prove
 that the replay is spliced into XLA's own CUDA graph when it records one.
+
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_native`` tables,
+``_jax_launch.kernel_id``; calls per replay path in each XLA setting; kernels and graphs leave
+the native tables.
 """
 
 import gc
@@ -263,7 +267,7 @@ def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
 
 
 def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph import _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=3)
@@ -284,7 +288,7 @@ def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
 
 
 def test_collected_replayable_unregisters_its_graph(kernels):
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph import _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=2)
@@ -323,7 +327,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from jaxgraph._replay_codes import counters
+    from internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096

@@ -3,6 +3,10 @@
 ``jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))`` lowers for CUDA
 on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``ReplaySpec``,
+``_jax_launch.kernel_id``, ``_native``; replay lowering without a graph; kernel ids; target
+registration.
 """
 
 import pathlib
@@ -15,8 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _jax_launch, _native
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._replayable import Replayable
+from internals import ReplaySpec, spec_replayable
 from kernels import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
 from conftest import enable_x64
 
@@ -170,7 +173,7 @@ def test_traced_scalar_is_a_clear_error(saxpy):
 
 
 def make_step(inputs, outputs, graph_id=7, **kwargs):
-    return Replayable._create(ReplaySpec(tuple(inputs), tuple(outputs), graph_id), via="ffi", **kwargs)
+    return spec_replayable(inputs, outputs, graph_id, **kwargs)
 
 
 def test_replay_lowers_to_one_call_between_xla_ops():

@@ -5,6 +5,10 @@ never touched (the replay reads XLA's operand and writes XLA's result), so the
 poison stays; a copied one is overwritten. Every call draws fresh inputs in new
 buffers, so the graph is rebound between calls. Command buffers on and off are
 compared in subprocesses in test_jax_gpu.py.
+
+Tests internals (listed in tests/README.md): ``internals.counters``,
+``_replayable.replayable_of_referenced``; calls per replay path, rebinds, copies,
+instantiations; unreferenced inputs left out.
 """
 
 import gc
@@ -19,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph._replay_codes import counters  # noqa: E402
+from internals import counters  # noqa: E402
 from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
 from graph_support import launched, path_calls, ref_uniform  # noqa: E402
 

@@ -3,6 +3,9 @@
 Every GPU test checks the state against numpy applying the step the same
 number of times, on fresh random inputs with the outputs poisoned, and the
 number of steps run against a device counter the step's own kernel bumps.
+
+Tests internals (listed in tests/README.md): ``_loops._check_*``, ``_loop_build``;
+graphed_loop's argument checks on a CPU (the public call needs a captured graph).
 """
 
 import os

@@ -5,6 +5,10 @@ function: the exception must be of a type listed in that function's
 ``Raises`` section (or a subclass of one). Argument errors come before state
 errors: a wrong call on a graph that captured nothing says what is wrong with
 the call.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``,
+``internals.spec_sharded``, ``Stream._setup``; documented exceptions of replayables and sharded
+graphs raised on a CPU.
 """
 
 import re
@@ -16,9 +20,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._array import _INTERNAL, DeviceArray
-from jaxgraph._jax_replay import ReplaySpec
-from jaxgraph._sharded import DeviceCapture, ShardedGraph
+from graph_support import null_array
+from internals import spec_replayable, spec_sharded
 from kernels import SAXPY
 
 
@@ -47,7 +50,7 @@ def sds(*shape):
 
 def ffi_step():
     """A replayable with no graph behind it (``via="ffi"``, float32[4] -> float32[4])."""
-    return jaxgraph.Replayable._create(ReplaySpec((sds(4),), (sds(4),), 7), via="ffi")
+    return spec_replayable((sds(4),), (sds(4),), 7)
 
 
 def closed_step():
@@ -57,7 +60,7 @@ def closed_step():
 
 
 def sharded():
-    return ShardedGraph._create(ffi_step(), {0: DeviceCapture(None, (), ())})
+    return spec_sharded(ffi_step(), [0])
 
 
 def never_called(*args):
@@ -65,7 +68,7 @@ def never_called(*args):
 
 
 def foreign_array():
-    return DeviceArray(0, (4,), np.dtype(np.float32), 0, object(), _token=_INTERNAL)
+    return null_array((4,), np.float32)
 
 
 def fake_stream():
@@ -131,8 +134,8 @@ CASES = [
     (CPD, lambda: CPD(never_called, [sds(4)], devices=[0, 0]), ValueError, "given more than once"),
     (CPD, lambda: CPD(never_called, [sds(4)], devices=[-1]), ValueError, "ordinal is >= 0"),
     # ShardedGraph
-    (ShardedGraph.check_devices, lambda: sharded().check_devices(object()), TypeError, "devices must be a Mesh"),
-    (ShardedGraph.check_devices, lambda: sharded().check_devices([1]), ValueError, "no graph for device 1"),
+    (jaxgraph.ShardedGraph.check_devices, lambda: sharded().check_devices(object()), TypeError, "devices must be a Mesh"),
+    (jaxgraph.ShardedGraph.check_devices, lambda: sharded().check_devices([1]), ValueError, "no graph for device 1"),
     # CUDAGraph.capture_begin: arguments before the driver
     (jaxgraph.CUDAGraph.capture_begin, lambda: jaxgraph.CUDAGraph().capture_begin(pool="mine"), TypeError,
      "pool must be a token"),
@@ -141,8 +144,8 @@ CASES = [
     (jaxgraph.CUDAGraph.capture_begin, lambda: jaxgraph.CUDAGraph().capture_begin(capture_error_mode="x"),
      ValueError, "capture_error_mode"),
     # DeviceArray.record_stream
-    (DeviceArray.record_stream, lambda: foreign_array().record_stream(0), TypeError, "expects a jaxgraph.Stream"),
-    (DeviceArray.record_stream, lambda: foreign_array().record_stream(fake_stream()), ValueError,
+    (jaxgraph.DeviceArray.record_stream, lambda: foreign_array().record_stream(0), TypeError, "expects a jaxgraph.Stream"),
+    (jaxgraph.DeviceArray.record_stream, lambda: foreign_array().record_stream(fake_stream()), ValueError,
      "applies to memory jaxgraph allocated"),
     # Kernel
     (jaxgraph.Kernel, lambda: jaxgraph.Kernel(123, "axpy", arch="sm_90"), TypeError, "source must be"),

@@ -7,6 +7,9 @@ random integers stored as float32 (exact arithmetic, exact comparisons), in new
 buffers on every call, and static outputs are poisoned (NaN) before each run.
 Command buffers on and off are compared in subprocesses (XLA_FLAGS must be set
 before JAX starts).
+
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_native`` live graphs,
+``_memory.pool_from_token``; calls per replay path on each device; what is freed.
 """
 
 import gc
@@ -25,10 +28,10 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph import _driver, _memory, _native  # noqa: E402
-from jaxgraph._replay_codes import counters  # noqa: E402
+from jaxgraph import _memory, _native  # noqa: E402
+from internals import counters  # noqa: E402
 from kernels import ADD, AXPB, INC  # noqa: E402
-from graph_support import jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
+from graph_support import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -109,10 +112,8 @@ def check_shards(out, x, launches=10):
 
 def free_bytes(device):
     """Free memory on ``device`` once its work has finished (cuMemGetInfo in its context)."""
-    jaxgraph.synchronize(device)
-    _driver.ensure_context(device)
-    free, _total = _driver.check(_driver.driver().cuMemGetInfo(), "cuMemGetInfo")
-    return int(free)
+    jaxgraph.synchronize(device)  # also makes the device's primary context current on this thread
+    return int(driver_call("cuMemGetInfo")[0])
 
 
 def live_graphs():
@@ -227,7 +228,7 @@ def test_a_device_without_a_graph_is_a_clear_error(k, gpus, mesh, rng):
 
 def test_outputs_on_another_device_are_refused_and_nothing_leaks(k, gpus):
     d0, d1 = (d.local_hardware_id for d in gpus)
-    _driver.set_device(d0)
+    jaxgraph.set_device(d0)
     stray = jaxgraph.zeros(N)  # on device 0, returned as device 1's output too
 
     def fn(x):
@@ -323,7 +324,7 @@ WORKER = textwrap.dedent(r'''
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jaxgraph
-    from jaxgraph._replay_codes import counters
+    from internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
