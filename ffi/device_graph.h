@@ -7,11 +7,11 @@
 // Choosing an executable for a call's addresses is the policy here: an
 // executable whose bound kernel arguments already match is launched as it is;
 // a new address set gets a freshly instantiated executable while there is room
-// (kMaxExecs); past that the closest executable is updated in place. Measured
-// on the H100 (driver 580): a kernel node updated in place in an executable
-// (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs ~0.25 us slower
-// on every later launch, so 1000 updated kernels ran at 1.26x a fresh
-// executable; the template's nodes are updated instead and instantiated.
+// (kMaxExecs); past that the closest executable is updated in place. A kernel
+// node updated in place in an executable (cuGraphExecUpdate) runs slower on
+// every later launch than in a fresh executable (benchmarks/exec_update_cost.py
+// measures it: benchmarks/results/<device>-exec_update.md), so the template's
+// nodes are updated instead and instantiated.
 
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
@@ -191,8 +191,8 @@ inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& a
 
 // A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
 // template is pointed at them first, then instantiated. An executable updated
-// in place runs each updated kernel ~0.25 us slower on every later launch
-// (see the top of this file), so a new address set that will be seen again
+// in place runs each updated kernel slower on every later launch (see the top
+// of this file), so a new address set that will be seen again
 // gets its own fresh executable rather than an updated one.
 inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
   if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;

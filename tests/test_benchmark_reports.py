@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, exec_update_cost, run, side_effect_cost, stats, targets  # noqa: E402
+from benchmarks import config, exec_update_cost, report, run, side_effect_cost, stats, targets  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SLUG = "nvidia-h100-80gb-hbm3"
@@ -135,3 +135,15 @@ def test_micro_benchmark_tables(module, modes, expected):
     text = module.markdown(results)
     assert text.rstrip().endswith(expected), text
     assert all(f"`{mode}`" in text for mode in module.MODES)
+
+
+def test_the_loop_report_gives_what_a_while_trip_costs():
+    # Per step at N=2: unrolled 1.0 us a kernel; K=4 loops 1.5 (K=4), K=8 1.25: a trip adds 2 x 0.5 x 4 = 4 us.
+    nojax = record("nojax", {"raw": {"2": 1.0}, "loop_unrolled": {"2": 1.0}, "loop_k2": {"2": 1.5},
+                             "loop_k8": {"2": 1.25}}, ("2",))
+    nojax["modes"]["loop_k2"]["by_n"]["2"]["unroll"] = 4
+    nojax["modes"]["loop_k8"]["by_n"]["2"]["unroll"] = 8
+    results = stats.merge({"config": {"loops": True, "repeats": 2}, "device": {}}, {"nojax": nojax})
+    text = report.markdown(results)
+    assert "### A WHILE trip over the unrolled floor (nojax, us per trip)" in text
+    assert "| 2 | 4.000 (K=4) | 4.000 (K=8) |" in text
