@@ -44,7 +44,7 @@ def node_types(g):
 def busy_then_write(cp, x_cp, values):
     """Queue slow work on CuPy's current stream, then write ``values`` into ``x_cp`` there:
     a replay not ordered after that stream would read ``x_cp`` before the write."""
-    big = cp.ones(1 << 26, cp.float32)  # ~10 ms of work on an H100
+    big = cp.ones(1 << 26, cp.float32)  # 40 passes over 256 MiB: the stream stays busy a while
     for _ in range(40):
         cp.multiply(big, 1.0001, out=big)
     x_cp[...] = values
