@@ -11,18 +11,11 @@
 #include <vector>
 
 #include "common.h"
+#include "driver_api.h"
 #include "nanobind/stl/string.h"
 
 namespace jaxgraph {
 namespace {
-
-using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                    unsigned, unsigned, unsigned, CUstream, void**, void**);
-
-LaunchKernelFn GetLaunchKernel() {
-  static LaunchKernelFn fn = Driver<LaunchKernelFn>("cuLaunchKernel");
-  return fn;
-}
 
 // ---------------------------------------------------------------------------
 // Kernel table
@@ -108,8 +101,8 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   if (grid.size() != 3 || block.size() != 3) {
     return ffi::Error::InvalidArgument("jaxgraph_launch: grid and block must have 3 entries");
   }
-  LaunchKernelFn launch = GetLaunchKernel();
-  if (launch == nullptr) {
+  const DriverApi& d = DriverApi::Get();
+  if (!d.launch_kernel) {
     return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel not found in the CUDA driver");
   }
   std::vector<void*> pointers, kernel_params;
@@ -121,14 +114,14 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   return kernel_table.Visit(kernel_id, [&](auto status, KernelEntry* entry) -> ffi::Error {
     if (entry == nullptr) {
       return UnusableId("jaxgraph_launch", "kernel " + std::to_string(kernel_id),
-                        status == HandleTable<KernelEntry>::Status::kRetired,
-                        status == HandleTable<KernelEntry>::Status::kRetired
+                        status == HandleStatus::kRetired,
+                        status == HandleStatus::kRetired
                             ? "keep the jaxgraph.Kernel alive as long as compiled functions that "
                               "call it"
                             : "trace the jaxgraph.Kernel's jax_call in this process on a machine "
                               "with a CUDA GPU");
     }
-    CUresult result = launch(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
+    CUresult result = d.launch_kernel(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
                              grid[2], block[0], block[1], block[2],
                              static_cast<unsigned>(shared_mem),
                              reinterpret_cast<CUstream>(stream), kernel_params.data(), nullptr);
@@ -183,9 +176,9 @@ namespace {
 int LaunchFromPython(uintptr_t function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                      unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_mem,
                      uintptr_t stream, uintptr_t params) {
-  LaunchKernelFn launch = GetLaunchKernel();
-  if (launch == nullptr) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
-  return static_cast<int>(launch(reinterpret_cast<CUfunction>(function), grid_x, grid_y, grid_z,
+  const DriverApi& d = DriverApi::Get();
+  if (!d.launch_kernel) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
+  return static_cast<int>(d.launch_kernel(reinterpret_cast<CUfunction>(function), grid_x, grid_y, grid_z,
                                  block_x, block_y, block_z, shared_mem,
                                  reinterpret_cast<CUstream>(stream),
                                  reinterpret_cast<void**>(params), nullptr));
@@ -195,20 +188,18 @@ int LaunchFromPython(uintptr_t function, unsigned grid_x, unsigned grid_y, unsig
 // per-call marshalling of handle objects (at one kernel per graph, that
 // marshalling is a fifth of a replay's host time).
 int GraphLaunchFromPython(uintptr_t graph_exec, uintptr_t stream) {
-  using GraphLaunchFn = CUresult (*)(CUgraphExec, CUstream);
-  static GraphLaunchFn launch = Driver<GraphLaunchFn>("cuGraphLaunch");
-  if (launch == nullptr) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
+  const DriverApi& d = DriverApi::Get();
+  if (!d.graph_launch) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
   return static_cast<int>(
-      launch(reinterpret_cast<CUgraphExec>(graph_exec), reinterpret_cast<CUstream>(stream)));
+      d.graph_launch(reinterpret_cast<CUgraphExec>(graph_exec), reinterpret_cast<CUstream>(stream)));
 }
 
 // The calling thread's current CUDA context (0 when none), so Python can see
 // whether another library (XLA, CuPy, torch) switched it since jaxgraph set it.
 uintptr_t CurrentContext() {
-  using CtxGetCurrentFn = CUresult (*)(CUcontext*);
-  static CtxGetCurrentFn get = Driver<CtxGetCurrentFn>("cuCtxGetCurrent");
+  const DriverApi& d = DriverApi::Get();
   CUcontext ctx = nullptr;
-  if (get == nullptr || get(&ctx) != CUDA_SUCCESS) return 0;
+  if (!d.current_ctx || d.current_ctx(&ctx) != CUDA_SUCCESS) return 0;
   return reinterpret_cast<uintptr_t>(ctx);
 }
 

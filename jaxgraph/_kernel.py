@@ -22,18 +22,16 @@ import numpy as np
 
 from . import _captures, _driver
 from ._array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
-from ._compile import CompiledKernel, compile_kernel, remember_display_name
-from ._cubin import param_sizes
-from ._driver import check
-from ._native import native
-from ._signature import (Param, check_against_source, check_count, check_pointer_dtype, dim3, find_signature,
-                         not_an_array, pack_error, parse_signature, scalar_value)
+from ._compile import CompiledKernel, compile_kernel
+from ._cubin import check_param_sizes, param_sizes
+from ._kernel_load import DEFAULT_SHARED_LIMIT, KernelLoading
+from ._signature import (Param, access_flags, check_against_source, check_count, check_pointer_dtype, dim3,
+                         find_signature, not_an_array, pack_error, parse_signature, scalar_value)
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel"]
 
 _SLOT = 8  # bytes per parameter slot in the packed argument buffer
-_DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
 # ----------------------------------------------------------------------------
@@ -41,7 +39,7 @@ _DEFAULT_SHARED_LIMIT = 48 * 1024
 # ----------------------------------------------------------------------------
 
 
-class Kernel:
+class Kernel(KernelLoading):
     """A CUDA C++ kernel compiled with NVRTC for the current device's architecture.
 
     Parameters
@@ -100,7 +98,7 @@ class Kernel:
         self._signature_origin = "given as signature=" if signature is not None else "read from the source"
         sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
         if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
-            self._check_param_sizes(sizes)
+            check_param_sizes(name, params, sizes, self._signature_origin)
         if signature is not None:  # same sizes, other types (int for float) only the source can tell
             check_against_source(name, params, source, name)
         self._fmt = "<" + "".join(p.pack_format for p in params)
@@ -109,10 +107,9 @@ class Kernel:
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
         self._function_address = 0    # int(self._h_kernel)
         self._native_launch = None    # jaxgraph._launch.launch, bound at load
-        self._shared_limit = _DEFAULT_SHARED_LIMIT
+        self._shared_limit = DEFAULT_SHARED_LIMIT
         self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
-        # Per parameter: r (pointer to const: only read), w (other pointer), s (scalar).
-        self._flags = "".join("s" if not p.is_pointer else "r" if p.is_const_pointer else "w" for p in params)
+        self._flags = access_flags(params)  # per parameter: r (only read), w (other pointer), s (scalar)
         self._lock = threading.Lock()
         nslots = max(len(params), 1)
         # One persistent argument buffer and the void* array pointing into it:
@@ -204,7 +201,7 @@ class Kernel:
                 raise self._pack_error(values, exc) from None
             if stream is None:
                 stream = current_stream()
-            device = _driver.ensure_context(stream._device)
+            device = _driver.ensure_context(stream.device)
             if self._h_kernel is None:
                 self._load_locked()
             if _captures.any_underway():  # tell a capture on this stream what the launch uses
@@ -212,7 +209,7 @@ class Kernel:
             if shared_mem > self._shared_limit:
                 self._raise_shared_limit(shared_mem, device)
             err = self._native_launch(self._function_address, grid[0], grid[1], grid[2], block[0],
-                                      block[1], block[2], shared_mem, stream._handle_int,
+                                      block[1], block[2], shared_mem, int(stream),
                                       self._param_ptrs_addr)
         if err != 0:
             drv = _driver.driver()
@@ -228,16 +225,6 @@ class Kernel:
             if p.is_pointer:
                 capture.note(p.name, where, asarray(a))
         capture.note_kernel(self._handles_on(stream.device), self._flags, self)
-
-    def _handles_on(self, device: int) -> tuple[int, ...]:
-        """The loaded kernel's handle and its CUfunction in ``device``'s context: what a captured node may name."""
-        function = self._functions.get(device)
-        if function is None:
-            drv = _driver.driver()
-            err, handle = drv.cuKernelGetFunction(drv.CUkernel(self._function_address))
-            # A handle that is already a CUfunction (a module-loaded kernel) has no other name.
-            function = self._functions[device] = int(handle) if err == 0 and handle is not None else 0
-        return (self._function_address, function) if function else (self._function_address,)
 
     def _values(self, args: tuple, stream: Stream | None = None) -> tuple[list, tuple]:
         """The launch's values, checked (addresses for pointers, Python scalars for the rest),
@@ -267,42 +254,6 @@ class Kernel:
             except (struct.error, OverflowError) as param_exc:
                 return pack_error(self.name, p, v, param_exc)
         return TypeError(f"kernel {self.name}: could not pack arguments: {exc}")
-
-    # -- loading ----------------------------------------------------------------
-
-    def _load_locked(self) -> Any:
-        """Load the cubin (once per process); the caller holds ``self._lock``."""
-        from cuda.core import ObjectCode
-
-        _driver.ensure_context()
-        c = self._compiled
-        library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
-        core = library.get_kernel(c.name)
-        self._check_param_sizes([int(info.size) for info in core.arguments_info])
-        self._native_launch = native("launch").launch
-        self._library, self._core = library, core
-        remember_display_name(c.lowered_name, c.name)  # pictures of graphs say axpy<float>, not _Z4axpy...
-        self._function_address = int(core.handle)
-        self._h_kernel = _driver.driver().CUfunction(self._function_address)
-        return self._h_kernel
-
-    def _check_param_sizes(self, sizes: list[int]) -> None:
-        """Compare the parameter list with the sizes the compiled kernel declares."""
-        expected = [8 if p.is_pointer else p.dtype.itemsize for p in self.params]
-        if sizes != expected:
-            raise TypeError(
-                f"kernel {self.name}: the compiled kernel's {len(sizes)} parameters have sizes {sizes} bytes, "
-                f"but the signature {self._signature_origin} ({', '.join(p.ctype for p in self.params)}) "
-                f"implies {expected}; pass signature= with the real parameter types"
-            )
-
-    def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
-        drv = _driver.driver()
-        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
-        check(drv.cuKernelSetAttribute(attr, shared_mem, drv.CUkernel(int(self._h_kernel)), dev),
-              "cuKernelSetAttribute")
-        self._shared_limit = shared_mem
 
     # -- inside jax.jit -----------------------------------------------------------
 

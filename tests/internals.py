@@ -13,7 +13,7 @@ tests internals, and what for.
 __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "spec_replayable",
            "spec_sharded"]
 
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replay_codes import counters
 from jaxgraph._replayable import Replayable
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
