@@ -4,18 +4,19 @@ The public API makes a replayable only from a captured graph
 (``jaxgraph.replayable(g, ...)``), which needs a GPU. The CPU tests of
 lowering, sharding, argument checks and the host-callback path build
 replayables and sharded graphs from a spec instead, with no graph behind
-them; the GPU tests read the native replay counters. What they take from
-jaxgraph's private modules for that comes through here, so a rename inside
-jaxgraph costs one edit. ``tests/README.md`` lists every test file that
+them; the GPU tests read the native replay counters and graph table. What
+they take from jaxgraph's private modules for that comes through here, so a
+rename inside jaxgraph costs one edit. ``tests/README.md`` lists every test file that
 tests internals, and what for.
 """
 
-__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "spec_replayable",
-           "spec_sharded"]
+__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
+           "replayable_of_referenced", "spec_replayable", "spec_sharded"]
 
+from jaxgraph._jax_replay import describe_graph
 from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replay_codes import counters
-from jaxgraph._replayable import Replayable
+from jaxgraph._replayable import Replayable, replayable_of_referenced
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
 
 

@@ -9,7 +9,7 @@ inside the bodies are rebound between calls, and every expected result comes
 from numpy. Static arrays are poisoned first: a bound buffer is never touched.
 
 Tests internals (listed in tests/README.md): ``internals.counters``,
-``internals.spec_replayable``, ``_jax_replay.describe_graph``; calls per replay path; whether
+``internals.spec_replayable``, ``internals.describe_graph``; calls per replay path; whether
 the CUDAGraph's own executable is shared; a conditional graph forced onto the command-buffer
 target.
 """
@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import conditional_support as cs  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode, ReplayPath  # noqa: E402
-from internals import counters  # noqa: E402
+from internals import counters, describe_graph  # noqa: E402
 from graph_support import launched, path_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +59,7 @@ def test_conditional_graph_binds_its_bodies_and_replays_in_jit(k, rng, name):
     assert step.replay_paths == (ReplayPath.UNCAPTURED_LAUNCH,)
     assert "paths=uncaptured_launch" in repr(step)
     rows = step.bindings[g.device]
-    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    info = describe_graph(step.graph_id, g.device)
     print(name, repr(step), info)
     # x is read inside the bodies, the control values by set_condition at the top: all found.
     assert rows[0].sites >= 1 and rows[-1].sites >= 1
@@ -91,7 +91,7 @@ def test_the_users_path_capture_api_then_replayable(k, rng, name):
     build, inputs_of = cs.USER_GRAPHS[name]
     g, _, inputs, outputs, ref = build(k)
     step = jaxgraph.replayable(g, inputs, outputs)
-    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    info = describe_graph(step.graph_id, g.device)
     print(name, repr(step), info)
     assert step.replay_paths == (ReplayPath.UNCAPTURED_LAUNCH,)
     if info.borrowed_exec:  # the CUDAGraph's own executable: never rebound, so every buffer is copied
@@ -256,7 +256,7 @@ def test_a_shared_executable_is_never_replaced_or_rebound_under_a_replayable(k, 
             k.axpb[cs.GRID, cs.BLOCK](y, x, 2.0, 1.0, cs.N)
     g.instantiate()
     step = jaxgraph.replayable(g, [x, pred], [y])
-    info = jaxgraph._jax_replay.describe_graph(step.graph_id, g.device)
+    info = describe_graph(step.graph_id, g.device)
     print("keep_graph=True:", info, step.bindings[g.device])
     check_jitted(step, "if_else", cs.ref_if_else, rng, trips=3)
     if not info.borrowed_exec:

@@ -7,7 +7,7 @@ buffers, so the graph is rebound between calls. Command buffers on and off are
 compared in subprocesses in test_jax_gpu.py.
 
 Tests internals (listed in tests/README.md): ``internals.counters``,
-``_replayable.replayable_of_referenced``; calls per replay path, rebinds, copies,
+``internals.replayable_of_referenced``; calls per replay path, rebinds, copies,
 instantiations; unreferenced inputs left out.
 """
 
@@ -297,7 +297,7 @@ def test_a_graph_with_memory_nodes_is_refused_in_jit_and_replays_from_the_host(k
 
 
 def test_an_unreferenced_input_is_unused_and_can_be_left_out(k, rng):
-    from jaxgraph._replayable import replayable_of_referenced
+    from internals import replayable_of_referenced
 
     g, x_s, y_s = two_stage(k)
     spare = jaxgraph.empty(N)                       # no node refers to it
