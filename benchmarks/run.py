@@ -10,7 +10,8 @@ environment and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``; each measures the
 raw ``cuGraphLaunch`` floor itself. Their JSON is merged into
 ``benchmarks/results/<device>.json`` (``<device>-quick.*`` with ``--quick``),
 rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
-<json>`` renders the PNG elsewhere), and the markdown is printed last.
+<json>`` renders the PNG elsewhere), and the markdown is printed last. A full
+or ``--loops`` run also regenerates ``<device>-targets.md`` (``targets.py``).
 Exit status 1 when a worker or a mode failed (the outputs are still written).
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, report, stats  # noqa: E402
+from benchmarks import config, report, stats, targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     meta["wall_s"] = round(time.perf_counter() - start, 1)
     results = stats.merge(meta, processes)
     written = write_outputs(results, args.out, plot=not args.no_plot)
+    if not cfg.quick:  # the targets file is judged on the full run and the loop run, never a smoke run
+        targets_path = targets.write(args.out, results["device"]["slug"])
+        written += [targets_path] if targets_path else []
     print("\nwrote " + ", ".join(str(p) for p in written) + f" in {meta['wall_s']:.0f} s\n")
     print(report.markdown(results))
     failed = results["failures"] or any(p.get("errors") for p in results["processes"].values())

@@ -62,8 +62,9 @@ def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
     Every call carries its own ``call`` attribute, so two calls on the same
     operands are different operations and XLA never merges them: each call
     replays, as each ``g.replay()`` does. Calls are not side-effecting unless
-    ``spec.side_effects`` (on an H100 ``has_side_effect`` made an empty call
-    cost 114 us instead of 37): XLA removes a call whose outputs are unused.
+    ``spec.side_effects`` (``has_side_effect`` made a call cost 175 us instead of
+    47 on the H100: ``benchmarks/side_effect_cost.py``): XLA removes a call whose
+    outputs are unused.
     ``vmap`` replays once per batch element, in sequence.
 
     Inside ``jax.shard_map`` (and ``jax.pmap``, which JAX runs as one) the

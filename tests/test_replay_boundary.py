@@ -4,6 +4,10 @@ Binding modes and replay paths cross from ``ffi/replay.cc`` as codes (never
 sentences); a replayable of a graph with conditional nodes lowers to
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 Lowering needs no device: the replayables here are built from a spec.
+
+Tests internals (listed in tests/README.md): ``_native`` code and counter tables,
+``_replay_codes.binding_from_row``, ``paths_from_codes``, ``internals.spec_replayable``,
+``ReplaySpec``; the typed native boundary itself.
 """
 
 import re
@@ -15,7 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import BindingMode, BufferBinding, ReplayPath, Replayable, _native
-from jaxgraph._replay_args import ReplaySpec
+from internals import ReplaySpec, spec_replayable
 
 
 def f32(*shape):
@@ -31,8 +35,7 @@ def calls_to(text: str, target: str) -> list[str]:
 
 
 def spec_step(uncaptured: bool, graph_id: int = 5) -> Replayable:
-    spec = ReplaySpec((f32(256),), (f32(256),), graph_id, uncaptured=uncaptured)
-    return Replayable._create(spec, via="ffi")
+    return spec_replayable((f32(256),), (f32(256),), graph_id, uncaptured=uncaptured)
 
 
 # ---------------------------------------------------------------------------
@@ -124,8 +127,7 @@ def test_spec_names_its_target():
 
 
 def test_callback_replayable_names_its_path():
-    spec = ReplaySpec((f32(4),), (f32(4),))
-    step = Replayable._create(spec, via="callback", host=lambda x: x)
+    step = spec_replayable((f32(4),), (f32(4),), via="callback", host=lambda x: x)
     assert step.replay_paths == (ReplayPath.HOST_CALLBACK,)
     assert "paths=host_callback" in repr(step)
 
