@@ -8,13 +8,23 @@
 // addresses: it keeps recordings for several recent address sets (seen on the
 // H100: an output alternating between two buffers, and 8 rotating inputs,
 // each recorded once), and runs the handler again only for a set it does not
-// hold. A bound buffer's sites (the kernel arguments holding its address)
-// differ between recordings, so every such update rewrites them in XLA's
-// executable; a copied buffer leaves the kernels on its static array, which
-// never moves, and the update changes one memcpy node. A copy costs one
-// memcpy node per call (~1-2 us of device time for a small buffer) whether or
-// not XLA's addresses changed. Which way is cheaper is measured by
-// benchmarks/capture_policies.py; the policy below selects it.
+// hold (32 rotating inputs: nearly every call). A bound buffer's sites (the
+// kernel arguments holding its address) differ between recordings, so every
+// such update rewrites them in XLA's executable; a copied buffer leaves the
+// kernels on its static array, which never moves, and the update changes one
+// memcpy node. A copy costs a memcpy node on every call, whether or not XLA's
+// addresses changed.
+//
+// Measured by benchmarks/capture_policies.py on the H100 (N = 100 chain, the
+// output held by 199 kernel arguments, 16 KB): where every call records,
+// 1.82x the floor with every buffer bound, 1.36x with the output copied
+// (48 us per call, ~0.24 us per site), 1.69x with the template spliced whole
+// (one child-graph node, everything copied); where XLA's addresses recur,
+// all three within 1.07-1.12x, the copy's cost lost in the noise.
+//
+// kAuto weighs the two per bound buffer: the sites rewritten on a share of
+// calls (kRecordShare: the mixed benchmark recorded on 0.05 of its replays
+// once warm) against a memcpy node on every call.
 
 #ifndef JAXGRAPH_FFI_CAPTURE_POLICY_H_
 #define JAXGRAPH_FFI_CAPTURE_POLICY_H_
@@ -29,21 +39,30 @@
 namespace jaxgraph {
 
 // How replays go into XLA's command buffer; the codes cross to Python
-// (jaxgraph._replay_codes.CapturePolicy). kBind is the default; the others
+// (jaxgraph._replay_codes.CapturePolicy). kAuto is the default; the others
 // exist so tests and benchmarks (benchmarks/capture_policies.py) can compare
 // the ways. A graph keeps the policy of its first recording: XLA updates a
 // recorded call only from a recording of the same shape (nodes and edges),
 // and fails the call otherwise (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, seen
 // when the policy changed between two recordings of one call).
 enum class CapturePolicy : int {
-  kAuto = 0,   // by cost: bound buffers with many sites copied, the rest bound
+  kAuto = 0,   // by cost (CopyPays): a bound buffer with many sites and few bytes copied, the rest bound
   kBind = 1,   // every bound buffer bound in the spliced nodes
   kCopy = 2,   // every bound buffer copied; nodes spliced one by one at the static arrays
   kWhole = 3,  // the static template as one child-graph node, every buffer copied
 };
-inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kBind)};
+inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kAuto)};
 
-constexpr size_t kCaptureSitesWorthACopy = 4;
+constexpr double kSiteUs = 0.24;              // a site rewritten by XLA's update, per recording
+constexpr double kRecordShare = 1.0 / 16;     // calls that record again (assumed; see above)
+constexpr double kCopyUs = 1.5;               // a memcpy node per call (assumed: below the noise at 16 KB)
+constexpr double kCopyBytesPerUs = 1e6;       // its bytes at 1 TB/s (assumed: under a third of H100's peak)
+
+// Whether copying `b` under capture costs less than keeping it bound.
+inline bool CopyPays(const Binding& b) {
+  return static_cast<double>(b.sites.size()) * kSiteUs * kRecordShare >
+         kCopyUs + static_cast<double>(b.bytes) / kCopyBytesPerUs;
+}
 
 // What one recording splices: the template whole, or its nodes with some
 // bound buffers copied (`copy`, per buffer; empty: none).
@@ -63,7 +82,7 @@ inline CapturePlan PlanCapture(DeviceGraph* g) {
   }
   if (policy == CapturePolicy::kBind) return plan;
   for (size_t i : g->bound) {
-    if (policy == CapturePolicy::kAuto && g->buffers[i].sites.size() <= kCaptureSitesWorthACopy) continue;
+    if (policy == CapturePolicy::kAuto && !CopyPays(g->buffers[i])) continue;
     if (plan.copy.empty()) plan.copy.assign(g->buffers.size(), 0);
     plan.copy[i] = 1;
   }

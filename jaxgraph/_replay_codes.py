@@ -67,12 +67,13 @@ class CapturePolicy(str, enum.Enum):
     XLA records the call again when its buffers move to addresses it holds
     no recording for, and updates its executable in place: a bound buffer's
     kernel arguments are rewritten there, a copied one changes one memcpy
-    node. ``BIND`` is the default; the others exist to compare the ways
-    (``benchmarks/capture_policies.py``).
+    node, which costs a copy on every call. ``AUTO`` is the default; the
+    others exist to compare the ways (``benchmarks/capture_policies.py``).
     """
 
     AUTO = "auto"
-    """By cost: a bound buffer held by more than a few kernel arguments is copied, the rest bound."""
+    """By cost (``ffi/capture_policy.h``): a bound buffer held by many kernel arguments and small
+    enough to copy cheaply is copied, the rest bound."""
     BIND = "bind"
     """Every bound buffer bound in the spliced nodes (no copies)."""
     COPY = "copy"

@@ -11,11 +11,11 @@ tests internals, and what for.
 """
 
 __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
-           "replayable_of_referenced", "spec_replayable", "spec_sharded"]
+           "replayable_of_referenced", "set_capture_policy", "spec_replayable", "spec_sharded"]
 
 from jaxgraph._jax_replay import describe_graph
 from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replay_codes import counters
+from jaxgraph._replay_codes import counters, set_capture_policy
 from jaxgraph._replayable import Replayable, replayable_of_referenced
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
 

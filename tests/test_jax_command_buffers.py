@@ -8,7 +8,8 @@ into its own CUDA graph once (the handler splices the graph's nodes) and must
 then follow those moves. Every result here is checked exactly against numpy
 (integer-valued floats), with the graph's static arrays poisoned first, and
 the replay counters say which path the calls took, under each capture policy
-(``jaxgraph._replay_codes.CapturePolicy``: which buffers a recording copies). Each setting runs in its
+(which buffers a recording copies). Tests internals: ``internals.counters`` and
+``internals.set_capture_policy`` (see tests/README.md). Each setting runs in its
 own process (XLA reads XLA_FLAGS once).
 """
 
@@ -20,7 +21,7 @@ from graph_support import run_xla_worker
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = 24  # in the graph: y = x + 1, then y = y + 1 (the output has KERNELS sites)
+KERNELS = 64  # in the graph: y = x + 1, then y = y + 1 in place (the output has 2 * KERNELS - 1 sites)
 
 SRC = r"""
 extern "C" __global__ void add_one(float* y, const float* x, int n) {
@@ -34,7 +35,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from jaxgraph import _replay_codes
+    import internals
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n, kernels = 4096, KERNELS
@@ -65,9 +66,9 @@ WORKER = textwrap.dedent(r'''
         jaxgraph.synchronize()
 
     def counted(name, body):
-        before = _replay_codes.counters()
+        before = internals.counters()
         body()
-        after = _replay_codes.counters()
+        after = internals.counters()
         report[name] = {k: after[k] - before[k] for k in after if k != "handler_ns"}
 
     # 1. One fixed input, the previous output held: XLA's result alternates between buffers.
@@ -129,8 +130,8 @@ WORKER = textwrap.dedent(r'''
 
     # 5. The other ways of splicing (capture policies), each on a replayable of its own
     #    (a graph keeps the policy it was first recorded with).
-    for policy in ("copy", "whole", "auto"):
-        previous = _replay_codes.set_capture_policy(policy)
+    for policy in ("bind", "copy", "whole", "auto"):
+        previous = internals.set_capture_policy(policy)
         try:
             step = jaxgraph.replayable(g, [x_s], [y_s])
             # New function objects: jax reuses the trace of a function it jitted before.
@@ -140,7 +141,7 @@ WORKER = textwrap.dedent(r'''
             counted(f"{policy}_alternating", lambda: alternating(8, 0))
             counted(f"{policy}_mixed", mixed_calls)
         finally:
-            _replay_codes.set_capture_policy(previous)
+            internals.set_capture_policy(previous)
     report["failures"] = failures
     np.save(out_path, np.zeros(1))
     print("REPORT " + json.dumps(report))
@@ -151,7 +152,7 @@ WORKER = textwrap.dedent(r'''
 def test_replays_follow_xla_buffers_that_move(tmp_path, rng, mode):
     _, report = run_xla_worker(WORKER, SRC, tmp_path, mode, int(rng.integers(2**31)))
     assert report["failures"] == [], report["failures"]
-    assert report["bindings"] == ["input 0 bound (1 site)", f"output 0 bound ({KERNELS} sites)"]
+    assert report["bindings"] == ["input 0 bound (1 site)", f"output 0 bound ({2 * KERNELS - 1} sites)"]
     # XLA's result really moved: between two buffers in a loop, a new one per held output.
     assert report["alternating_addresses"] >= 2 and report["held_addresses"] == 8, report
     calls = {"alternating_first": 10, "alternating_steady": 30, "held": 8, "rotating": 12, "mixed": 36}
@@ -161,13 +162,14 @@ def test_replays_follow_xla_buffers_that_move(tmp_path, rng, mode):
             assert report[phase]["launch"] == report[phase]["handler_calls"] == n, (phase, report[phase])
             assert report[phase]["splice_nodes"] == report[phase]["splice_whole"] == 0
         return
-    # Mixed: three replays and XLA ops make a command buffer under both settings; the graph's
-    # nodes go into XLA's graph (spliced), never a child graph of copies.
-    assert report["mixed"]["splice_nodes"] >= 3 and report["mixed"]["splice_whole"] == 0, report["mixed"]
-    assert report["mixed"]["copy"] == 0
-    # The other policies: "copy" copies both buffers around nodes at the static arrays, "auto"
-    # only the output (24 sites; the input has 1), "whole" splices one child graph with both copied.
-    copies_per_splice = {"copy": 2, "auto": 1, "whole": 2}
+    # Mixed: three replays and XLA ops make a command buffer under both settings. By default (the
+    # "auto" capture policy) the graph's nodes go into XLA's graph one by one with the output,
+    # held by 127 kernel arguments, copied out of its static array and the input (1 site) bound.
+    m = report["mixed"]
+    assert m["splice_nodes"] >= 3 and m["splice_whole"] == 0 and m["copy"] == m["splice_nodes"], m
+    # Each policy: "bind" copies nothing, "copy" both buffers around nodes at the static arrays,
+    # "auto" the output only, "whole" splices one child graph with both copied.
+    copies_per_splice = {"bind": 0, "copy": 2, "auto": 1, "whole": 2}
     for policy, copies in copies_per_splice.items():
         m = report[f"{policy}_mixed"]
         splices = m["splice_whole"] if policy == "whole" else m["splice_nodes"]
