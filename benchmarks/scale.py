@@ -24,7 +24,8 @@ buffers off, so every call takes the launch path, and
   device memory in use after each;
 - per-kernel replay time, in interleaved rounds: ``eager`` (``g.replay()``, the
   floor), ``jit_feedback`` (``x = f(x)``: XLA's buffers alternate, addresses
-  repeat) and ``jit_rotating`` (8 inputs in turn: new addresses);
+  repeat) and ``jit_rotating`` (8 inputs in turn, the last 8 results kept: new
+  addresses on every call);
 - per call of each jit mode, from the native counters: the handler's host time,
   instantiations, executable rebinds and buffer copies;
 - ``step.bindings`` and the native ``describe_graph`` (its memory accounting).
@@ -61,7 +62,7 @@ PATTERNS = ("one_site", "in_place")
 DEFAULT_POINTS = tuple((n, p) for n in (10_000, 100_000) for p in PATTERNS)
 XLA_FLAGS = "--xla_gpu_enable_command_buffer="  # off: every call takes the launch path
 ROTATE = 8  # inputs of jit_rotating
-COUNTERS = ("instantiate", "rebind", "copy", "handler_calls", "handler_ns")
+COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -110,15 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                "git": os.environ.get("JAXGRAPH_GIT") or run._run(["git", "-C", str(ROOT), "describe", "--always",
                                                                   "--dirty"]),
                "points": []}
+    args.out.mkdir(parents=True, exist_ok=True)
     for n, pattern in args.points:
         results["points"].append(_child(n, pattern, args))
-    results["device"] = next((p["device"] for p in results["points"] if "device" in p), {})
-    results["wall_s"] = round(time.perf_counter() - start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = stats.device_slug(results["device"].get("name", "")) + "-scale"
-    text = markdown(results)
-    (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(text)
+        results["device"] = next((p["device"] for p in results["points"] if "device" in p), {})
+        results["wall_s"] = round(time.perf_counter() - start, 1)
+        stem = stats.device_slug(results["device"].get("name", "")) + "-scale"
+        text = markdown(results)  # written after every point: a run cut short keeps what it measured
+        (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
+        (args.out / f"{stem}.md").write_text(text)
     print(f"\nwrote {args.out / stem}.json and .md in {results['wall_s']:.0f} s\n\n{text}")
     return 0 if all("error" not in p for p in results["points"]) else 1
 
@@ -304,7 +305,7 @@ def _feedback_mode(f: Any, x0: Any, n: int) -> harness.Mode:
 
 
 def _rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
-    """``f(xs[i % 8])``: a different input (and often output) address on every call."""
+    """``f(xs[i % 8])``, the last 8 results kept: a different input and output address on every call."""
     import jax
 
     mode = harness.Mode("jit_rotating", lambda calls: 0.0, per_call=n)
@@ -315,10 +316,10 @@ def _rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
         jax.block_until_ready(xs)
         before = counters()
         start = time.perf_counter()
-        y = None
+        ys = [None] * len(xs)  # the last 8 results alive: each call's result lands at a new address too
         for i in range(calls):
-            y = f(xs[i % len(xs)])
-        jax.block_until_ready(y)
+            ys[i % len(xs)] = f(xs[i % len(xs)])
+        jax.block_until_ready(ys)
         seconds = time.perf_counter() - start
         _accumulate(mode, before, counters(), calls)
         return seconds
@@ -340,9 +341,10 @@ def _per_call(totals: dict, calls: int) -> dict:
     """Counters per jitted call; the handler's host time in us per handler call."""
     if calls == 0:
         return {}
-    out = {c: totals[c] / calls for c in ("instantiate", "rebind", "copy")}
+    out = {c: totals[c] / calls for c in ("instantiate", "rebind", "copy", "to_copy")}
     if totals["handler_calls"]:
         out["handler_us"] = totals["handler_ns"] / totals["handler_calls"] / 1e3
+        out["launch_us"] = totals["launch_ns"] / totals["handler_calls"] / 1e3  # inside cudaGraphLaunch
     return out
 
 
@@ -386,11 +388,11 @@ def markdown(results: dict) -> str:
              f"git {results.get('git')}, XLA_FLAGS=`{results.get('xla_flags')}`, "
              f"{results.get('config', {}).get('repeats')} interleaved rounds.", "",
              "| N | pattern | eager us/kernel | jit_feedback | jit_rotating | handler us/call (feedback, rotating) "
-             "| instantiations/call (feedback, rotating) | rebinds/call | copies/call |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| of which cudaGraphLaunch | instantiations/call | rebinds/call | copies/call |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in results["points"]:
         if "error" in p and not p.get("modes"):
-            lines.append(f"| {p['n']} | {p['pattern']} | failed: {p['error']} | | | | | | |")
+            lines.append(f"| {p['n']} | {p['pattern']} | failed: {p['error']} | | | | | | | |")
             continue
         m = p["modes"]
         pc = {k: m.get(k, {}).get("per_call", {}) for k in ("jit_feedback", "jit_rotating")}
@@ -399,7 +401,7 @@ def markdown(results: dict) -> str:
             return ", ".join(fmt(pc[k].get(field)) for k in ("jit_feedback", "jit_rotating"))
 
         lines.append(f"| {p['n']} | {p['pattern']} | {_median(m, 'eager')} | {_ratio(m, 'jit_feedback')} | "
-                     f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('instantiate')} | "
+                     f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('launch_us')} | {pair('instantiate')} | "
                      f"{pair('rebind')} | {pair('copy')} |")
     lines += ["", "| N | pattern | capture s | registration s | first call s | host MB (capture, registration, "
               "first call) | device MB (same) | device KB per kernel | bindings |", "| --- " * 9 + "|"]

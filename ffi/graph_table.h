@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bind_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
@@ -176,6 +177,7 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     if (g->buffers[i].mode == BindMode::kBound && !g->buffers[i].sites.empty()) g->bound.push_back(i);
   }
   g->dirty.assign(g->nodes.size(), 0);
+  g->misses.assign(g->buffers.size(), 0);
   for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
   g->template_addr = g->static_addr;
   if (g->conditionals > 0) {
@@ -187,7 +189,8 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
     g->unflattenable = "the graph's nodes could not be ordered";
   }
-  AddSlot(g.get());  // the first executable now, so the first call only launches
+  AddFirstSlot(g.get());  // the first executable now, so the first call only launches
+  ChooseAtRegistration(g.get());
   return g;
 }
 

@@ -44,9 +44,9 @@ def point(n, pattern, eager, feedback, rotating):
             "memory": {"base": base, **grown},
             "modes": {"eager": mode(1.0),
                       "jit_feedback": mode(feedback, {"instantiate": 0.0, "rebind": 0.0, "copy": 2.0,
-                                                       "handler_us": 7.5}),
+                                                       "handler_us": 7.5, "launch_us": 5.0}),
                       "jit_rotating": mode(rotating, {"instantiate": 0.25, "rebind": 3.0, "copy": 2.0,
-                                                       "handler_us": 40.0})},
+                                                       "handler_us": 40.0, "launch_us": 30.0})},
             "bindings": ["input 0 copied (cheaper)", "output 0 copied (cheaper)"], "graph": {"kernel_nodes": n}}
 
 
@@ -58,6 +58,7 @@ def test_markdown_reports_ratios_counters_and_memory():
     text = scale.markdown(results)
     row = next(line for line in text.splitlines() if line.startswith("| 10000 | in_place | 1.010"))
     assert "1.030x" in row and "1.500x" in row and "7.500, 40.00" in row and "0.000, 0.250" in row
+    assert "| 5.000, 30.00 |" in row  # the part inside cudaGraphLaunch
     memory = next(line for line in text.splitlines() if line.startswith("| 10000 | in_place | 0.200"))
     # growth over the baseline per phase; device KB per kernel from the first call's growth (75 MB / 10k)
     assert "100.0, 200.0, 300.0" in memory and "25.00, 50.00, 75.00" in memory and "| 7.680 |" in memory
