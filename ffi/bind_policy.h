@@ -148,6 +148,7 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
     b.mode = BindMode::kCopiedByCost;
     b.reason = why;
     Retarget(b, b.base, &g->nodes);
+    g->nodes_addr[j] = b.base;
     want[j] = b.base;
   }
   // The template first, while the buffers are still in `bound` (MarkChanged walks it).
@@ -277,15 +278,17 @@ inline ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addre
   return ffi::Error::Success();
 }
 
-// Learns what a rewrite in place costs: the host time of a call that rewrote
-// `p.rewritten` sites, over that of calls that rewrote none, per site.
-inline void NoteLaunch(DeviceGraph* g, const Prepared& p, double ns) {
+// Learns what a rewrite in place costs, per site: the host time of the
+// rewrite (`prepare_ns`), plus what the launch after it took over a launch
+// after none (`launch_ns`; the driver may upload the changed nodes then).
+inline void NoteLaunch(DeviceGraph* g, const Prepared& p, double prepare_ns, double launch_ns) {
   if (p.instantiated) return;
   if (p.rewritten == 0) {
-    g->hit_ns = g->hit_ns < 0 ? ns : 0.9 * g->hit_ns + 0.1 * ns;
+    g->hit_launch_ns = g->hit_launch_ns < 0 ? launch_ns : 0.9 * g->hit_launch_ns + 0.1 * launch_ns;
     return;
   }
-  double per_site = std::max(0.0, ns - std::max(g->hit_ns, 0.0)) / static_cast<double>(p.rewritten);
+  double slower = g->hit_launch_ns >= 0 ? std::max(0.0, launch_ns - g->hit_launch_ns) : 0.0;
+  double per_site = (prepare_ns + slower) / static_cast<double>(p.rewritten);
   g->site_ns = g->site_ns < 0 ? per_site : 0.75 * g->site_ns + 0.25 * per_site;
 }
 

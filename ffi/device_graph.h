@@ -87,6 +87,7 @@ struct DeviceGraph {
   std::string unflattenable;       // why the nodes cannot be spliced one by one ("" if they can)
   std::vector<uint64_t> static_addr;    // per buffer: its static array
   std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
+  std::vector<uint64_t> nodes_addr;     // per bound buffer: where the argument copies in `nodes` point
   std::vector<ExecSlot> slots;
   uint64_t calls = 0;
   // What the executables cost and what binding costs (bind_policy.h).
@@ -94,7 +95,7 @@ struct DeviceGraph {
   int64_t exec_bytes = -1;         // device memory of one executable, measured at registration (-1: unknown)
   std::vector<uint32_t> misses;    // per buffer: calls that found its address in no executable
   double site_ns = -1;             // host ns per kernel argument rewritten in place, measured (-1: not yet)
-  double hit_ns = -1;              // host ns to prepare and launch when nothing is rewritten (-1: not yet)
+  double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
   std::mutex mutex;                // one call at a time rebinds and launches
 
   ~DeviceGraph() {
@@ -159,9 +160,13 @@ inline ExecSlot& AddSlot(DeviceGraph* g) {
 }
 
 // Points every bound buffer's sites at this call's addresses in the nodes'
-// argument copies.
+// argument copies; a buffer whose sites already hold its address is skipped.
 inline void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
-  for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
+  for (size_t i : g->bound) {
+    if (g->nodes_addr[i] == addresses[i]) continue;
+    Retarget(g->buffers[i], addresses[i], &g->nodes);
+    g->nodes_addr[i] = addresses[i];
+  }
 }
 
 // Marks kernel node `n` as changed (once).

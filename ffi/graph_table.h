@@ -180,6 +180,7 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   g->misses.assign(g->buffers.size(), 0);
   for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
   g->template_addr = g->static_addr;
+  g->nodes_addr = g->static_addr;
   if (g->conditionals > 0) {
     g->unflattenable = "the graph has conditional nodes, which CUDA cannot place in another graph";
     PrepareConditional(g.get(), options.borrowed_exec);

@@ -134,17 +134,19 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (auto e = SpliceNodes(g->order, g->nodes, stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceNodes);
   } else {
-    auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    auto start = Clock::now();
     Prepared prepared;
     if (auto e = PrepareExec(g, addresses, &prepared); e.failure()) return e;
-    auto launch = std::chrono::steady_clock::now();
+    auto launch = Clock::now();
     err = cudaGraphLaunch(prepared.slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
-    auto end = std::chrono::steady_clock::now();
+    auto end = Clock::now();
     counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launch).count(),
                                  std::memory_order_relaxed);
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
-    NoteLaunch(g, prepared, std::chrono::duration<double, std::nano>(end - start).count());
+    using Ns = std::chrono::duration<double, std::nano>;
+    NoteLaunch(g, prepared, Ns(launch - start).count(), Ns(end - launch).count());
     if (auto e = CopyBuffers(g, addresses, true, false, stream); e.failure()) return e;
     return Adapt(g);  // after the copies out: a buffer switched to copying is copied from the next call
   }
