@@ -25,7 +25,8 @@ buffers off, so every call takes the launch path, and
 - per-kernel replay time, in interleaved rounds: ``eager`` (``g.replay()``, the
   floor), ``jit_feedback`` (``x = f(x)``: XLA's buffers alternate, addresses
   repeat) and ``jit_rotating`` (8 inputs in turn, the last 8 results kept: new
-  addresses on every call);
+  addresses on every call; a second registration of the graph, so the two
+  modes share no executables);
 - per call of each jit mode, from the native counters: the handler's host time,
   instantiations, executable rebinds and buffer copies;
 - ``step.bindings`` and the native ``describe_graph`` (its memory accounting).
@@ -51,7 +52,7 @@ if __package__ in (None, ""):  # run as a file: import the harness as the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import harness, stats  # noqa: E402
-from benchmarks.report import fmt  # noqa: E402
+from benchmarks.scale_report import markdown  # noqa: E402
 from benchmarks.workload import BLOCK, SOURCE  # noqa: E402
 
 __all__ = ["ELEMENTS", "PATTERNS", "main", "markdown", "measure", "parse_args", "parse_points"]
@@ -62,7 +63,7 @@ PATTERNS = ("one_site", "in_place")
 DEFAULT_POINTS = tuple((n, p) for n in (10_000, 100_000) for p in PATTERNS)
 XLA_FLAGS = "--xla_gpu_enable_command_buffer="  # off: every call takes the launch path
 ROTATE = 8  # inputs of jit_rotating
-COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns")
+COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns", "copy_ns")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -214,6 +215,10 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     out["memory"]["first_call"] = _memory()
     out["check"]["first_call"] = _expect(got, x, n)
     xs = [jnp.asarray(_fresh(rng)) for _ in range(ROTATE)]
+    # Rotating inputs get a registration of their own: its executables and policy state are not
+    # those of the feedback loop, whose addresses repeat.
+    rotating = jaxgraph.replayable(graph, inputs=[x_s], outputs=[y_s])
+    f_rotating = jax.jit(rotating)
 
     def feedback_check() -> str:
         x0 = _fresh(rng)
@@ -222,7 +227,7 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
 
     out["check"]["jit_feedback"] = feedback_check()
     modes = {"eager": _eager_mode(graph, n), "jit_feedback": _feedback_mode(f, xs[0], n),
-             "jit_rotating": _rotating_mode(f, xs, n)}
+             "jit_rotating": _rotating_mode(f_rotating, xs, n)}
     for mode in modes.values():
         harness.calibrate(mode, args.target_ms / 1e3, max_calls=1000)
     for key in ("jit_feedback", "jit_rotating"):
@@ -241,7 +246,9 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     out["check"]["after"] = feedback_check()  # still exact after the policy had its say
     out["memory"]["end"] = _memory()
     out["bindings"] = [str(b) for b in step.bindings[graph.device]]
-    out["graph"] = {k: v for k, v in native("replay").describe_graph(step.graph_id, graph.device).items()}
+    out["bindings_rotating"] = [str(b) for b in rotating.bindings[graph.device]]
+    out["graph"] = dict(native("replay").describe_graph(step.graph_id, graph.device))
+    out["graph_rotating"] = dict(native("replay").describe_graph(rotating.graph_id, graph.device))
 
 
 def _capture(kernel: Any, n: int, pattern: str, arrays: list) -> tuple:
@@ -345,6 +352,7 @@ def _per_call(totals: dict, calls: int) -> dict:
     if totals["handler_calls"]:
         out["handler_us"] = totals["handler_ns"] / totals["handler_calls"] / 1e3
         out["launch_us"] = totals["launch_ns"] / totals["handler_calls"] / 1e3  # inside cudaGraphLaunch
+        out["copy_us"] = totals["copy_ns"] / totals["handler_calls"] / 1e3  # inside cudaMemcpyAsync
     return out
 
 
@@ -374,75 +382,6 @@ def _expect(got: np.ndarray, x: np.ndarray, steps: int) -> str:
     from benchmarks.workload import check_result
 
     return check_result(got, x, steps)
-
-
-# ----------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------
-
-
-def markdown(results: dict) -> str:
-    """The tables of a scale run: per-kernel replay, the handler's work per call, phases and memory."""
-    lines = [f"# Scale: N `add_one` kernels on {ELEMENTS} floats", "",
-             f"{results.get('date', '')}, {results.get('device', {}).get('name', 'unknown device')}, "
-             f"git {results.get('git')}, XLA_FLAGS=`{results.get('xla_flags')}`, "
-             f"{results.get('config', {}).get('repeats')} interleaved rounds.", "",
-             "| N | pattern | eager us/kernel | jit_feedback | jit_rotating | handler us/call (feedback, rotating) "
-             "| of which cudaGraphLaunch | instantiations/call | rebinds/call | copies/call |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for p in results["points"]:
-        if "error" in p and not p.get("modes"):
-            lines.append(f"| {p['n']} | {p['pattern']} | failed: {p['error']} | | | | | | | |")
-            continue
-        m = p["modes"]
-        pc = {k: m.get(k, {}).get("per_call", {}) for k in ("jit_feedback", "jit_rotating")}
-
-        def pair(field: str) -> str:
-            return ", ".join(fmt(pc[k].get(field)) for k in ("jit_feedback", "jit_rotating"))
-
-        lines.append(f"| {p['n']} | {p['pattern']} | {_median(m, 'eager')} | {_ratio(m, 'jit_feedback')} | "
-                     f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('launch_us')} | {pair('instantiate')} | "
-                     f"{pair('rebind')} | {pair('copy')} |")
-    lines += ["", "| N | pattern | capture s | registration s | first call s | host MB (capture, registration, "
-              "first call) | device MB (same) | device KB per kernel | bindings |", "| --- " * 9 + "|"]
-    for p in results["points"]:
-        ph, mem = p.get("phases_s", {}), p.get("memory", {})
-        host = _growth(mem, "host_rss_mb")
-        dev = _growth(mem, "device_used_mb")
-        per_kernel = ""
-        if "base" in mem and "first_call" in mem:
-            per_kernel = fmt((mem["first_call"]["device_used_mb"] - mem["base"]["device_used_mb"]) * 1024 / p["n"])
-        lines.append(f"| {p['n']} | {p['pattern']} | {fmt(ph.get('capture'))} | {fmt(ph.get('registration'))} | "
-                     f"{fmt(ph.get('first_call'))} | {host} | {dev} | {per_kernel} | "
-                     f"{'; '.join(p.get('bindings', []))} |")
-    lines += ["", "Ratios: median of per-round jit over eager (`g.replay()`) per kernel. Memory: growth over the "
-              "process's baseline after each phase. `jit_feedback`: `x = f(x)` (XLA's addresses repeat); "
-              "`jit_rotating`: 8 inputs in turn.", ""]
-    for p in results["points"]:
-        if p.get("graph"):
-            lines.append(f"- {p['n']} {p['pattern']}: describe_graph {json.dumps(p['graph'])}")
-        if p.get("error"):
-            lines.append(f"- {p['n']} {p['pattern']}: error {p['error']}")
-    return "\n".join(lines) + "\n"
-
-
-def _median(modes: dict, key: str) -> str:
-    s = modes.get(key, {}).get("stats")
-    return fmt(s["median"]) if s else "-"
-
-
-def _ratio(modes: dict, key: str) -> str:
-    r = modes.get(key, {}).get("ratio")
-    if not r:
-        return modes.get(key, {}).get("error", "-")
-    return f"{fmt(stats.summarize(r)['median'])}x"
-
-
-def _growth(mem: dict, field: str) -> str:
-    if "base" not in mem:
-        return "-"
-    base = mem["base"][field]
-    return ", ".join(fmt(mem[k][field] - base) if k in mem else "-" for k in ("capture", "registration", "first_call"))
 
 
 if __name__ == "__main__":

@@ -155,11 +155,27 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
   MarkChanged(g, &g->template_addr, want);
   ffi::Error e = WriteMarked(g, nullptr);
   if (e.failure()) ForgetAddresses(&g->template_addr);
+  g->bound.erase(std::remove_if(g->bound.begin(), g->bound.end(),
+                                [&](size_t j) { return std::find(group.begin(), group.end(), j) != group.end(); }),
+                 g->bound.end());
+  // Executables pointing the array elsewhere: a few sites are rewritten in
+  // place, else they are dropped (instantiating one afresh costs less than
+  // rewriting many).
+  size_t sites = 0;
+  for (size_t j : group) sites += g->buffers[j].sites.size();
   std::vector<ExecSlot> kept;
   kept.reserve(kMaxExecs);  // PrepareExec adds to it without moving the others
   for (ExecSlot& slot : g->slots) {
     bool at_static = true;
     for (size_t j : group) at_static &= slot.addr[j] == g->buffers[j].base;
+    if (!at_static && !e.failure() && !g->borrowed_exec && sites <= kRebindWorthAnExec) {
+      RetargetAll(g, slot.addr);  // the other buffers' arguments as this executable has them
+      for (size_t j : group) {
+        for (const Site& site : g->buffers[j].sites) Mark(g, site.node);
+      }
+      at_static = !WriteMarked(g, slot.exec).failure();
+      for (size_t j : group) slot.addr[j] = g->buffers[j].base;
+    }
     if (at_static && !e.failure()) {
       kept.push_back(std::move(slot));
     } else if (!g->borrowed_exec) {
@@ -167,9 +183,6 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
     }
   }
   g->slots = std::move(kept);
-  g->bound.erase(std::remove_if(g->bound.begin(), g->bound.end(),
-                                [&](size_t j) { return std::find(group.begin(), group.end(), j) != group.end(); }),
-                 g->bound.end());
   for (ExecSlot& slot : g->slots) slot.key = BoundKey(*g, slot.addr);
   counters.to_copy.fetch_add(1, std::memory_order_relaxed);
   return e;
@@ -191,10 +204,12 @@ inline void AddFirstSlot(DeviceGraph* g) {
   bool measured = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
   size_t free_before = 0, free_after = 0, total = 0;
   measured &= measured && cudaMemGetInfo(&free_before, &total) == cudaSuccess;
+  int64_t host_before = ResidentBytes();
   try {
     ExecSlot& slot = AddSlot(g);
     measured &= measured && cudaGraphUpload(slot.exec, stream) == cudaSuccess &&
                 cudaStreamSynchronize(stream) == cudaSuccess && cudaMemGetInfo(&free_after, &total) == cudaSuccess;
+    g->memory.exec_host = Grown(host_before, ResidentBytes());
   } catch (...) {
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
@@ -203,8 +218,9 @@ inline void AddFirstSlot(DeviceGraph* g) {
   if (stream != nullptr) cudaStreamDestroy(stream);
   if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
   cudaGetLastError();  // an upload that failed is only a measurement lost
-  g->exec_bytes = measured ? static_cast<int64_t>(free_before > free_after ? free_before - free_after : 0) : -1;
-  g->max_execs = ExecBudget(g->exec_bytes, g->nodes.size());
+  g->memory.exec_device = measured ? static_cast<int64_t>(free_before > free_after ? free_before - free_after : 0)
+                                    : -1;
+  g->max_execs = ExecBudget(g->memory.exec_device, g->nodes.size());
 }
 
 // With room for one executable, copies the buffers whose sites cost more to
@@ -216,7 +232,8 @@ inline void ChooseAtRegistration(DeviceGraph* g) {
     double rewrite = kSiteNsGuess * static_cast<double>(g->buffers[i].sites.size());
     double copy = CopyCost(*g, i);
     if (!CopyAtRegistration(g->buffers[i].sites.size(), copy, g->max_execs)) continue;
-    std::string exec = g->exec_bytes >= 0 ? Bytes(static_cast<double>(g->exec_bytes)) : "an estimated " +
+    int64_t bytes = g->memory.exec_device;
+    std::string exec = bytes >= 0 ? Bytes(static_cast<double>(bytes)) : "an estimated " +
                        Bytes(kExecBytesPerNodeGuess * static_cast<double>(g->nodes.size()));
     (void)SwitchToCopy(g, i, std::to_string(g->buffers[i].sites.size()) + " kernel arguments point at it and the "
                        "graph keeps one executable (" + exec + " of device memory), so every new XLA address "

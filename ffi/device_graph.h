@@ -18,9 +18,12 @@
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -51,6 +54,7 @@ struct ReplayCounters {
   std::atomic<int64_t> handler_calls{0};  // calls of the handlers, and their host time:
   std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
   std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
+  std::atomic<int64_t> copy_ns{0};        // the part of handler_ns inside cudaMemcpyAsync
 
   void Count(ReplayPath path) { paths[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
 };
@@ -65,6 +69,30 @@ struct ExecSlot {
 };
 
 constexpr size_t kMaxExecs = 4;  // executables kept per graph and device, at most (bind_policy.h: fewer when large)
+
+// What one registered graph's copies take, measured at registration (-1:
+// not measured). Host figures are the process's resident memory before and
+// after each step, so they are approximate (another thread's allocations
+// count too, memory the allocator reuses does not).
+struct GraphMemory {
+  int64_t exec_device = -1;  // one executable, uploaded
+  int64_t exec_host = -1;    // the same executable's host side
+  int64_t clone_host = -1;   // our clone of the template
+  int64_t binding_host = -1; // the kernel nodes' argument copies and sites read for binding
+};
+
+// The process's resident host memory in bytes (Linux), -1 where it cannot be read.
+inline int64_t ResidentBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long pages = 0, resident = 0;
+  int read = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return read == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// `after - before` of two ResidentBytes, -1 when either is unknown.
+inline int64_t Grown(int64_t before, int64_t after) { return before < 0 || after < 0 ? -1 : after - before; }
 
 // One graph on one device: our clone, its executables, and how each static
 // buffer (inputs first, then outputs) is bound.
@@ -92,7 +120,7 @@ struct DeviceGraph {
   uint64_t calls = 0;
   // What the executables cost and what binding costs (bind_policy.h).
   size_t max_execs = kMaxExecs;    // executables kept: fewer when each is large
-  int64_t exec_bytes = -1;         // device memory of one executable, measured at registration (-1: unknown)
+  GraphMemory memory;              // what its copies of the graph take, measured at registration
   std::vector<uint32_t> misses;    // per buffer: calls that found its address in no executable
   double site_ns = -1;             // host ns per kernel argument rewritten in place, measured (-1: not yet)
   double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)

@@ -148,14 +148,18 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     g->owns_graph = false;
   } else {
     cudaGraph_t clone = nullptr;
+    int64_t before = ResidentBytes();
     cudaError_t err = cudaGraphClone(&clone, reinterpret_cast<cudaGraph_t>(graph));
     if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphClone", err));
     g->graph = reinterpret_cast<CUgraph>(clone);
+    g->memory.clone_host = Grown(before, ResidentBytes());
   }
   if (options.bind) {
+    int64_t before = ResidentBytes();
     GraphScan scan(&g->buffers, options.scan, g->num_inputs);
     scan.Scan(g->graph, &g->nodes);
     g->conditionals = std::max(g->conditionals, scan.conditionals());  // nested ones too
+    g->memory.binding_host = Grown(before, ResidentBytes());
   } else {
     for (auto& b : g->buffers) b.Copy("bind='copy' was asked for");
   }

@@ -55,7 +55,11 @@ ffi::Error CheckBytes(const char* what, size_t index, size_t got, size_t want) {
 
 ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0 || dst == src) return ffi::Error::Success();
+  auto start = std::chrono::steady_clock::now();
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  counters.copy_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+      std::memory_order_relaxed);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaMemcpyAsync", err));
   counters.copy.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
@@ -303,7 +307,10 @@ NB_MODULE(_replay, m) {
     d["exec_update_whole"] = g->exec_update_whole;
     d["executables"] = g->slots.size();
     d["max_executables"] = g->max_execs;
-    d["exec_device_bytes"] = g->exec_bytes;
+    d["exec_device_bytes"] = g->memory.exec_device;
+    d["exec_host_bytes"] = g->memory.exec_host;
+    d["clone_host_bytes"] = g->memory.clone_host;
+    d["binding_host_bytes"] = g->memory.binding_host;
     d["rewrite_ns_per_site"] = g->site_ns;
     return d;
   }, nb::arg("id"), nb::arg("device"),
@@ -311,7 +318,9 @@ NB_MODULE(_replay, m) {
      "nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', "
      "'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, "
      "'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured "
-     "at registration; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in "
+     "at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), "
+     "'binding_host_bytes' (argument copies and sites), host figures from the process's resident "
+     "memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in "
      "place, measured; -1 not yet).");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
   // The bind-or-copy policy's decisions on given figures (bind_policy.h), for tests and readers.
@@ -357,10 +366,11 @@ NB_MODULE(_replay, m) {
     c["handler_calls"] = counters.handler_calls.load();
     c["handler_ns"] = counters.handler_ns.load();
     c["launch_ns"] = counters.launch_ns.load();
+    c["copy_ns"] = counters.copy_ns.load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
      "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
      "bound buffers switched to copying by cost; "
      "handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch "
-     "(launch_ns).");
+     "(launch_ns) and inside cudaMemcpyAsync (copy_ns).");
 }

@@ -159,7 +159,11 @@ class GraphInfo(NamedTuple):
     What the graph holds on its device, besides the clone of the template in
     host memory: ``executables`` kept now, at most ``max_executables`` (fewer
     when one is large), each taking ``exec_device_bytes`` of device memory
-    (measured at registration; -1 when it could not be). ``rewrite_ns_per_site``
+    (measured at registration; -1 when it could not be). Host memory measured
+    at registration from the process's resident size around each step
+    (approximate, -1 unknown): ``exec_host_bytes`` (one executable),
+    ``clone_host_bytes`` (the clone of the template) and ``binding_host_bytes``
+    (the kernel nodes' argument copies and sites). ``rewrite_ns_per_site``
     is the measured host time to rewrite one kernel argument in an executable
     (-1 until a call did), which decides when a bound buffer is better copied.
     """
@@ -173,6 +177,9 @@ class GraphInfo(NamedTuple):
     max_executables: int = 0
     exec_device_bytes: int = -1
     rewrite_ns_per_site: float = -1.0
+    exec_host_bytes: int = -1
+    clone_host_bytes: int = -1
+    binding_host_bytes: int = -1
 
     @property
     def device_bytes(self) -> int:
@@ -219,7 +226,8 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
     d = native("replay").describe_graph(graph_id, device)
     return GraphInfo(paths_from_codes(d["paths"]), int(d["conditionals"]), int(d["kernel_nodes"]),
                      d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
-                     int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]))
+                     int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
+                     int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]))
 
 
 def retire(graph_id: int, device: int = -1) -> None:

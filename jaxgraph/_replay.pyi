@@ -32,7 +32,7 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place, measured; -1 not yet).
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the process's resident memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place, measured; -1 not yet).
     """
 
 def live_graphs() -> int:
@@ -58,5 +58,5 @@ def codes() -> dict:
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost; handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch (launch_ns).
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost; handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch (launch_ns) and inside cudaMemcpyAsync (copy_ns).
     """

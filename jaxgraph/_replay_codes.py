@@ -89,8 +89,8 @@ class BufferBinding(NamedTuple):
 def counters() -> dict[str, int]:
     """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``,
     ``rebind``, ``copy``, ``to_copy`` (bound buffers switched to copying by their cost),
-    ``handler_calls``, ``handler_ns`` and ``launch_ns`` (the part of ``handler_ns`` spent inside
-    ``cudaGraphLaunch`` on the launch path)."""
+    ``handler_calls``, ``handler_ns``, and the parts of ``handler_ns`` spent inside
+    ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside ``cudaMemcpyAsync`` (``copy_ns``)."""
     return dict(native("replay").counters())
 
 

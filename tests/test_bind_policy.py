@@ -194,3 +194,33 @@ def test_describe_graph_weighs_the_executables(k):
     assert info.exec_device_bytes > 0, info          # measured at registration (the upload included)
     assert info.max_executables == policy().policy_exec_budget(info.exec_device_bytes, 2000)
     assert info.device_bytes == info.exec_device_bytes
+    # Host figures are the process's resident size around each step: measured (>= 0) on Linux.
+    assert min(info.exec_host_bytes, info.clone_host_bytes, info.binding_host_bytes) >= 0, info
+
+
+@pytest.mark.gpu
+def test_one_site_buffers_switched_to_copying_keep_their_executables(k, rng):
+    # New addresses on every call: the cache fills (at most max_executables - 1 new executables),
+    # then each call rewrites a site in place. Should the measured rewrites cost more than copies,
+    # the buffers switch, and their executables are rewritten back, not instantiated again.
+    x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k["add_one"][B, 256](y_s, x_s, N)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    f = jax.jit(step)
+    before, outs = counters(), []
+    for call in range(16):
+        x = ints(rng)
+        outs.append(f(jnp.asarray(x)))
+        np.testing.assert_array_equal(np.asarray(outs[-1]), x + 1, err_msg=f"call {call}")
+    change = {key: value - before[key] for key, value in counters().items()}
+    info = describe_graph(step.graph_id, g.device)
+    assert change["instantiate"] <= info.max_executables - 1, (change, info)
+    rows = step.bindings[g.device]
+    for row in rows:
+        assert row.mode in (BindingMode.BOUND, BindingMode.COPIED_BY_COST), rows
+        if row.mode is BindingMode.COPIED_BY_COST:
+            assert "address was new on" in row.reason, row
+    assert change["to_copy"] == sum(r.mode is BindingMode.COPIED_BY_COST for r in rows), (change, rows)
+    assert info.executables >= 1, info

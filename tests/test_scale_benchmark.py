@@ -52,7 +52,7 @@ def point(n, pattern, eager, feedback, rotating):
 
 def test_markdown_reports_ratios_counters_and_memory():
     results = {"date": "2026-11-23", "device": {"name": "Test GPU"}, "git": "abc", "xla_flags": scale.XLA_FLAGS,
-               "config": {"repeats": 3},
+               "config": {"repeats": 3, "elements": 1024},
                "points": [point(10000, "in_place", 1.0, 1.03, 1.5),
                           {"n": 100000, "pattern": "one_site", "error": "timed out after 180 s"}]}
     text = scale.markdown(results)
