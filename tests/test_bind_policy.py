@@ -1,5 +1,10 @@
 """Bind or copy by cost, the executable cache, and what a graph's executables take (ffi/bind_policy.h).
 
+Tests internals: the native policy functions (``internals.native_replay``), the
+replay counters and ``describe_graph`` (``internals``): which decision the
+policy takes on given figures, and how many executables, instantiations,
+rewrites and copies a call cost, are not in the public API.
+
 The CPU tests check the policy's decisions on given figures (the native
 functions the handler itself calls); the GPU tests check what the handler does
 with real graphs: an in-place state touched by every kernel, whose address
@@ -20,8 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
-from jaxgraph._jax_replay import describe_graph  # noqa: E402
-from jaxgraph._native import native  # noqa: E402
+from internals import counters, describe_graph, native_replay  # noqa: E402
 
 N = 1024
 B = N // 256
@@ -40,11 +44,7 @@ extern "C" __global__ void add_one(float* y, const float* x, int n) {
 
 
 def policy():
-    return native("replay")
-
-
-def counters():
-    return dict(native("replay").counters())
+    return native_replay()
 
 
 # ---------------------------------------------------------------------------
