@@ -26,21 +26,13 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
 from internals import counters, describe_graph, native_replay  # noqa: E402
+from kernels import ADD_ONE, INC  # noqa: E402
 
 N = 1024
 B = N // 256
 SITES_MANY = 64  # kernels updating the state in place: 64 sites of one buffer
 
-SRC = r"""
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void add_one(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] + 1.0f;
-}
-"""
+SRC = INC + ADD_ONE
 
 
 def policy():
