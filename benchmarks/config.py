@@ -46,9 +46,10 @@ MIXED_MODES = ("mixed", "mixed_changing", "mixed_calls", "mixed_calls_changing")
 JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit", *MIXED_MODES)
 
 # The replay handler's counters (jaxgraph._replay_codes.counters()) each JAX mode reports per call:
-# calls per replay path, executables made, kernel-node rebinds, buffer copies, handler calls and host time.
+# calls per replay path, executables made, kernel-node rebinds, buffer copies, buffers switched to
+# copying by their cost, handler calls and host time.
 COUNTERS = ("handler_calls", "launch", "splice_nodes", "splice_whole", "uncaptured_launch", "instantiate",
-            "rebind", "copy", "handler_ns")
+            "rebind", "copy", "to_copy", "handler_ns")
 
 # --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
 LOOP_UNROLLS = (2, 8, 32)

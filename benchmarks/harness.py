@@ -33,7 +33,7 @@ WARM_UP_CALLS = 64    # untimed calls before calibrating (or WARM_UP_S, whicheve
 WARM_UP_S = 0.25
 SETTLE_ROUNDS = 8     # at most this many sample-sized runs wait for the counters to settle
 RESETTLE_ROUNDS = 4   # ... and again for each mode once the whole group is built
-NOISY_COUNTERS = ("handler_ns",)  # times, not events: not compared when settling
+NOISY_COUNTERS = ("handler_ns", "launch_ns", "copy_ns")  # times, not events: not compared when settling
 
 
 class Skip(Exception):

@@ -264,7 +264,8 @@ def _counters_table(processes: dict) -> list[str]:
     return ["## What the replay handler did per call (median over the samples)", "",
             "`jaxgraph._replay_codes.counters()`, change per jitted call: handler calls, calls per replay path "
             "(launch, splice_nodes, splice_whole, uncaptured_launch), executables instantiated, kernel nodes "
-            "rebound in executables, buffers copied, and the handler's host time. Under XLA command buffers a "
+            "rebound in executables, buffers copied, buffers switched to copying by their cost, and the "
+            "handler's host time. Under XLA command buffers a "
             "splice is a re-record of XLA's graph: when XLA's addresses repeat there is none.", "",
             "| setting | N | mode | " + " | ".join(names) + " | handler us |",
             "| --- | ---: | --- |" + " ---: |" * (len(names) + 1), *rows, ""]

@@ -3,6 +3,7 @@
     python benchmarks/run.py            # full run: N = 1, 10, 100, 1000, 7 interleaved repeats
     python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
     python benchmarks/run.py --loops    # only the loop modes (loop_modes.py), N = 1, 10, 100, < 4 minutes
+    python benchmarks/run.py --scale    # graphs of 10k and 100k kernels (scale.py), < 3 minutes
 
 One worker process per setting (``nojax``, then XLA command buffers ``off``,
 ``on`` and JAX ``defaults``), each with ``XLA_FLAGS`` set explicitly in its
@@ -50,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
     p.add_argument("--loops", action="store_true",
                    help="only the loop modes (device loops, fori_loops) in every setting, 'while' included")
+    p.add_argument("--scale", action="store_true",
+                   help="only the scale run (benchmarks/scale.py: N = 10k and 100k kernels, two buffer "
+                   "patterns); writes <device>-scale.{json,md}")
     p.add_argument("--settings", type=_settings, default=None,
                    help="comma-separated subset of " + ",".join(config.SETTINGS)
                    + " (default: all but 'while'; all with --loops)")
@@ -66,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.settings is None:
         args.settings = tuple(config.SETTINGS) if args.loops else config.DEFAULT_SETTINGS
+    if args.scale and (args.loops or args.quick):
+        p.error("--scale is its own run; benchmarks/scale.py takes --points, --repeats and --target-ms")
     if args.loops and args.quick:
         p.error("--loops and --quick are separate runs; narrow --loops with --ns, --repeats, --target-ms")
     if args.repeats is not None and args.repeats < 1:
@@ -176,6 +182,10 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.scale:
+        from benchmarks import scale
+
+        return scale.main(["--out", str(args.out)])
     cfg = build_config(args)
     start = time.perf_counter()
     meta = collect_meta(cfg, argv)  # the date is the start of the run

@@ -11,13 +11,20 @@ tests internals, and what for.
 """
 
 __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
-           "replayable_of_referenced", "set_capture_policy", "spec_replayable", "spec_sharded"]
+           "native_replay", "replayable_of_referenced", "set_capture_policy", "spec_replayable", "spec_sharded"]
 
 from jaxgraph._jax_replay import describe_graph
+from jaxgraph._native import native
 from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replay_codes import counters, set_capture_policy
 from jaxgraph._replayable import Replayable, replayable_of_referenced
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
+
+
+def native_replay():
+    """The native replay extension (``ffi/replay.cc``): its code tables and the bind-or-copy
+    policy's decisions on given figures (``policy_*``)."""
+    return native("replay")
 
 
 def spec_replayable(inputs, outputs, graph_id=0, *, via="ffi", uncaptured=False, **options):

@@ -307,6 +307,7 @@ def test_counters_per_call_and_settling():
     # an event every other call, over an odd number of calls, still reads as settled
     assert harness._same_events({"rebind": 100 * 2 / 5}, {"rebind": 100 * 3 / 5}, 5)
     assert not harness._same_events({"rebind": 0.0}, {"rebind": 100.0}, 5)
+    assert harness._same_events({"copy": 1.0, "launch_ns": 10.0}, {"copy": 1.0, "launch_ns": 99.0}, 5)  # times
     assert harness.counter_deltas({"a": 1, "b": 5}, {"a": 7, "b": 5}, 3) == {"a": 2.0, "b": 0.0}
 
 
@@ -458,9 +459,9 @@ def test_markdown_mixed_headline_and_counters():
     assert text.index("## Replays between XLA ops") < text.index("## on:")
     assert "| N | raw | jit_loop | jit_changing | jit_fori | jit_unrolled | jax_calls |" in text  # no mixed there
     assert ("| setting | N | mode | handler_calls | launch | splice_nodes | splice_whole | uncaptured_launch "
-            "| instantiate | rebind | copy | handler us |") in text
-    assert "| on | 100 | jit_loop | 1 | 0 | 0.50 | 0 | 0 | 0 | 0 | 0.50 | 12.35 |" in text
-    assert "| on | 100 | mixed (not settled) | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 0 | 3.000 |" in text
+            "| instantiate | rebind | copy | to_copy | handler us |") in text
+    assert "| on | 100 | jit_loop | 1 | 0 | 0.50 | 0 | 0 | 0 | 0 | 0.50 | 0 | 12.35 |" in text
+    assert "| on | 100 | mixed (not settled) | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 3.000 |" in text
     assert "| on | 100 | raw |" not in text
 
 

@@ -115,17 +115,18 @@ def test_alternating_addresses_of_a_many_site_buffer_reuse_cached_executables(k,
     assert path_calls({}, change) == launched(6), change
 
 
-def test_alternating_addresses_of_a_few_site_buffer_are_rebound(k, rng):
-    # y has one site: rewriting it costs less than an executable, so one executable is rebound.
+def test_alternating_addresses_of_a_few_site_buffer_reuse_cached_executables(k, rng):
+    # y has one site: each alternating address still gets its own executable while the graph
+    # has room for one (bind_policy.h), so a call rewrites nothing: a rewritten executable is
+    # slower to launch, and the handler's work would grow with the calls, not with what changed.
     g, x_s, y_s = two_stage(k)
     step = jaxgraph.replayable(g, [x_s], [y_s])
     x = rnd(rng)
     out, seen, change = _alternate(jax.jit(step), jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(out), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
-    assert len(seen) >= 2, seen
-    assert change["instantiate"] == 0, change
+    assert 2 <= len(seen) <= 4, seen
+    assert change["instantiate"] == 0 and change["rebind"] == 0, change
     assert path_calls({}, change) == launched(6), change
-    assert 0 < change["rebind"] <= 6, change  # at most one site per call
 
 
 def test_copy_fallback_says_why_and_stays_correct(k, rng):
