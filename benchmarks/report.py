@@ -126,7 +126,28 @@ def _loop_tables(processes: dict) -> list[str]:
     if rows:
         lines += ["### Ratios within one process (per step)", "", "| process | N | ratio | value |",
                   "| --- | ---: | --- | ---: |", *rows, ""]
-    return lines
+    return lines + _trip_table(nojax)
+
+
+def _trip_table(nojax: dict) -> list[str]:
+    """What one WHILE trip adds over the unrolled floor: (per-step time - floor's) * K, per N and K."""
+    modes = [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") and m in nojax.get("modes", {})]
+    rows = []
+    for n in _ns(nojax):
+        floor = _median(nojax, "loop_unrolled", n)
+        cells = []
+        for m in modes:
+            entry = nojax["modes"][m]["by_n"].get(n, {})
+            mine = _median(nojax, m, n)
+            cells.append(fmt((mine - floor) * int(n) * entry["unroll"]) + f" (K={entry['unroll']})"
+                         if floor and mine and entry.get("unroll") else "–")
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    if not modes or not rows:
+        return []
+    return ["### A WHILE trip over the unrolled floor (nojax, us per trip)", "",
+            "(us per step - `loop_unrolled`'s) x K: what one trip of the device loop adds. Where N x K is "
+            "large the difference is within the samples' spread.", "",
+            "| N | " + " | ".join(modes) + " |", "| ---: |" + " ---: |" * len(modes), *rows, ""]
 
 
 def _median(proc: dict, mode: str, n: str) -> float | None:

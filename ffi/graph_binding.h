@@ -62,6 +62,7 @@ enum class BindMode : int {
   kBound = 0,   // kernel arguments pointed at XLA's buffer
   kCopied = 1,  // copied in (inputs) or out (outputs) around the replay
   kUnused = 2,  // no node jaxgraph can read refers to it: copied in case the graph reaches it otherwise
+  kCopiedByCost = 3,  // could be bound, but copying costs less (bind_policy.h)
 };
 
 struct Binding {

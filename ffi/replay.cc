@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bind_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
@@ -54,7 +55,11 @@ ffi::Error CheckBytes(const char* what, size_t index, size_t got, size_t want) {
 
 ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0 || dst == src) return ffi::Error::Success();
+  auto start = std::chrono::steady_clock::now();
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  counters.copy_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+      std::memory_order_relaxed);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaMemcpyAsync", err));
   counters.copy.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
@@ -133,11 +138,21 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (auto e = SpliceNodes(g->order, g->nodes, stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceNodes);
   } else {
-    ExecSlot* slot = nullptr;
-    if (auto e = PrepareExec(g, addresses, &slot); e.failure()) return e;
-    err = cudaGraphLaunch(slot->exec, stream);
+    using Clock = std::chrono::steady_clock;
+    auto start = Clock::now();
+    Prepared prepared;
+    if (auto e = PrepareExec(g, addresses, &prepared); e.failure()) return e;
+    auto launch = Clock::now();
+    err = cudaGraphLaunch(prepared.slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
+    auto end = Clock::now();
+    counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launch).count(),
+                                 std::memory_order_relaxed);
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
+    using Ns = std::chrono::duration<double, std::nano>;
+    NoteLaunch(g, prepared, Ns(launch - start).count(), Ns(end - launch).count());
+    if (auto e = CopyBuffers(g, addresses, true, false, stream); e.failure()) return e;
+    return Adapt(g);  // after the copies out: a buffer switched to copying is copied from the next call
   }
   return CopyBuffers(g, addresses, true, whole, stream);
 }
@@ -290,17 +305,46 @@ NB_MODULE(_replay, m) {
     d["splice_whole_reason"] = g->unflattenable;
     d["borrowed_exec"] = g->borrowed_exec;
     d["exec_update_whole"] = g->exec_update_whole;
+    d["executables"] = g->slots.size();
+    d["max_executables"] = g->max_execs;
+    d["exec_device_bytes"] = g->memory.exec_device;
+    d["exec_host_bytes"] = g->memory.exec_host;
+    d["clone_host_bytes"] = g->memory.clone_host;
+    d["binding_host_bytes"] = g->memory.binding_host;
+    d["rewrite_ns_per_site"] = g->site_ns;
     return d;
   }, nb::arg("id"), nb::arg("device"),
      "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional "
      "nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', "
-     "'borrowed_exec', 'exec_update_whole'.");
+     "'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, "
+     "'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured "
+     "at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), "
+     "'binding_host_bytes' (argument copies and sites), host figures from the process's resident "
+     "memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in "
+     "place, measured; -1 not yet).");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
+  // The bind-or-copy policy's decisions on given figures (bind_policy.h), for tests and readers.
+  m.def("policy_exec_budget", &ExecBudget, nb::arg("exec_bytes"), nb::arg("nodes"),
+        "Executables a graph keeps when one takes `exec_bytes` of device memory (-1: estimated from `nodes`).");
+  m.def("policy_copy_at_registration", [](size_t sites, const std::vector<uint64_t>& bytes, size_t max_execs) {
+    double copy = 0;
+    for (uint64_t b : bytes) copy += CopyNs(b);
+    return CopyAtRegistration(sites, copy, max_execs);
+  }, nb::arg("sites"), nb::arg("bytes"), nb::arg("max_execs"),
+     "Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.");
+  m.def("policy_copy_after_misses", [](uint32_t misses, uint64_t calls, size_t sites, double site_ns,
+                                       const std::vector<uint64_t>& bytes) {
+    double copy = 0;
+    for (uint64_t b : bytes) copy += CopyNs(b);
+    return CopyAfterMisses(misses, calls, sites, site_ns, copy);
+  }, nb::arg("misses"), nb::arg("calls"), nb::arg("sites"), nb::arg("site_ns"), nb::arg("bytes"),
+     "Whether a bound array whose address was new on `misses` of `calls` calls switches to copying.");
   m.def("codes", []() {
     nb::dict binding, path, out;
     binding["bound"] = static_cast<int>(BindMode::kBound);
     binding["copied"] = static_cast<int>(BindMode::kCopied);
     binding["unused"] = static_cast<int>(BindMode::kUnused);
+    binding["copied_by_cost"] = static_cast<int>(BindMode::kCopiedByCost);
     path["launch"] = static_cast<int>(ReplayPath::kLaunch);
     path["splice_nodes"] = static_cast<int>(ReplayPath::kSpliceNodes);
     path["splice_whole"] = static_cast<int>(ReplayPath::kSpliceWhole);
@@ -318,10 +362,15 @@ NB_MODULE(_replay, m) {
     c["instantiate"] = counters.instantiate.load();
     c["rebind"] = counters.rebind.load();
     c["copy"] = counters.copy.load();
+    c["to_copy"] = counters.to_copy.load();
     c["handler_calls"] = counters.handler_calls.load();
     c["handler_ns"] = counters.handler_ns.load();
+    c["launch_ns"] = counters.launch_ns.load();
+    c["copy_ns"] = counters.copy_ns.load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
-     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies; "
-     "handler calls and their total host time in ns.");
+     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
+     "bound buffers switched to copying by cost; "
+     "handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch "
+     "(launch_ns) and inside cudaMemcpyAsync (copy_ns).");
 }

@@ -220,7 +220,7 @@ def ensure_context(device: int | None = None) -> int:
 
 
 def _current_context() -> int:
-    """``cuCtxGetCurrent()`` as an integer: natively where the extension is built (~0.1 us)."""
+    """``cuCtxGetCurrent()`` as an integer: natively where the extension is built."""
     global _current_context_fn
     if _current_context_fn is None:
         try:

@@ -29,6 +29,11 @@ class BindingMode(str, enum.Enum):
     UNUSED = "unused"
     """No node jaxgraph can read refers to it; copied in case the graph reaches it through
     device memory (``drop_unreferenced`` leaves such inputs out of the call)."""
+    COPIED_BY_COST = "copied_by_cost"
+    """Could be bound, but copying costs less: many kernel arguments point at it (state updated
+    in place by every kernel) and either the graph keeps one executable (a large graph: decided
+    at registration) or XLA's address for it kept changing (decided after some calls). The
+    ``reason`` gives the figures."""
 
     def __str__(self) -> str:
         return self.value
@@ -64,8 +69,8 @@ class BufferBinding(NamedTuple):
     """How one static buffer meets XLA's buffer in a jitted replay.
 
     ``mode`` is a :class:`BindingMode`; ``sites`` counts the kernel arguments
-    rewritten when XLA's address changes (bound buffers); ``reason`` says why
-    a buffer is copied or unused, for people (never parsed).
+    that point at it (rewritten when XLA's address of a bound buffer changes);
+    ``reason`` says why a buffer is copied or unused, for people (never parsed).
     """
 
     kind: str
@@ -83,7 +88,9 @@ class BufferBinding(NamedTuple):
 
 def counters() -> dict[str, int]:
     """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``,
-    ``rebind``, ``copy``, ``handler_calls`` and ``handler_ns``."""
+    ``rebind``, ``copy``, ``to_copy`` (bound buffers switched to copying by their cost),
+    ``handler_calls``, ``handler_ns``, and the parts of ``handler_ns`` spent inside
+    ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside ``cudaMemcpyAsync`` (``copy_ns``)."""
     return dict(native("replay").counters())
 
 
