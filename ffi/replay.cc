@@ -340,8 +340,7 @@ NB_MODULE(_replay, m) {
   }, nb::arg("policy"),
      "Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs "
      "recorded for the first time from now on (a graph keeps the policy of its first recording); "
-     "returns the previous code. For tests and benchmarks "
-     "(benchmarks/capture_policies.py).");
+     "returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).");
   // The bind-or-copy policy's decisions on given figures (bind_policy.h), for tests and readers.
   m.def("policy_exec_budget", &ExecBudget, nb::arg("exec_bytes"), nb::arg("nodes"),
         "Executables a graph keeps when one takes `exec_bytes` of device memory (-1: estimated from `nodes`).");
