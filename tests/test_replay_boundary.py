@@ -6,8 +6,8 @@ sentences); a replayable of a graph with conditional nodes lowers to
 Lowering needs no device: the replayables here are built from a spec.
 
 Tests internals (listed in tests/README.md): ``_native`` code and counter tables,
-``_replay_codes.binding_from_row``, ``paths_from_codes``, ``internals.spec_replayable``,
-``ReplaySpec``; the typed native boundary itself.
+``_replay_codes.binding_from_row``, ``paths_from_codes``, ``set_capture_policy``,
+``internals.spec_replayable``, ``ReplaySpec``; the typed native boundary itself.
 """
 
 import re
@@ -57,6 +57,24 @@ def test_each_native_replay_path_has_its_own_counter():
         assert counters[path.value] >= 0
     assert "splice" not in counters  # the lumped counter is gone: tests name the path
     assert {"instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns"} <= set(counters)
+
+
+def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
+    from jaxgraph._replay_codes import CapturePolicy, set_capture_policy
+
+    codes = _native.native("replay").codes()["capture"]
+    assert set(codes) == {p.value for p in CapturePolicy} and len(set(codes.values())) == 4
+    previous = set_capture_policy("whole")
+    try:
+        assert previous is CapturePolicy.AUTO  # the default
+        assert set_capture_policy(CapturePolicy.BIND) is CapturePolicy.WHOLE
+        with pytest.raises(ValueError, match="'sometimes' is not a valid CapturePolicy"):
+            set_capture_policy("sometimes")
+        with pytest.raises(ValueError, match="capture policy must be a code"):
+            _native.native("replay").set_capture_policy(7)
+    finally:
+        set_capture_policy(previous)
+    assert set_capture_policy(previous) is CapturePolicy.AUTO
 
 
 def test_binding_rows_are_typed_and_read_as_before():
