@@ -16,7 +16,11 @@ The step is ``examples/gray_scott.py``'s: ``2 * substeps + 2`` kernels
   for u and v and a memset for the total (so XLA copies u and v into the
   loop's carry every trip, and jaxgraph copies the total out of its array);
 - ``graphed_memset``: in place, but the total zeroed by a memset node
-  (``jaxgraph.zeros``) instead of the zero kernel;
+  (as ``jaxgraph.zeros`` does) instead of the zero kernel;
+- ``graphed_forked``: in place, the zero kernel launched on a second stream
+  that forks from the capture stream and joins it before ``total``: the
+  graph's zero runs beside the first substep (XLA may schedule its
+  operand-less zero kernel the same way);
 - ``loop_jit``: the device loop (``jaxgraph.graphed_loop``) inside jit, one
   FFI call for all the steps: not a fori_loop, shown for scale.
 
@@ -64,6 +68,7 @@ MODES = {
     "graphed_fori": "jaxgraph: the example's graphed step (in place) in the fori_loop",
     "graphed_fresh": "the graphed step as before: new u, v and a memset for the total",
     "graphed_memset": "in place, the total zeroed by a memset node instead of a kernel",
+    "graphed_forked": "in place, the zero kernel on a forked stream: a graph branch beside the first substep",
     "loop_jit": "device loop (`graphed_loop`) in jit: one FFI call, not a fori_loop",
 }
 COUNTERS = ("launch", "splice_nodes", "splice_whole", "uncaptured_launch", "instantiate", "rebind", "copy")
@@ -111,14 +116,24 @@ def _example() -> Any:
     return module
 
 
-def fresh_step(gs: Any, model: Any, zero_with_memset: bool = True, in_place: bool = False) -> Callable:
-    """The example's step written the other ways: new arrays for u and v, and/or a memset for the total."""
+def variant_step(gs: Any, model: Any, *, in_place: bool, zero: str) -> Callable:
+    """The example's step written other ways: ``in_place`` or new arrays for u and v; the total
+    zeroed by a ``"memset"`` node, the ``"kernel"``, or that kernel on a ``"forked"`` stream (a
+    branch of the graph that runs beside the first substep, as XLA may run its zero kernel)."""
     import jaxgraph
+
+    side = jaxgraph.Stream() if zero == "forked" else None
 
     def step(u: Any, v: Any) -> tuple:
         shape = (model.nx, model.nx)
+        mass = jaxgraph.empty(1)
+        if side is not None:
+            main = jaxgraph.current_stream()
+            side.wait_stream(main)
+            with jaxgraph.stream(side):
+                model.zero[1, 1](mass)
         lu, lv = jaxgraph.empty(shape), jaxgraph.empty(shape)
-        scratch = [(jaxgraph.empty(shape), jaxgraph.empty(shape)) for _ in range(2)]
+        scratch = [(jaxgraph.empty(shape), jaxgraph.empty(shape)) for _ in range(1 if in_place else 2)]
         pairs = ((u, v), scratch[0]) if in_place else tuple(scratch)
         for s in range(model.substeps):
             u_next, v_next = pairs[(model.substeps - 1 - s) % 2]
@@ -126,11 +141,12 @@ def fresh_step(gs: Any, model: Any, zero_with_memset: bool = True, in_place: boo
             model.react[model.grid1, 256](u_next, v_next, u, v, lu, lv, gs.DU, gs.DV, gs.FEED, gs.KILL, gs.DT,
                                           model.n)
             u, v = u_next, v_next
-        if zero_with_memset:
-            mass = jaxgraph.zeros(1)
-        else:
-            mass = jaxgraph.empty(1)
+        if zero == "memset":
+            mass.fill_(0)
+        elif zero == "kernel":
             model.zero[1, 1](mass)
+        else:
+            main.wait_stream(side)
         model.total[model.grid1, 256](mass, v, model.n)
         return u, v, mass
 
@@ -213,9 +229,11 @@ def worker(args: argparse.Namespace) -> dict:
     want = gs.reference(u0, v0, steps, substeps)
     model = gs.GrayScott(nx, substeps)
     u, v = jnp.asarray(u0), jnp.asarray(v0)
-    graphed = {"graphed_fori": jaxgraph.make_graphed_callables(model.step, (u0, v0)),
-               "graphed_fresh": jaxgraph.make_graphed_callables(fresh_step(gs, model), (u0, v0)),
-               "graphed_memset": jaxgraph.make_graphed_callables(fresh_step(gs, model, in_place=True), (u0, v0))}
+    variants = {"graphed_fresh": dict(in_place=False, zero="memset"), "graphed_memset": dict(in_place=True, zero="memset"),
+                "graphed_forked": dict(in_place=True, zero="forked")}
+    graphed = {"graphed_fori": jaxgraph.make_graphed_callables(model.step, (u0, v0))}
+    for key, how in variants.items():
+        graphed[key] = jaxgraph.make_graphed_callables(variant_step(gs, model, **how), (u0, v0))
     factories = [("xla_fori", lambda: _mode("xla_fori", _fori(jax, model.xla_step, steps), (u, v), want, steps))]
     for key, g in graphed.items():
         factories.append((key, lambda key=key, g=g: _mode(key, _fori(jax, g, steps), (u, v), want, steps,
