@@ -100,6 +100,7 @@ def test_speed_is_xla_time_over_the_modes_and_the_report_shows_it():
     text = bench.markdown(results)
     assert "100 steps of 22 kernels" in text
     row = next(line for line in text.splitlines() if line.startswith("| off |"))
-    assert "**2.000x**" in row and "**0.800x**" in row and "50.00" in row and "25.00" in row
-    assert "| on | failed: exit code 1 |" in text
-    assert "launch 1" in text and "3.25" in text and "input 0 bound" in text
+    assert row == "| off | 50.00 | 25.00 | **2.000x** (2.00-2.00) |"
+    fresh = next(line for line in text.splitlines() if line.startswith("| `graphed_fresh` | 62"))
+    assert fresh.startswith("| `graphed_fresh` | 62.50 | 0.800x | launch 1 | 3.250 | 0 | 0 | input 0 bound |")
+    assert "| on | failed: exit code 1 | | |" in text
