@@ -28,10 +28,11 @@ One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
 ``benchmarks/config.py``), each with ``XLA_FLAGS`` exactly the setting's.
 In each, every mode's result (u, v and the totals) is checked against numpy
 first, then the modes are sampled in interleaved rounds
-(``harness.measure_group``): a sample is the host wall time of several calls,
-each ending in ``jax.block_until_ready``, per step. Each process also
-records, per mode, the replay counters per step (``jaxgraph._replay_codes.counters``:
-paths, executables made, rebinds, copies, handler host time), the
+(``harness.measure_group``): a sample is the host wall time of several
+back-to-back calls, the last waited for with ``jax.block_until_ready``, per
+step. Each process also records, per mode, the replay counters per step
+once warm (over 4 calls, after 7: ``jaxgraph._replay_codes.counters``, the
+paths, executables made, rebinds, copies and the handler's host time), the
 replayable's bindings, and what XLA compiled: array copies outside the entry
 computation (the loop's) and command-buffer computations. Writes
 ``<device>-gray-scott.json`` and ``.md`` (``-gray-scott-quick`` with
@@ -71,6 +72,7 @@ MODES = {
     "graphed_forked": "in place, the zero kernel on a forked stream: a graph branch beside the first substep",
     "loop_jit": "device loop (`graphed_loop`) in jit: one FFI call, not a fori_loop",
 }
+WARM_UP_CALLS, COUNTED_CALLS = 6, 4  # calls before the counters are read, and calls they are read over
 COUNTERS = ("launch", "splice_nodes", "splice_whole", "uncaptured_launch", "instantiate", "rebind", "copy")
 
 __all__ = ["MODES", "SETTINGS", "compiled_facts", "main", "markdown", "parse_args", "worker"]
@@ -155,10 +157,10 @@ def variant_step(gs: Any, model: Any, *, in_place: bool, zero: str) -> Callable:
 
 def compiled_facts(hlo: str) -> dict:
     """What XLA compiled: array copies outside the entry computation, command-buffer computations, custom calls."""
-    copies, computation, entry = 0, "", False
+    copies, entry = 0, False
     for line in hlo.splitlines():
         if line and not line.startswith((" ", "}")):  # a computation's header
-            computation, entry = line, line.startswith("ENTRY")
+            entry = line.startswith("ENTRY")
             continue
         if not entry and re.search(r"= \w+\[\d[\d,]*\]\S* copy(-start)?\(", line):
             copies += 1
@@ -185,8 +187,13 @@ def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayab
     from jaxgraph import _replay_codes
 
     before = _replay_codes.counters()
-    got = [np.asarray(a) for a in jax.block_until_ready(fn(*args))]  # compiles; counters of the first call
+    jax.block_until_ready(fn(*args))  # compiles
     first = _replay_codes.counters()
+    for _ in range(WARM_UP_CALLS):  # XLA's result buffers alternate between calls: let it see both
+        jax.block_until_ready(fn(*args))
+    warm = _replay_codes.counters()
+    for _ in range(COUNTED_CALLS - 1):
+        jax.block_until_ready(fn(*args))
     got = [np.asarray(a) for a in jax.block_until_ready(fn(*args))]
     after = _replay_codes.counters()
     u, v, m = want
@@ -194,10 +201,10 @@ def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayab
     np.testing.assert_allclose(got[1], v, rtol=0, atol=1e-4, err_msg=key)
     np.testing.assert_allclose(got[2], m[-got[2].size:], rtol=1e-3, err_msg=key)  # a device loop keeps the last
     info: dict = {"first_call": {k: first[k] - before[k] for k in COUNTERS if first[k] != before[k]}}
-    calls = after["handler_calls"] - first["handler_calls"]
-    info["per_step"] = {k: (after[k] - first[k]) / steps for k in COUNTERS}
-    info["handler_calls_per_call"] = calls
-    info["handler_us_per_handler_call"] = (after["handler_ns"] - first["handler_ns"]) / calls / 1e3 if calls else None
+    calls = after["handler_calls"] - warm["handler_calls"]
+    info["per_step"] = {k: (after[k] - warm[k]) / (COUNTED_CALLS * steps) for k in COUNTERS}
+    info["handler_calls_per_call"] = calls / COUNTED_CALLS
+    info["handler_us_per_handler_call"] = (after["handler_ns"] - warm["handler_ns"]) / calls / 1e3 if calls else None
     info["compiled"] = compiled_facts(fn.lower(*args).compile().as_text())
     if replayable is not None:
         info["bindings"] = [str(b) for b in replayable.bindings[0]]
@@ -303,7 +310,8 @@ def markdown(results: dict) -> str:
              f"{results.get('date')} · git {results.get('git') or '?'} · {cfg['repeats']} interleaved rounds · "
              f"{cfg['grid']} x {cfg['grid']} grid, {cfg['steps']} steps of {2 * cfg['substeps'] + 2} kernels "
              "per call", "",
-             "Median host wall time per step (calls of the jitted loop, each ending in `block_until_ready`); "
+             "Median host wall time per step (back-to-back calls of the jitted loop, the last waited for "
+             "with `block_until_ready`); "
              "speed = XLA's time over the mode's (> 1: faster than XLA), the medians' ratio, min-max over the "
              "rounds' paired ratios. Each XLA setting in its own process.", "",
              "| setting | XLA `jax_call`s us/step | graphed step us/step | graphed step speed vs XLA |",
