@@ -25,7 +25,11 @@ The step is ``examples/gray_scott.py``'s: ``2 * substeps + 2`` kernels
   FFI call for all the steps: not a fori_loop, shown for scale.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
-``benchmarks/config.py``), each with ``XLA_FLAGS`` exactly the setting's.
+``benchmarks/config.py``, and ``defaults_min1``: JAX's default command-buffer
+types at ``--xla_gpu_graph_min_graph_size=1``), each with ``XLA_FLAGS``
+exactly the setting's. The replay counters say whether XLA recorded a
+command buffer for the loop's body: its handler then runs only while XLA
+records, not on every trip.
 In each, every mode's result (u, v and the totals) is checked against numpy
 first, then the modes are sampled in interleaved rounds
 (``harness.measure_group``): a sample is the host wall time of several
@@ -33,8 +37,8 @@ back-to-back calls, the last waited for with ``jax.block_until_ready``, per
 step. Each process also records, per mode, the replay counters per step
 once warm (over 4 calls, after 7: ``jaxgraph._replay_codes.counters``, the
 paths, executables made, rebinds, copies and the handler's host time), the
-replayable's bindings, and what XLA compiled: array copies outside the entry
-computation (the loop's) and command-buffer computations. Writes
+replayable's bindings, and the array copies XLA compiled outside the entry
+computation (the loop's). Writes
 ``<device>-gray-scott.json`` and ``.md`` (``-gray-scott-quick`` with
 ``--quick``) into ``--out`` and prints the markdown.
 """
@@ -63,7 +67,12 @@ from benchmarks import config, harness, stats  # noqa: E402
 from benchmarks.report import fmt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ("off", "on", "defaults", "while")
+# benchmarks/config.py's settings, and JAX's default command-buffer types at min size 1: with the
+# in-place step a fori_loop body holds 3 commands (the replay, the store of the total, the trip
+# counter), under the default min size of 5, so XLA records no command buffer for it by default.
+FLAGS = {**{k: config.SETTINGS[k].xla_flags for k in ("off", "on", "defaults", "while")},
+         "defaults_min1": "--xla_gpu_graph_min_graph_size=1"}
+SETTINGS = tuple(FLAGS)
 MODES = {
     "xla_fori": "XLA: the kernels as `Kernel.jax_call`s in the fori_loop",
     "graphed_fori": "jaxgraph: the example's graphed step (in place) in the fori_loop",
@@ -156,7 +165,7 @@ def variant_step(gs: Any, model: Any, *, in_place: bool, zero: str) -> Callable:
 
 
 def compiled_facts(hlo: str) -> dict:
-    """What XLA compiled: array copies outside the entry computation, command-buffer computations, custom calls."""
+    """What XLA compiled: array copies outside the entry computation (the loop's), custom calls."""
     copies, entry = 0, False
     for line in hlo.splitlines():
         if line and not line.startswith((" ", "}")):  # a computation's header
@@ -164,9 +173,7 @@ def compiled_facts(hlo: str) -> dict:
             continue
         if not entry and re.search(r"= \w+\[\d[\d,]*\]\S* copy(-start)?\(", line):
             copies += 1
-    return {"loop_array_copies": copies,
-            "command_buffers": len(re.findall(r"^\S*command_buffer\S* ", hlo, re.M)),
-            "custom_calls": hlo.count("custom-call(")}
+    return {"loop_array_copies": copies, "custom_calls": hlo.count("custom-call(")}
 
 
 def _fori(jax: Any, step: Callable, steps: int) -> Callable:
@@ -261,7 +268,7 @@ def worker(args: argparse.Namespace) -> dict:
 def _worker_env(setting: str) -> dict:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    flags = config.SETTINGS[setting].xla_flags
+    flags = FLAGS[setting]
     if flags is not None:
         env["XLA_FLAGS"] = flags
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -270,7 +277,7 @@ def _worker_env(setting: str) -> dict:
 
 
 def _run_setting(setting: str, args: argparse.Namespace, tmp: Path, argv: Sequence[str]) -> dict:
-    path, flags = tmp / f"{setting}.json", config.SETTINGS[setting].xla_flags
+    path, flags = tmp / f"{setting}.json", FLAGS[setting]
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", setting, "--json", str(path)]
     print(f"[{setting}] XLA_FLAGS={flags!r}", flush=True)
     try:
@@ -325,19 +332,19 @@ def markdown(results: dict) -> str:
                      + (f"**{r['median']:.3f}x** ({r['min']:.2f}-{r['max']:.2f})" if r else "–") + " |")
     lines += ["", "| mode | what |", "| --- | --- |"] + [f"| `{k}` | {w} |" for k, w in MODES.items()]
     lines += ["", "## Every mode, per setting", "",
-              "Replay counters per step after the first call (nonzero ones), the replay handler's host time per "
-              "call, array copies XLA placed in the loop (outside the entry computation) and command-buffer "
-              "computations in the compiled module, and the replayable's bindings.", ""]
+              "Replay counters per step once warm (nonzero ones; none: XLA replays its command buffer without "
+              "calling the handler), the replay handler's host time per call, array copies XLA placed in the "
+              "loop (outside the entry computation), and the replayable's bindings.", ""]
     for setting, proc in results["processes"].items():
         lines += [f"### {setting}: `XLA_FLAGS={proc.get('xla_flags')}`", ""]
         if proc.get("failed"):
             lines += [f"failed: {proc['failed']}", ""]
             continue
-        lines += ["| mode | us/step | speed vs XLA | per step | handler us/call | loop copies | command buffers "
-                  "| bindings |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+        lines += ["| mode | us/step | speed vs XLA | per step | handler us/call | loop copies | bindings |",
+                  "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
         for key, record in proc.get("modes", {}).items():
             if "error" in record or "skipped" in record:
-                lines.append(f"| `{key}` | {record.get('error') or record.get('skipped')} | | | | | | |")
+                lines.append(f"| `{key}` | {record.get('error') or record.get('skipped')} | | | | | |")
                 continue
             r = proc["speed_vs_xla"].get(key)
             speed = f"{r['median']:.3f}x" if r else "–"
@@ -347,7 +354,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| `{key}` | {fmt(_median(proc['modes'], key))} | "
                          f"{speed} | {per_step} | "
                          f"{fmt(handler) if handler is not None else '–'} | {c.get('loop_array_copies', '–')} | "
-                         f"{c.get('command_buffers', '–')} | {'; '.join(record.get('bindings', [])) or '–'} |")
+                         f"{'; '.join(record.get('bindings', [])) or '–'} |")
         lines.append("")
     first = next((p for p in results["processes"].values() if p.get("summary")), None)
     if first:
