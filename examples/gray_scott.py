@@ -95,15 +95,15 @@ class GrayScott:
         u and v are updated in place: the substeps ping-pong between them and
         one scratch pair, ordered so that the last one writes u and v (with an
         odd count the first reaction runs in place, which is safe: it is
-        elementwise, and the Laplacian went to lu, lv). A graphed step whose outputs are its inputs is, inside ``jax.jit``, a
-        replay whose outputs share its operands' buffers (XLA aliases them),
-        so ``lax.fori_loop`` carries the state in place, as it does for XLA's
-        own kernels. A step returning new arrays would make XLA copy each of
-        them into the loop's carry on every trip (two 256 KiB copies a step
-        on the default grid). The total is zeroed by a kernel, not a memset:
-        jaxgraph points kernel arguments at XLA's buffers, but copies an
-        output a memset node writes out of the graph's own array after each
-        replay.
+        elementwise, and the Laplacian went to lu, lv). A graphed step whose
+        outputs are its inputs is, inside ``jax.jit``, a replay whose outputs
+        share its operands' buffers (XLA aliases them), so ``lax.fori_loop``
+        carries the state in place, as it does for XLA's own kernels. A step
+        returning new arrays would make XLA copy each of them into the loop's
+        carry on every trip (two 256 KiB copies a step on the default grid).
+        The total is zeroed by a kernel, not a memset: jaxgraph points kernel
+        arguments at XLA's buffers, but copies an output a memset node writes
+        out of the graph's own array after each replay.
         """
         shape = (self.nx, self.nx)
         lu, lv = jaxgraph.empty(shape), jaxgraph.empty(shape)
