@@ -6,8 +6,9 @@ and returns them. Its replay's outputs then share its operands' buffers, so
 XLA carries the loop's state in place (no copy per trip) and jaxgraph binds
 every buffer (no copy in or out). A step that returns new arrays makes XLA
 copy them into the carry on every trip: checked here too, as the contrast.
-The copies jaxgraph makes are read from the native replay counters (an
-internal, ``jaxgraph._replay_codes.counters``).
+
+Tests internals: the copies jaxgraph makes, executables and rebinds per call,
+are read from the native replay counters (``internals.counters``).
 """
 
 import re
@@ -18,21 +19,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._replay_codes import counters
-
-SRC = r"""
-// y[i] = (1 - a) x[i] + a x[(i + 1) % n]: reads a neighbour, so it cannot run in place.
-extern "C" __global__ void smooth(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = (1.0f - a) * x[i] + a * x[(i + 1) % n];
-}
-// out[0] = sum(x) (out zeroed by `zero` first).
-extern "C" __global__ void zero(float* out) { out[0] = 0.0f; }
-extern "C" __global__ void total(float* out, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) atomicAdd(out, x[i]);
-}
-"""
+from internals import counters
+from kernels import NEIGHBOUR_MIX, ZERO_THEN_TOTAL
 
 N, SUBSTEPS, TRIPS, A = 3000, 4, 7, np.float32(0.25)
 BLOCKS = (N + 255) // 256
@@ -42,7 +30,7 @@ BLOCKS = (N + 255) // 256
 def k():
     import types
 
-    return types.SimpleNamespace(**{name: jaxgraph.Kernel(SRC, name) for name in ("smooth", "zero", "total")})
+    return types.SimpleNamespace(**{name: jaxgraph.Kernel(NEIGHBOUR_MIX + ZERO_THEN_TOTAL, name) for name in ("smooth", "zero", "total")})
 
 
 def reference(x):

@@ -1,10 +1,14 @@
 """benchmarks/gray_scott_bench.py on the CPU: its arguments, what it reads from XLA's HLO, its report.
 
 The timings need the GPU (``python benchmarks/gray_scott_bench.py``). Here:
-the HLO facts are read from loops XLA really compiles (a ``jaxgraph_replay``
-call with and without aliased operands, compiled for JAX's CPU backend, where
-the target is registered too), and the report is rendered from synthetic
-worker records.
+the HLO facts are read from loops XLA really compiles (a replayable's
+``jaxgraph_replay`` call with and without aliased operands, compiled for
+JAX's CPU backend, where the target is registered too), and the report is
+rendered from synthetic worker records.
+
+Tests internals: the replayables are built from a spec with aliases
+(``internals.ReplaySpec``, ``Replayable._create``), since the public
+way needs a captured graph, hence a GPU.
 """
 
 import sys
@@ -14,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from internals import Replayable, ReplaySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -22,16 +27,13 @@ from benchmarks import gray_scott_bench as bench  # noqa: E402
 
 
 def _replay_loop(aliases):
-    """A fori_loop whose body is one jaxgraph_replay call of (u, v) -> (u, v, total), compiled for the CPU."""
-    from jaxgraph._native import register_ffi_targets
-
-    register_ffi_targets()
+    """A fori_loop whose body is one replay of (u, v) -> (u, v, total), compiled for the CPU."""
     grid, total = jax.ShapeDtypeStruct((32, 32), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.float32)
-    call = jax.ffi.ffi_call("jaxgraph_replay", [grid, grid, total], input_output_aliases=aliases)
+    step = Replayable._create(ReplaySpec((grid, grid), (grid, grid, total), 1, aliases=aliases), via="ffi")
 
     def body(i, carry):
         u, v, masses = carry
-        u, v, m = call(u, v, graph=np.int64(1), call=np.int64(1))
+        u, v, m = step(u, v)
         return u, v, masses.at[i].set(m[0])
 
     f = jax.jit(lambda u, v: jax.lax.fori_loop(0, 4, body, (u, v, jnp.zeros(4, jnp.float32))))
@@ -42,8 +44,8 @@ def _replay_loop(aliases):
 def test_a_replay_with_aliased_state_needs_no_copies_in_the_loop():
     # Why the example's step updates u and v in place: with fresh outputs XLA
     # copies each into the loop's carry every trip; aliased, it copies none.
-    fresh = bench.compiled_facts(_replay_loop(None))
-    in_place = bench.compiled_facts(_replay_loop({0: 0, 1: 1}))
+    fresh = bench.compiled_facts(_replay_loop(()))
+    in_place = bench.compiled_facts(_replay_loop(((0, 0), (1, 1))))
     assert fresh["loop_array_copies"] == 2, fresh
     assert in_place["loop_array_copies"] == 0, in_place
     assert fresh["custom_calls"] == in_place["custom_calls"] == 1
