@@ -182,6 +182,23 @@ extern "C" __global__ void block_sum_dynamic(float* out, const float* x, int n) 
 }
 """
 
+# y = (1 - a) x + a x[(i + 1) % n]: reads a neighbour, so it cannot run in place.
+NEIGHBOUR_MIX = r"""
+extern "C" __global__ void smooth(float* y, const float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = (1.0f - a) * x[i] + a * x[(i + 1) % n];
+}
+"""
+
+# out[0] = 0 (one thread), then out[0] += sum(x) (one atomicAdd per element).
+ZERO_THEN_TOTAL = r"""
+extern "C" __global__ void zero(float* out) { out[0] = 0.0f; }
+extern "C" __global__ void total(float* out, const float* x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) atomicAdd(out, x[i]);
+}
+"""
+
 # count[0] = number of x[i] > 0 (count zeroed first).
 COUNT_POSITIVE = r"""
 extern "C" __global__ void count_positive(int* count, const float* x, int n) {
