@@ -24,7 +24,11 @@
 //
 // kAuto weighs the two per bound buffer: the sites rewritten on a share of
 // calls (kRecordShare: the mixed benchmark recorded on 0.05 of its replays
-// once warm) against a memcpy node on every call.
+// once warm) against a memcpy node on every call. kBind is the default: in
+// the common case (a jitted loop, XLA's buffers alternating between a few
+// addresses it holds recordings for) nothing is re-recorded, so a copy would
+// be paid on every call for nothing; kAuto is for programs whose buffers
+// cycle through more addresses than XLA keeps.
 
 #ifndef JAXGRAPH_FFI_CAPTURE_POLICY_H_
 #define JAXGRAPH_FFI_CAPTURE_POLICY_H_
@@ -39,7 +43,7 @@
 namespace jaxgraph {
 
 // How replays go into XLA's command buffer; the codes cross to Python
-// (jaxgraph._replay_codes.CapturePolicy). kAuto is the default; the others
+// (jaxgraph._replay_codes.CapturePolicy). kBind is the default; the others
 // exist so tests and benchmarks (benchmarks/capture_policies.py) can compare
 // the ways. A graph keeps the policy of its first recording: XLA updates a
 // recorded call only from a recording of the same shape (nodes and edges),
@@ -51,7 +55,7 @@ enum class CapturePolicy : int {
   kCopy = 2,   // every bound buffer copied; nodes spliced one by one at the static arrays
   kWhole = 3,  // the static template as one child-graph node, every buffer copied
 };
-inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kAuto)};
+inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kBind)};
 
 constexpr double kSiteUs = 0.24;              // a site rewritten by XLA's update, per recording
 constexpr double kRecordShare = 1.0 / 16;     // calls that record again (assumed; see above)

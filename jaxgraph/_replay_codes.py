@@ -72,8 +72,11 @@ class CapturePolicy(str, enum.Enum):
     XLA records the call again when its buffers move to addresses it holds
     no recording for, and updates its executable in place: a bound buffer's
     kernel arguments are rewritten there, a copied one changes one memcpy
-    node, which costs a copy on every call. ``AUTO`` is the default; the
-    others exist to compare the ways (``benchmarks/capture_policies.py``).
+    node, which costs a copy on every call. ``BIND`` is the default (where
+    XLA's addresses recur, as in a jitted loop, nothing is re-recorded and a
+    copy would cost every call for nothing); ``AUTO`` suits buffers that cycle
+    through more addresses than XLA keeps recordings for. The others exist to
+    compare the ways (``benchmarks/capture_policies.py``).
     """
 
     AUTO = "auto"

@@ -163,11 +163,11 @@ def test_replays_follow_xla_buffers_that_move(tmp_path, rng, mode):
             assert report[phase]["splice_nodes"] == report[phase]["splice_whole"] == 0
         return
     # Mixed: three replays and XLA ops make a command buffer under both settings. By default (the
-    # "auto" capture policy) the graph's nodes go into XLA's graph one by one with the output,
-    # held by 127 kernel arguments, copied out of its static array (and the input too where the
-    # launches before, under JAX's defaults, switched it to copying: bind_policy.h).
+    # "bind" capture policy) the graph's nodes go into XLA's graph one by one, bound to XLA's
+    # buffers (a buffer the launches before, under JAX's defaults, switched to copying stays
+    # copied: bind_policy.h).
     m = report["mixed"]
-    assert m["splice_nodes"] >= 3 and m["splice_whole"] == 0 and m["copy"] >= m["splice_nodes"], m
+    assert m["splice_nodes"] >= 3 and m["splice_whole"] == 0, m
     # Each policy: "bind" copies nothing, "copy" both buffers around nodes at the static arrays,
     # "auto" the output only, "whole" splices one child graph with both copied.
     copies_per_splice = {"bind": 0, "copy": 2, "auto": 1, "whole": 2}
