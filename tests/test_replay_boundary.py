@@ -66,15 +66,15 @@ def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
     assert set(codes) == {p.value for p in CapturePolicy} and len(set(codes.values())) == 4
     previous = set_capture_policy("whole")
     try:
-        assert previous is CapturePolicy.AUTO  # the default
-        assert set_capture_policy(CapturePolicy.BIND) is CapturePolicy.WHOLE
+        assert previous is CapturePolicy.BIND  # the default
+        assert set_capture_policy(CapturePolicy.AUTO) is CapturePolicy.WHOLE
         with pytest.raises(ValueError, match="'sometimes' is not a valid CapturePolicy"):
             set_capture_policy("sometimes")
         with pytest.raises(ValueError, match="capture policy must be a code"):
             _native.native("replay").set_capture_policy(7)
     finally:
         set_capture_policy(previous)
-    assert set_capture_policy(previous) is CapturePolicy.AUTO
+    assert set_capture_policy(previous) is CapturePolicy.BIND
 
 
 def test_binding_rows_are_typed_and_read_as_before():
