@@ -42,6 +42,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -140,6 +142,23 @@ inline std::string Bytes(double bytes) {
   return Figure(bytes, units, 1024.0);
 }
 
+// While alive, this thread may make, destroy and upload executables even while
+// another thread captures in global mode (as PyTorch lets its allocator do):
+// XLA calls the handler on its own thread at any time.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() : exchanged_(cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) {}
+  ~RelaxedCaptureMode() {
+    if (exchanged_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_;
+};
+
 // ---------------------------------------------------------------------------
 // Switching a buffer to copying
 // ---------------------------------------------------------------------------
@@ -150,11 +169,14 @@ inline std::string Bytes(double bytes) {
 // driver when it completes). Call between calls, never between a launch and
 // its copies out.
 inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why) {
+  RelaxedCaptureMode relaxed;  // executables may be destroyed below
   std::vector<size_t> group = SameArray(*g, i);
   RetargetAll(g, g->template_addr);  // the node copies as the template has them, but for the group
   std::vector<uint64_t> want = g->template_addr;
+  std::vector<std::pair<BindMode, std::string>> before;  // restored if the template cannot be written
   for (size_t j : group) {
     Binding& b = g->buffers[j];
+    before.emplace_back(b.mode, b.reason);
     b.mode = BindMode::kCopiedByCost;
     b.reason = why;
     Retarget(b, b.base, &g->nodes);
@@ -164,7 +186,15 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
   // The template first, while the buffers are still in `bound` (MarkChanged walks it).
   MarkChanged(g, &g->template_addr, want);
   ffi::Error e = WriteMarked(g, nullptr);
-  if (e.failure()) ForgetAddresses(&g->template_addr);
+  if (e.failure()) {
+    // Some template nodes may still hold an old XLA address: the buffers stay
+    // bound, and the forgotten record makes the next call rewrite every site.
+    ForgetAddresses(&g->template_addr);
+    for (size_t k = 0; k < group.size(); ++k) {
+      std::tie(g->buffers[group[k]].mode, g->buffers[group[k]].reason) = before[k];
+    }
+    return e;
+  }
   g->bound.erase(std::remove_if(g->bound.begin(), g->bound.end(),
                                 [&](size_t j) { return std::find(group.begin(), group.end(), j) != group.end(); }),
                  g->bound.end());
@@ -178,7 +208,7 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
   for (ExecSlot& slot : g->slots) {
     bool at_static = true;
     for (size_t j : group) at_static &= slot.addr[j] == g->buffers[j].base;
-    if (!at_static && !e.failure() && !g->borrowed_exec && sites <= kRebindWorthAnExec) {
+    if (!at_static && !g->borrowed_exec && sites <= kRebindWorthAnExec) {
       RetargetAll(g, slot.addr);  // the other buffers' arguments as this executable has them
       for (size_t j : group) {
         for (const Site& site : g->buffers[j].sites) Mark(g, site.node);
@@ -186,7 +216,7 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
       at_static = !WriteMarked(g, slot.exec).failure();
       for (size_t j : group) slot.addr[j] = g->buffers[j].base;
     }
-    if (at_static && !e.failure()) {
+    if (at_static) {
       kept.push_back(std::move(slot));
     } else if (!g->borrowed_exec) {
       cudaGraphExecDestroy(slot.exec);
@@ -206,10 +236,7 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
 // call only launches) and weighed: its device memory sets how many
 // executables the graph keeps. Throws on CUDA errors making it.
 inline void AddFirstSlot(DeviceGraph* g) {
-  // This thread may query and synchronize its own stream even while another
-  // thread captures in global mode (as PyTorch does for its allocations).
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  bool relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  RelaxedCaptureMode relaxed;  // it also queries and synchronizes its own stream
   cudaStream_t stream = nullptr;  // made before the first measurement: its resources are not the graph's
   bool measured = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
   size_t free_before = 0, free_after = 0, total = 0;
@@ -222,11 +249,9 @@ inline void AddFirstSlot(DeviceGraph* g) {
     g->memory.exec_host = Grown(host_before, ResidentBytes());
   } catch (...) {
     if (stream != nullptr) cudaStreamDestroy(stream);
-    if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
     throw;
   }
   if (stream != nullptr) cudaStreamDestroy(stream);
-  if (relaxed) cudaThreadExchangeStreamCaptureMode(&mode);
   cudaGetLastError();  // an upload that failed is only a measurement lost
   g->memory.exec_device = measured ? static_cast<int64_t>(free_before > free_after ? free_before - free_after : 0)
                                     : -1;
@@ -285,6 +310,7 @@ inline ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addre
     if (pick == nullptr || (pick->last_use == 0 && best >= kRebindWorthAnExec) ||
         (pick->last_use != 0 && g->slots.size() < g->max_execs)) {
       if (pick != nullptr && pick->last_use != 0) pick = nullptr;  // a new slot; the never-launched one is replaced
+      RelaxedCaptureMode relaxed;
       if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
       out->instantiated = true;
     } else {

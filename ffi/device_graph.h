@@ -278,6 +278,11 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
     (*slot)->key = BoundKey(*g, addresses);
     (*slot)->last_use = 0;
   } catch (const std::exception& e) {
+    // A slot left without an executable must not be found by a later call.
+    if (*slot != nullptr && (*slot)->exec == nullptr) {
+      g->slots.erase(g->slots.begin() + (*slot - g->slots.data()));
+      *slot = nullptr;
+    }
     return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
   }
   return ffi::Error::Success();
