@@ -32,6 +32,7 @@ class ReplayState:
 
     @property
     def alive(self) -> bool:
+        """Not closed, and its graph still live on at least one device it was registered for."""
         return not self.closed and (not self.devices or any(self.devices.values()))
 
     @property
@@ -40,6 +41,7 @@ class ReplayState:
         return [] if self.closed else [d for d, live in sorted(self.devices.items()) if live]
 
     def check_alive(self) -> None:
+        """Raise ``RuntimeError`` saying what to do if the replayable was closed or its graph reset."""
         if self.closed:
             raise RuntimeError("this replayable was closed; build a new one with jaxgraph.replayable(...)")
         if self.devices and not any(self.devices.values()):
