@@ -100,7 +100,9 @@ class Kernel:
         if signature is not None:  # same sizes, other types (int for float) only the source can tell
             check_against_source(name, params, source, name)
         self._packer = ArgumentPacker(name, params)
-        self._configs: dict[tuple, Any] = {}  # (grid, block, shared_mem) in plain ints -> _BoundLaunch
+        # (grid, block, shared_mem) in plain ints -> their checked geometry (not a
+        # _BoundLaunch: it refers back to the kernel, and a cycle would delay its unloading)
+        self._configs: dict[tuple, bytes] = {}
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._core = None             # the cuda.core Kernel (parameter info, attributes)
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
@@ -196,19 +198,18 @@ class Kernel:
     def _configured(self, grid: Any, block: Any, shared_mem: Any = 0, stream: Any = None) -> "_BoundLaunch":
         """The checked launch configuration; kept per kernel when given as plain ints (most programs reuse a few)."""
         key = (grid, block, shared_mem)
-        cacheable = plain_ints(key)  # 16.0 == 16 must not find 16's checked entry
-        bound = self._configs.get(key) if cacheable else None
-        if bound is None:
-            bound = _BoundLaunch(self, geometry(grid, block, shared_mem), int(shared_mem), None)
+        # Plain ints only: 16.0 == 16 must not find 16's checked entry (the common case tested inline).
+        cacheable = (type(grid) is int and type(block) is int and type(shared_mem) is int) or plain_ints(key)
+        geo = self._configs.get(key) if cacheable else None
+        if geo is None:
+            geo = geometry(grid, block, shared_mem)
             if cacheable:
                 if len(self._configs) >= _MAX_CONFIGS:  # a program launching with ever new grids starts over
                     self._configs.clear()
-                self._configs[key] = bound
-        if stream is None:
-            return bound
-        if not isinstance(stream, Stream):
+                self._configs[key] = geo
+        if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        return _BoundLaunch(self, bound._geometry, bound._shared_mem, stream)
+        return _BoundLaunch((self, geo, int(shared_mem), stream))
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
@@ -346,24 +347,21 @@ class Kernel:
         return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
 
 
-class _BoundLaunch:
+class _BoundLaunch(tuple):
     """``kernel[grid, block, ...]``: a checked launch configuration; calling it launches.
 
-    Every argument check runs before the driver is touched; the kernel's
+    A tuple ``(kernel, geometry, shared_mem, stream)``, the geometry checked and
+    packed as the native launch takes it: one is made on every ``kernel[grid,
+    block]``, and making a tuple runs no Python ``__init__``. Every argument
+    check runs before the driver is touched; the kernel's
     :class:`~jaxgraph._packer.ArgumentPacker` runs them, specialized for the
     kinds of arguments the last launch had.
     """
 
-    __slots__ = ("_kernel", "_geometry", "_shared_mem", "_stream")
-
-    def __init__(self, kernel: Kernel, geometry: bytes, shared_mem: int, stream: Stream | None):
-        self._kernel = kernel
-        self._geometry = geometry  # grid, block, shared_mem: checked, packed as the native launch takes them
-        self._shared_mem = shared_mem
-        self._stream = stream
+    __slots__ = ()
 
     def __call__(self, *args: Any) -> None:
-        kernel, stream = self._kernel, self._stream
+        kernel, geo, shared_mem, stream = self
         # Foreign arrays come back wrapped in `operands`, ordered after their producer's stream.
         packed = kernel._packer.current(args, stream)
         if packed is None:  # other kinds of arguments than last time
@@ -376,11 +374,11 @@ class _BoundLaunch:
         if _captures.any_underway():  # tell a capture on this stream what the launch uses
             _driver.ensure_context(stream._device)  # the kernel's CUfunction is looked up in it
             kernel._note_operands(stream, operands)
-        if self._shared_mem > kernel._shared_limit:
-            kernel._raise_shared_limit(self._shared_mem, stream._device)
+        if shared_mem > kernel._shared_limit:
+            kernel._raise_shared_limit(shared_mem, stream._device)
         # The native call makes the device's primary context current if another
         # library switched it, then launches; cuLaunchKernel copies `data`.
         err = kernel._native_launch(kernel._function_address, _driver.context_address(stream._device),
-                                    stream._handle_int, self._geometry, data)
+                                    stream._handle_int, geo, data)
         if err != 0:
             kernel._raise_launch_error(err)

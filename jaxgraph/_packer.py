@@ -28,6 +28,7 @@ threads launching one kernel share nothing and need no lock.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable
 
@@ -125,12 +126,7 @@ class ArgumentPacker:
 
     def pack_error(self, values: list, exc: Exception) -> TypeError:
         """The error for checked values that still do not pack (naming the first that fails)."""
-        for p, v in zip(self.params, values):
-            try:
-                struct.pack("<" + p.pack_format, v)
-            except (struct.error, OverflowError) as param_exc:
-                return pack_error(self.kernel, p, v, param_exc)
-        return TypeError(f"kernel {self.kernel}: could not pack arguments: {exc}")
+        return _first_pack_error(self.kernel, self.params, values, exc)
 
     def kinds(self) -> list[tuple[type, ...]]:
         """The tuples of argument types this packer has specialized functions for."""
@@ -193,6 +189,16 @@ def device_operand(value: Any, p: Param, kernel: str, stream: Any) -> DeviceArra
 # ----------------------------------------------------------------------------
 
 
+def _first_pack_error(kernel: str, params: tuple[Param, ...], values: list, exc: Exception) -> TypeError:
+    """:meth:`ArgumentPacker.pack_error`, without the packer (a specialized function must not refer back to it)."""
+    for p, v in zip(params, values):
+        try:
+            struct.pack("<" + p.pack_format, v)
+        except (struct.error, OverflowError) as param_exc:
+            return pack_error(kernel, p, v, param_exc)
+    return TypeError(f"kernel {kernel}: could not pack arguments: {exc}")
+
+
 def _no_kinds_yet(args: tuple, stream: Any) -> None:
     """The specialized function before any launch: every call takes :meth:`ArgumentPacker.pack`."""
     return None
@@ -217,9 +223,11 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
     Each check calls the helper the reference path calls, so it raises the same error.
     """
     names = [f"a{i}" for i in range(len(kinds))]
-    env: dict[str, Any] = {"NAME": packer.kernel, "STRUCT_PACK": packer._struct.pack, "StructError": struct.error,
-                           "PACK_ERROR": packer.pack_error, "check_pointer_dtype": check_pointer_dtype,
-                           "scalar_value": scalar_value, "device_operand": device_operand}
+    env: dict[str, Any] = {
+        "NAME": packer.kernel, "STRUCT_PACK": packer._struct.pack, "StructError": struct.error,
+        "PACK_ERROR": functools.partial(_first_pack_error, packer.kernel, packer.params),
+        "check_pointer_dtype": check_pointer_dtype, "scalar_value": scalar_value, "device_operand": device_operand,
+    }
     body = [f"if len(args) != {len(kinds)}: return None"]
     if kinds:
         body.append(f"{', '.join(names)}, = args")

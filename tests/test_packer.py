@@ -8,7 +8,9 @@ torch and jaxgraph arrays and several kinds of scalars, alternating, and check
 every result against numpy on fresh random inputs.
 """
 
+import gc
 import struct
+import weakref
 
 import numpy as np
 import pytest
@@ -191,8 +193,8 @@ def test_the_native_launch_gets_the_reference_encoding(stubbed):
 
 def test_launch_configurations_are_checked_then_kept(stubbed):
     kernel, stream, _ = stubbed
-    assert kernel[16, 256] is kernel[16, 256] and kernel[(2, 2), (8, 8)] is kernel[(2, 2), (8, 8)]
-    assert kernel[16, 256, 0, stream] is not kernel[16, 256]  # streams are not kept
+    for config in [(16, 256), (16, 256, 0, stream), ((2, 2), (8, 8))]:
+        assert kernel[config][1] is kernel[config][1]  # the geometry: checked once, then kept
     with pytest.raises(TypeError, match="grid must be an int"):
         kernel[16.0, 256]  # equal to 16 (and hashed alike), still refused
     with pytest.raises(TypeError, match="grid must be an int"):
@@ -203,6 +205,21 @@ def test_launch_configurations_are_checked_then_kept(stubbed):
         kernel.launch(*good_args(), grid=16, block=256, stream=5)
     with pytest.raises(ValueError, match="shared_mem must be >= 0"):
         kernel.launch(*good_args(), grid=16, block=256, shared_mem=-1)
+
+
+def test_a_kernel_that_launched_is_freed_when_dropped(tmp_path):
+    """Nothing the launch path keeps refers back to the kernel: it goes without a garbage collection."""
+    kernel = jaxgraph.Kernel(MIXED, "mixed", arch="sm_90", cache_dir=tmp_path)
+    kernel[4, 32]
+    kernel._packer.pack(good_args())
+    kernel._packer.pack(good_args()[:3] + (np.float32(1.0),) + good_args()[4:])
+    gc.disable()
+    try:
+        ref = weakref.ref(kernel)
+        del kernel
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_a_kernel_alternating_kinds_packs_alike(stubbed):
