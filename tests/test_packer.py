@@ -339,3 +339,69 @@ def test_a_capture_through_specialized_packers_replays_right(rng):
         expected = np.float32(2.0) * x + w.astype(np.float32) + np.float32(3) + np.float32(0.5)
         np.testing.assert_array_equal(y_s.numpy(), expected)
     assert len(kernel._packer.kinds()) == 1  # the captured launch ran the function learned eagerly
+
+
+@pytest.mark.gpu
+def test_the_launch_switches_a_strangers_context_back(rng):
+    """Another library left its own context current: the native launch runs in the primary context again."""
+    from cuda.bindings import driver as cu
+
+    kernel = jaxgraph.Kernel(MIXED, "mixed")
+    stream = jaxgraph.Stream()
+    x = rng.integers(-1000, 1000, N).astype(np.float32)
+    x_d, w_d, y = jaxgraph.asarray(x), jaxgraph.zeros(N, np.float64), jaxgraph.empty(N)
+    jaxgraph.synchronize()
+    launch = kernel[(N + 255) // 256, 256, 0, stream]
+    launch(y, x_d, w_d, 1.0, N, 0, 0.0, False)  # loaded, kinds learned: the next launch touches no Python driver call
+    stream.synchronize()
+    primary = int(_driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+    dev = _driver.check(cu.cuDeviceGet(jaxgraph.current_device()), "cuDeviceGet")
+    stranger = _driver.check(cu.cuCtxCreate(None, 0, dev), "cuCtxCreate")  # now current (CUDA 13 signature)
+    try:
+        y.fill_(np.float32(np.nan), stream=stream)  # makes the primary context current again
+        stream.synchronize()
+        _driver.check(cu.cuCtxSetCurrent(stranger), "cuCtxSetCurrent")
+        launch(y, x_d, w_d, 3.0, N, 7, 0.5, True)
+        assert int(_driver.check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) == primary
+        stream.synchronize()
+        np.testing.assert_array_equal(y.numpy(), np.float32(3.0) * x + np.float32(8.5))
+    finally:
+        cu.cuCtxDestroy(stranger)
+        _driver.ensure_context()
+
+
+SHARED = r"""
+extern "C" __global__ void reverse_block(float* y, const float* x, int n) {
+  extern __shared__ float tile[];   // 16 floats per thread: 64 KiB for a block of 1024
+  int base = blockIdx.x * blockDim.x * 16;
+  for (int k = 0; k < 16; ++k) {
+    int i = base + k * blockDim.x + threadIdx.x;
+    tile[k * blockDim.x + threadIdx.x] = i < n ? x[i] : 0.0f;
+  }
+  __syncthreads();
+  int last = blockDim.x * 16 - 1;
+  for (int k = 0; k < 16; ++k) {
+    int j = k * blockDim.x + threadIdx.x;
+    int i = base + j;
+    if (i < n) y[i] = tile[last - j];
+  }
+}
+"""
+
+
+@pytest.mark.gpu
+def test_dynamic_shared_memory_over_48k_is_raised_and_used(rng):
+    """64 KiB of dynamic shared memory per block: over the default limit, raised on first use, then used."""
+    kernel = jaxgraph.Kernel(SHARED, "reverse_block")
+    block, per_block = 1024, 1024 * 16
+    n = per_block * 3
+    x = rng.standard_normal(n).astype(np.float32)
+    x_d = jaxgraph.asarray(x)
+    for launch in ("index", "kwargs"):
+        y = jaxgraph.asarray(np.full(n, np.nan, np.float32))
+        if launch == "index":
+            kernel[3, block, per_block * 4](y, x_d, n)
+        else:
+            kernel.launch(y, x_d, n, grid=3, block=block, shared_mem=per_block * 4)
+        expected = x.reshape(3, per_block)[:, ::-1].ravel()
+        np.testing.assert_array_equal(y.numpy(), expected)
