@@ -4,7 +4,7 @@
   launches, instantiation included (``capture_end`` instantiates), in ms.
 - ``eager.*``: host time per eager launch of the same kernel, back to back
   on a warm queue, in us: jaxgraph ``kernel[grid, block, 0, s](...)``,
-  ``kernel[grid, block](...)`` indexed every launch (the current stream),
+  ``kernel[grid, block, 0, s](...)`` indexed every launch,
   jaxgraph ``kernel.launch(...)``, torch eager ``torch.add``, cuda.core
   ``launch`` with pre-typed arguments (no checks: the cheapest Python launch),
   and jaxgraph's checks followed by cuda.core's launch (would jaxgraph be
@@ -56,12 +56,10 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         return _jaxgraph_mode("eager.jaxgraph_bound", lambda y, x: bound(y, x, ELEMENTS), stream, rng)
 
     def jaxgraph_index() -> Mode:
-        # As most programs write it: indexed on every launch, on the current
-        # stream (the legacy default stream here: no `with jaxgraph.stream`).
-        import jaxgraph
-
-        return _jaxgraph_mode("eager.jaxgraph_index", lambda y, x: kernel[GRID, BLOCK](y, x, ELEMENTS),
-                              jaxgraph.current_stream(), rng)
+        # As most programs write it, indexed on every launch (on the same stream
+        # as the other ways: the legacy default stream may cost the driver more).
+        return _jaxgraph_mode("eager.jaxgraph_index", lambda y, x: kernel[GRID, BLOCK, 0, stream](y, x, ELEMENTS),
+                              stream, rng)
 
     def jaxgraph_launch() -> Mode:
         def launch(y, x):

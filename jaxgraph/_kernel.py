@@ -209,7 +209,7 @@ class Kernel:
                 self._configs[key] = geo
         if stream is not None and not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        return _BoundLaunch((self, geo, int(shared_mem), stream))
+        return _BoundLaunch((self, geo, shared_mem if cacheable else int(shared_mem), stream))
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""

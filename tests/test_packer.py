@@ -246,8 +246,10 @@ def _library_array(library, host):
         return jaxgraph.asarray(host)
     if library == "jax":
         import jax
+        from conftest import enable_x64
 
-        return jax.device_put(host, jax.devices("gpu")[0])
+        with enable_x64():  # float64 stays float64 (JAX's default would make it float32)
+            return jax.device_put(host, jax.devices("gpu")[0])
     if library == "cupy":
         cupy = pytest.importorskip("cupy")
         return cupy.asarray(host)
