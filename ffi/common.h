@@ -1,10 +1,12 @@
-// Shared by jaxgraph's XLA FFI extensions (launch.cc, replay.cc): driver entry
-// points, CUDA error text, the table that maps the small ids HLO carries to
-// native handles, and the capsule helper for FFI registration.
+// Shared by jaxgraph's XLA FFI extensions (launch.cc, replay.cc,
+// device_loop.cc): CUDA runtime error text, the table that maps the small ids
+// HLO carries to native handles, and the capsule helper for FFI registration.
+// The driver's entry points are in driver_api.h.
 
 #ifndef JAXGRAPH_FFI_COMMON_H_
 #define JAXGRAPH_FFI_COMMON_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -12,10 +14,13 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "driver_api.h"
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -25,50 +30,11 @@ namespace ffi = xla::ffi;
 namespace nb = nanobind;
 
 // ---------------------------------------------------------------------------
-// Driver entry points and error text
+// Error text
 // ---------------------------------------------------------------------------
 
-// Driver functions are resolved through the CUDA runtime at first use, so the
-// extensions have no link-time dependency on libcuda and load without a driver.
-// `version` is the CUDA version whose ABI of the symbol is wanted (12000: the
-// _v2 graph-node calls); it must not predate the symbol.
-inline void* DriverEntryPoint(const char* symbol, unsigned version = 12000) {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  if (cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &status) !=
-          cudaSuccess ||
-      status != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return ptr;
-}
-
-// The driver function `symbol` as a typed pointer (null where the driver lacks it).
-template <typename Fn>
-Fn Driver(const char* symbol, unsigned version = 12000) {
-  return reinterpret_cast<Fn>(DriverEntryPoint(symbol, version));
-}
-
-// "call failed with CUDA_ERROR_X: explanation" for a driver result.
-inline std::string DriverError(const char* call, CUresult result) {
-  using NameFn = CUresult (*)(CUresult, const char**);
-  static NameFn name_fn = Driver<NameFn>("cuGetErrorName");
-  static NameFn text_fn = Driver<NameFn>("cuGetErrorString");
-  const char* name = nullptr;
-  const char* text = nullptr;
-  std::string out = std::string(call) + " failed with ";
-  if (name_fn != nullptr && name_fn(result, &name) == CUDA_SUCCESS && name != nullptr) {
-    out += name;
-  } else {
-    out += "CUresult " + std::to_string(static_cast<int>(result));
-  }
-  if (text_fn != nullptr && text_fn(result, &text) == CUDA_SUCCESS && text != nullptr) {
-    out += std::string(": ") + text;
-  }
-  return out;
-}
-
-// The same for a runtime error.
+// "call failed with cudaErrorX: explanation" for a runtime error (driver
+// results: DriverError in driver_api.h).
 inline std::string RuntimeError(const char* call, cudaError_t err) {
   return std::string(call) + " failed with " + cudaGetErrorName(err) + ": " +
          cudaGetErrorString(err);
@@ -79,15 +45,19 @@ inline std::string RuntimeError(const char* call, cudaError_t err) {
 // ---------------------------------------------------------------------------
 
 // Maps the positive ids that HLO attributes carry (never raw pointers) to
-// native entries. A retired id stays as a tombstone (null entry) so a compiled
-// function that still names it gets a clear error instead of a crash. Lookups
+// native entries, or (graph_table.h) device ordinals to one id's graphs. A
+// retired key stays as a tombstone (null entry) so a compiled function that
+// still names it gets a clear error instead of a crash. Lookups
 // take a shared lock, so handlers on several devices never wait for each other;
 // `Find` hands out a shared_ptr, so an entry retired during a call lives until
 // that call returns.
+// What a key of a HandleTable names.
+enum class HandleStatus { kLive, kRetired, kMissing };
+
 template <typename Entry>
 class HandleTable {
  public:
-  enum class Status { kLive, kRetired, kMissing };
+  using Status = HandleStatus;
 
   void Insert(int64_t key, std::shared_ptr<Entry> entry) {
     std::unique_lock lock(mutex_);
@@ -99,10 +69,29 @@ class HandleTable {
     return entries_.count(key) != 0;
   }
 
+  // Inserts unless `key` is live (a tombstone is replaced); returns whether it did.
+  bool InsertNew(int64_t key, std::shared_ptr<Entry> entry) {
+    std::unique_lock lock(mutex_);
+    std::shared_ptr<Entry>& slot = entries_[key];
+    if (slot != nullptr) return false;
+    slot = std::move(entry);
+    return true;
+  }
+
   // Retires `key` (idempotent; an unknown id becomes a tombstone too).
   void Retire(int64_t key) {
     std::unique_lock lock(mutex_);
     entries_[key] = nullptr;
+  }
+
+  // Retires the live entries whose key `pick(key)` accepts; a key never
+  // inserted stays unknown (so it is never reported as retired).
+  template <typename Pick>
+  void RetireLive(Pick pick) {
+    std::unique_lock lock(mutex_);
+    for (auto& [key, entry] : entries_) {
+      if (entry != nullptr && pick(key)) entry = nullptr;
+    }
   }
 
   std::shared_ptr<Entry> Find(int64_t key, Status* status) const {
@@ -126,11 +115,19 @@ class HandleTable {
     return fn(it->second != nullptr ? Status::kLive : Status::kRetired, it->second.get());
   }
 
-  size_t Live() const {
-    std::shared_lock lock(mutex_);
-    size_t n = 0;
-    for (const auto& [key, entry] : entries_) n += entry != nullptr ? 1 : 0;
-    return n;
+  size_t Live() const { return LiveEntries().size(); }
+
+  // The live (key, entry) pairs, by key.
+  std::vector<std::pair<int64_t, std::shared_ptr<Entry>>> LiveEntries() const {
+    std::vector<std::pair<int64_t, std::shared_ptr<Entry>>> out;
+    {
+      std::shared_lock lock(mutex_);
+      for (const auto& [key, entry] : entries_) {
+        if (entry != nullptr) out.emplace_back(key, entry);
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return out;
   }
 
  private:

@@ -114,7 +114,7 @@ inline ffi::Error UpdateWholeExec(DeviceGraph* g, ExecSlot* slot, const std::vec
 inline ffi::Error PointExecAt(DeviceGraph* g, ExecSlot* slot, const std::vector<uint64_t>& addresses) {
   if (Cost(*g, *slot, addresses) == 0) return ffi::Error::Success();
   if (!g->exec_update_whole) {
-    const GraphDriver& d = GraphDriver::Get();
+    const DriverApi& d = DriverApi::Get();
     std::vector<uint64_t> have = slot->addr;
     RetargetAll(g, addresses);
     MarkChanged(g, &have, addresses);

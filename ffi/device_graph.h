@@ -7,11 +7,11 @@
 // Choosing an executable for a call's addresses is the policy here: an
 // executable whose bound kernel arguments already match is launched as it is;
 // a new address set gets a freshly instantiated executable while there is room
-// (kMaxExecs); past that the closest executable is updated in place. Measured
-// on the H100 (driver 580): a kernel node updated in place in an executable
-// (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs ~0.25 us slower
-// on every later launch, so 1000 updated kernels ran at 1.26x a fresh
-// executable; the template's nodes are updated instead and instantiated.
+// (kMaxExecs); past that the closest executable is updated in place. Seen on
+// the H100 (driver 580): a kernel node updated in place in an executable
+// (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower on every
+// later launch than in a fresh executable, so the template's nodes are
+// updated instead and instantiated.
 
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
@@ -101,7 +101,7 @@ struct Survey {
 };
 
 inline Survey SurveyGraph(CUgraph graph) {
-  const GraphDriver& d = GraphDriver::Get();
+  const DriverApi& d = DriverApi::Get();
   Survey out;
   size_t count = 0;
   std::vector<CUgraphNode> nodes;
@@ -157,7 +157,7 @@ inline void MarkChanged(DeviceGraph* g, std::vector<uint64_t>* have, const std::
 // Writes the marked nodes' argument copies into the template (exec == nullptr)
 // or into an executable, clearing the marks.
 inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
-  const GraphDriver& d = GraphDriver::Get();
+  const DriverApi& d = DriverApi::Get();
   for (size_t n = 0; n < g->nodes.size(); ++n) {
     if (!g->dirty[n]) continue;
     g->dirty[n] = 0;
@@ -191,9 +191,9 @@ inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& a
 
 // A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
 // template is pointed at them first, then instantiated. An executable updated
-// in place runs each updated kernel ~0.25 us slower on every later launch
-// (see the top of this file), so a new address set that will be seen again
-// gets its own fresh executable rather than an updated one.
+// in place runs each updated kernel slower on every later launch (see the top
+// of this file), so a new address set that will be seen again gets its own
+// fresh executable rather than an updated one.
 inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
   if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;
   try {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common.h"
+#include "driver_api.h"
 #include "graph_binding.h"
 #include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
@@ -42,45 +43,6 @@
 
 namespace jaxgraph {
 namespace {
-
-// ---------------------------------------------------------------------------
-// Driver calls
-// ---------------------------------------------------------------------------
-
-struct LoopDriver {
-  using CreateFn = CUresult (*)(CUgraph*, unsigned);
-  using CloneFn = CUresult (*)(CUgraph*, CUgraph);
-  using DestroyFn = CUresult (*)(CUgraph);
-  using ChildFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
-  using KernelFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                const CUDA_KERNEL_NODE_PARAMS*);
-  using MemcpyFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                const CUDA_MEMCPY3D*, CUcontext);
-  using HandleFn = CUresult (*)(CUgraphConditionalHandle*, CUgraph, CUcontext, unsigned, unsigned);
-  using AddNodeFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, const CUgraphEdgeData*,
-                                 size_t, CUgraphNodeParams*);
-  using CtxFn = CUresult (*)(CUcontext*);
-
-  CreateFn create = Driver<CreateFn>("cuGraphCreate");
-  CloneFn clone = Driver<CloneFn>("cuGraphClone");
-  DestroyFn destroy = Driver<DestroyFn>("cuGraphDestroy");
-  ChildFn child = Driver<ChildFn>("cuGraphAddChildGraphNode");
-  KernelFn kernel = Driver<KernelFn>("cuGraphAddKernelNode");
-  MemcpyFn memcpy = Driver<MemcpyFn>("cuGraphAddMemcpyNode");
-  // Conditional nodes: CUDA 12.3 (the _v2 cuGraphAddNode, with edge data).
-  HandleFn handle = Driver<HandleFn>("cuGraphConditionalHandleCreate", 12030);
-  AddNodeFn add_node = Driver<AddNodeFn>("cuGraphAddNode", 12030);
-  CtxFn current = Driver<CtxFn>("cuCtxGetCurrent");
-
-  static const LoopDriver& Get() {
-    static LoopDriver d;
-    return d;
-  }
-};
-
-void Check(CUresult r, const char* call) {
-  if (r != CUDA_SUCCESS) throw std::runtime_error(DriverError(call, r));
-}
 
 // ---------------------------------------------------------------------------
 // The swapped variant of a step
@@ -93,8 +55,8 @@ void Check(CUresult r, const char* call) {
 std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
                                               const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& pairs,
                                               const std::map<uint64_t, std::string>& kernels) {
-  const LoopDriver& d = LoopDriver::Get();
-  if (d.clone == nullptr || d.destroy == nullptr) throw std::runtime_error("the CUDA driver lacks cuGraphClone");
+  const DriverApi& d = DriverApi::Get();
+  if (!d.graph_clone || !d.graph_destroy) throw std::runtime_error("the CUDA driver lacks cuGraphClone");
   std::vector<Binding> buffers;
   for (const auto& [x, y, bytes] : pairs) {
     Binding bx, by;
@@ -103,7 +65,7 @@ std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
     buffers.push_back(by);
   }
   CUgraph clone = nullptr;
-  Check(d.clone(&clone, reinterpret_cast<CUgraph>(graph)), "cuGraphClone");
+  CheckDriver(d.graph_clone(&clone, reinterpret_cast<CUgraph>(graph)), "cuGraphClone");
   try {
     KernelFlags flags(kernels.begin(), kernels.end());
     ScanOptions options;
@@ -113,7 +75,7 @@ std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
     GraphScan(&buffers, options, 0).Scan(clone, &nodes);
     for (const Binding& b : buffers) {
       if (b.mode == BindMode::kCopied) {
-        d.destroy(clone);
+        d.graph_destroy(clone);
         return {0, b.reason};
       }
     }
@@ -121,17 +83,19 @@ std::pair<uintptr_t, std::string> SwapVariant(uintptr_t graph,
       Retarget(buffers[i], buffers[i + 1].base, &nodes);
       Retarget(buffers[i + 1], buffers[i].base, &nodes);
     }
-    const GraphDriver& g = GraphDriver::Get();
-    for (KernelNode& k : nodes) Check(g.set_kernel_params(k.node, &k.params), "cuGraphKernelNodeSetParams");
+    for (KernelNode& k : nodes) {
+      CheckDriver(d.set_kernel_params(k.node, &k.params), "cuGraphKernelNodeSetParams");
+    }
   } catch (...) {
-    d.destroy(clone);
+    d.graph_destroy(clone);
     throw;
   }
   return {reinterpret_cast<uintptr_t>(clone), ""};
 }
 
 void DestroyGraph(uintptr_t graph) {
-  if (graph != 0) Check(LoopDriver::Get().destroy(reinterpret_cast<CUgraph>(graph)), "cuGraphDestroy");
+  if (graph == 0) return;
+  CheckDriver(DriverApi::Get().graph_destroy(reinterpret_cast<CUgraph>(graph)), "cuGraphDestroy");
 }
 
 // ---------------------------------------------------------------------------
@@ -162,13 +126,17 @@ struct Plan {
 
 class Builder {
  public:
-  explicit Builder(const Plan& p) : p_(p), d_(LoopDriver::Get()) {
-    if (d_.handle == nullptr || d_.add_node == nullptr) {
+  explicit Builder(const Plan& p) : p_(p), d_(DriverApi::Get()) {
+    if (!d_.Complete(kConditionals)) {
       throw std::runtime_error(
           "graphed loops need CUDA conditional nodes (cuGraphConditionalHandleCreate, CUDA 12.3+); "
           "this CUDA driver lacks them: update the NVIDIA driver");
     }
-    Check(d_.current(&ctx_), "cuCtxGetCurrent");
+    if (std::string missing = d_.Missing(kLoops); !missing.empty()) {
+      throw std::runtime_error("graphed loops need driver calls this CUDA driver lacks (" + missing +
+                               "): update the NVIDIA driver");
+    }
+    CheckDriver(d_.current_ctx(&ctx_), "cuCtxGetCurrent");
   }
 
   // Every conditional node made, at any depth: (node, "IF" or "WHILE", its bodies). CUDA before
@@ -177,11 +145,11 @@ class Builder {
 
   CUgraph Build() {
     CUgraph top = nullptr;
-    Check(d_.create(&top, 0), "cuGraphCreate");
+    CheckDriver(d_.graph_create(&top, 0), "cuGraphCreate");
     try {
       Fill(top);
     } catch (...) {
-      d_.destroy(top);
+      d_.graph_destroy(top);
       throw;
     }
     return top;
@@ -255,8 +223,9 @@ class Builder {
     for (int i = 0; i < n; ++i) {
       uint64_t step = ((first + i) % 2 == 1 && p_.step_b != 0) ? p_.step_b : p_.step_a;
       CUgraphNode node = nullptr;
-      Check(d_.child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, reinterpret_cast<CUgraph>(step)),
-            "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+      CheckDriver(d_.add_child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0,
+                               reinterpret_cast<CUgraph>(step)),
+                  "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
       prev = node;
       for (const auto& [dst, src, bytes] : p_.copies) prev = Memcpy(graph, prev, dst, src, bytes);
     }
@@ -265,7 +234,8 @@ class Builder {
 
   CUgraphConditionalHandle Handle(CUgraph graph) {
     CUgraphConditionalHandle h = 0;
-    Check(d_.handle(&h, graph, ctx_, 0, CU_GRAPH_COND_ASSIGN_DEFAULT), "cuGraphConditionalHandleCreate");
+    CheckDriver(d_.conditional_handle(&h, graph, ctx_, 0, CU_GRAPH_COND_ASSIGN_DEFAULT),
+                "cuGraphConditionalHandleCreate");
     return h;
   }
 
@@ -279,8 +249,8 @@ class Builder {
     params.conditional.size = 1;
     params.conditional.ctx = ctx_;
     CUgraphNode node = nullptr;
-    Check(d_.add_node(&node, graph, prev ? &prev : nullptr, nullptr, prev ? 1 : 0, &params),
-          "cuGraphAddNode (conditional)");
+    CheckDriver(d_.add_node(&node, graph, prev ? &prev : nullptr, nullptr, prev ? 1 : 0, &params),
+                "cuGraphAddNode (conditional)");
     *body = params.conditional.phGraph_out[0];
     conditionals.emplace_back(reinterpret_cast<uint64_t>(node), type == CU_GRAPH_COND_TYPE_WHILE ? "WHILE" : "IF",
                               std::vector<uint64_t>{reinterpret_cast<uint64_t>(*body)});
@@ -298,7 +268,8 @@ class Builder {
     params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
     params.kernelParams = pointers.data();
     CUgraphNode node = nullptr;
-    Check(d_.kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params), "cuGraphAddKernelNode");
+    CheckDriver(d_.add_kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params),
+                "cuGraphAddKernelNode");
     return node;
   }
 
@@ -309,12 +280,12 @@ class Builder {
     m.dstMemoryType = CU_MEMORYTYPE_DEVICE, m.dstDevice = dst;
     m.WidthInBytes = bytes, m.Height = 1, m.Depth = 1;
     CUgraphNode node = nullptr;
-    Check(d_.memcpy(&node, graph, &prev, 1, &m, ctx_), "cuGraphAddMemcpyNode");
+    CheckDriver(d_.add_memcpy(&node, graph, &prev, 1, &m, ctx_), "cuGraphAddMemcpyNode");
     return node;
   }
 
   const Plan& p_;
-  const LoopDriver& d_;
+  const DriverApi& d_;
   CUcontext ctx_ = nullptr;
 };
 

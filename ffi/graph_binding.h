@@ -5,8 +5,9 @@
 // a custom call, without copying them in and out of the static arrays, the
 // places that hold those addresses ("sites": a kernel node and one 8-byte
 // argument) are found once, at registration, and rewritten whenever XLA's
-// addresses change: on the executable (cuGraphExecKernelNodeSetParams) for a
-// plain replay, on the template before splicing it into XLA's command buffer.
+// addresses change: in the template before a fresh executable is made from
+// it, or in an executable in place (device_graph.h, conditional_graph.h); in
+// the node copies added to XLA's command buffer (graph_splice.h).
 //
 // A buffer is copied instead (the old way) where rebinding could be wrong:
 // its address sits inside a struct argument or a kernel passes `extra`
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "common.h"
+#include "driver_api.h"
 
 namespace jaxgraph {
 
@@ -89,66 +91,22 @@ struct ScanOptions {
 };
 
 // ---------------------------------------------------------------------------
-// Driver calls used here
-// ---------------------------------------------------------------------------
-
-struct GraphDriver {
-  using GetNodesFn = CUresult (*)(CUgraph, CUgraphNode*, size_t*);
-  using NodeTypeFn = CUresult (*)(CUgraphNode, CUgraphNodeType*);
-  using KernelParamsFn = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
-  using SetKernelParamsFn = CUresult (*)(CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*);
-  using ExecSetKernelParamsFn = CUresult (*)(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*);
-  using FuncParamInfoFn = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
-  using KernelParamInfoFn = CUresult (*)(CUkernel, size_t, size_t*, size_t*);
-  using FuncNameFn = CUresult (*)(const char**, CUfunction);
-  using KernelNameFn = CUresult (*)(const char**, CUkernel);
-  using MemcpyParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMCPY3D*);
-  using MemsetParamsFn = CUresult (*)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS*);
-  using ChildGraphFn = CUresult (*)(CUgraphNode, CUgraph*);
-  using NodeParamsFn = CUresult (*)(CUgraphNode, CUgraphNodeParams*);
-
-  GetNodesFn get_nodes = Driver<GetNodesFn>("cuGraphGetNodes");
-  NodeTypeFn node_type = Driver<NodeTypeFn>("cuGraphNodeGetType");
-  KernelParamsFn kernel_params = Driver<KernelParamsFn>("cuGraphKernelNodeGetParams");
-  SetKernelParamsFn set_kernel_params = Driver<SetKernelParamsFn>("cuGraphKernelNodeSetParams");
-  ExecSetKernelParamsFn exec_set_kernel_params =
-      Driver<ExecSetKernelParamsFn>("cuGraphExecKernelNodeSetParams");
-  FuncParamInfoFn func_param_info = Driver<FuncParamInfoFn>("cuFuncGetParamInfo", 12040);
-  KernelParamInfoFn kernel_param_info = Driver<KernelParamInfoFn>("cuKernelGetParamInfo", 12040);
-  FuncNameFn func_name = Driver<FuncNameFn>("cuFuncGetName", 12030);
-  KernelNameFn kernel_name = Driver<KernelNameFn>("cuKernelGetName", 12030);
-  MemcpyParamsFn memcpy_params = Driver<MemcpyParamsFn>("cuGraphMemcpyNodeGetParams");
-  MemsetParamsFn memset_params = Driver<MemsetParamsFn>("cuGraphMemsetNodeGetParams");
-  ChildGraphFn child_graph = Driver<ChildGraphFn>("cuGraphChildGraphNodeGetGraph");
-  // Reads a conditional node's bodies; newer than CUDA 13.0 (null on older drivers).
-  NodeParamsFn node_params = Driver<NodeParamsFn>("cuGraphNodeGetParams", 13010);
-
-  static const GraphDriver& Get() {
-    static GraphDriver driver;
-    return driver;
-  }
-  bool Complete() const {
-    return get_nodes && node_type && kernel_params && set_kernel_params &&
-           exec_set_kernel_params && func_param_info && kernel_param_info && memcpy_params &&
-           memset_params && child_graph;
-  }
-};
-
-// ---------------------------------------------------------------------------
 // Scanning the graph at registration
 // ---------------------------------------------------------------------------
 
 class GraphScan {
  public:
   GraphScan(std::vector<Binding>* buffers, const ScanOptions& options, size_t num_inputs)
-      : d_(GraphDriver::Get()), buffers_(buffers), options_(options), num_inputs_(num_inputs) {}
+      : d_(DriverApi::Get()), buffers_(buffers), options_(options), num_inputs_(num_inputs) {}
 
   // Finds the sites in `graph`'s kernel nodes, top-level and inside
   // conditional bodies (kept in `nodes`), and marks the buffers that must be
   // copied. Throws on driver errors.
   void Scan(CUgraph graph, std::vector<KernelNode>* nodes) {
-    if (!d_.Complete()) {
-      for (auto& b : *buffers_) b.Copy("the CUDA driver lacks the calls rebinding needs (CUDA >= 12.4)");
+    if (std::string missing = d_.Missing(kBinding); !missing.empty()) {
+      for (auto& b : *buffers_) {
+        b.Copy("the CUDA driver lacks the calls rebinding needs (CUDA >= 12.4): " + missing);
+      }
       return;
     }
     ScanLevel(graph, nodes);
@@ -171,7 +129,7 @@ class GraphScan {
   void ScanLevel(CUgraph graph, std::vector<KernelNode>* nodes) {
     for (CUgraphNode node : Nodes(graph)) {
       CUgraphNodeType type;
-      Check(d_.node_type(node, &type), "cuGraphNodeGetType");
+      CheckDriver(d_.node_type(node, &type), "cuGraphNodeGetType");
       if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
         nodes->push_back(ReadKernel(node));
         ClassifyKernel(nodes->size() - 1, &nodes->back());
@@ -187,7 +145,7 @@ class GraphScan {
   // A conditional node's bodies, through the driver where it can say what
   // they are; otherwise they are scanned from the capture's list (Scan).
   void ScanConditional(CUgraphNode node, std::vector<KernelNode>* nodes) {
-    if (!bodies_from_capture_ && d_.node_params != nullptr) {
+    if (!bodies_from_capture_ && d_.node_params) {
       CUgraphNodeParams p{};
       if (d_.node_params(node, &p) == CUDA_SUCCESS && p.type == CU_GRAPH_NODE_TYPE_CONDITIONAL &&
           p.conditional.phGraph_out != nullptr) {
@@ -200,9 +158,9 @@ class GraphScan {
 
   std::vector<CUgraphNode> Nodes(CUgraph graph) {
     size_t count = 0;
-    Check(d_.get_nodes(graph, nullptr, &count), "cuGraphGetNodes");
+    CheckDriver(d_.get_nodes(graph, nullptr, &count), "cuGraphGetNodes");
     std::vector<CUgraphNode> nodes(count);
-    if (count > 0) Check(d_.get_nodes(graph, nodes.data(), &count), "cuGraphGetNodes");
+    if (count > 0) CheckDriver(d_.get_nodes(graph, nodes.data(), &count), "cuGraphGetNodes");
     nodes.resize(count);
     return nodes;
   }
@@ -210,7 +168,7 @@ class GraphScan {
   KernelNode ReadKernel(CUgraphNode node) {
     KernelNode k;
     k.node = node;
-    Check(d_.kernel_params(node, &k.params), "cuGraphKernelNodeGetParams");
+    CheckDriver(d_.kernel_params(node, &k.params), "cuGraphKernelNodeGetParams");
     k.name = Name(k.params);
     k.flags = Flags(k.params);
     if (k.params.extra != nullptr) return k;  // arguments in `extra`: see ClassifyKernel
@@ -306,7 +264,7 @@ class GraphScan {
     switch (type) {
       case CU_GRAPH_NODE_TYPE_MEMCPY: {
         CUDA_MEMCPY3D m{};
-        Check(d_.memcpy_params(node, &m), "cuGraphMemcpyNodeGetParams");
+        CheckDriver(d_.memcpy_params(node, &m), "cuGraphMemcpyNodeGetParams");
         MarkRange(m.srcMemoryType, m.srcDevice, m.srcPitch, m.srcHeight, m.WidthInBytes, m.Height,
                   m.Depth, "a memcpy node reads it");
         MarkRange(m.dstMemoryType, m.dstDevice, m.dstPitch, m.dstHeight, m.WidthInBytes, m.Height,
@@ -315,14 +273,14 @@ class GraphScan {
       }
       case CU_GRAPH_NODE_TYPE_MEMSET: {
         CUDA_MEMSET_NODE_PARAMS m{};
-        Check(d_.memset_params(node, &m), "cuGraphMemsetNodeGetParams");
+        CheckDriver(d_.memset_params(node, &m), "cuGraphMemsetNodeGetParams");
         uint64_t end = m.dst + (m.height > 0 ? m.height - 1 : 0) * m.pitch + m.width * m.elementSize;
         MarkOverlap(m.dst, end, "a memset node writes it");
         break;
       }
       case CU_GRAPH_NODE_TYPE_GRAPH: {
         CUgraph child = nullptr;
-        Check(d_.child_graph(node, &child), "cuGraphChildGraphNodeGetGraph");
+        CheckDriver(d_.child_graph(node, &child), "cuGraphChildGraphNodeGetGraph");
         ScanChild(child);
         break;
       }
@@ -357,7 +315,7 @@ class GraphScan {
   void ScanChild(CUgraph child) {
     for (CUgraphNode node : Nodes(child)) {
       CUgraphNodeType type;
-      Check(d_.node_type(node, &type), "cuGraphNodeGetType");
+      CheckDriver(d_.node_type(node, &type), "cuGraphNodeGetType");
       ClassifyOther(node, type);
     }
   }
@@ -387,12 +345,12 @@ class GraphScan {
 
   std::string Name(const CUDA_KERNEL_NODE_PARAMS& p) const {
     const char* name = nullptr;
-    if (p.func != nullptr && d_.func_name != nullptr && d_.func_name(&name, p.func) == CUDA_SUCCESS &&
+    if (p.func != nullptr && d_.func_name && d_.func_name(&name, p.func) == CUDA_SUCCESS &&
         name != nullptr) {
       return name;
     }
     for (CUkernel k : {reinterpret_cast<CUkernel>(p.func), p.kern}) {
-      if (k != nullptr && d_.kernel_name != nullptr && d_.kernel_name(&name, k) == CUDA_SUCCESS &&
+      if (k != nullptr && d_.kernel_name && d_.kernel_name(&name, k) == CUDA_SUCCESS &&
           name != nullptr) {
         return name;
       }
@@ -410,11 +368,7 @@ class GraphScan {
     return "";
   }
 
-  static void Check(CUresult r, const char* call) {
-    if (r != CUDA_SUCCESS) throw std::runtime_error(DriverError(call, r));
-  }
-
-  const GraphDriver& d_;
+  const DriverApi& d_;
   std::vector<Binding>* buffers_;
   const ScanOptions& options_;
   size_t num_inputs_;

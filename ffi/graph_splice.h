@@ -10,9 +10,11 @@
 // nodes' new arguments reach it. (Seen on an H100 with jax 0.11.2: kernel
 // nodes inside a child graph node kept their old arguments after XLA's update.)
 //
-// Node types that cannot be re-added this way (memory, conditional, batch and
-// external-semaphore nodes) make a graph "not flattenable": it is then spliced
-// as one child graph node of its static template, with every buffer copied.
+// A graph that cannot be re-added this way is "not flattenable" (a memory,
+// batch or external-semaphore node; kernel arguments not read, bind="copy"; a
+// driver without the calls): it is then spliced as one child-graph node of
+// its static template, with every buffer copied (SpliceWhole). A graph with
+// conditional nodes is never spliced (conditional_graph.h).
 
 #ifndef JAXGRAPH_FFI_GRAPH_SPLICE_H_
 #define JAXGRAPH_FFI_GRAPH_SPLICE_H_
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "common.h"
+#include "driver_api.h"
 #include "graph_binding.h"
 
 namespace jaxgraph {
@@ -37,61 +40,19 @@ struct OrderedNode {
   bool sink = true;  // nothing in the graph depends on it
 };
 
-struct SpliceDriver {
-  using DepsFn = CUresult (*)(CUgraphNode, CUgraphNode*, size_t*);  // the 12.0 ABI: no edge data
-  using AddKernelFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                   const CUDA_KERNEL_NODE_PARAMS*);
-  using AddMemcpyFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                   const CUDA_MEMCPY3D*, CUcontext);
-  using AddMemsetFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                   const CUDA_MEMSET_NODE_PARAMS*, CUcontext);
-  using AddEmptyFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t);
-  using AddChildFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
-  using AddEventFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUevent);
-  using GetEventFn = CUresult (*)(CUgraphNode, CUevent*);
-  using HostParamsFn = CUresult (*)(CUgraphNode, CUDA_HOST_NODE_PARAMS*);
-  using AddHostFn = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
-                                 const CUDA_HOST_NODE_PARAMS*);
-  using CtxFn = CUresult (*)(CUcontext*);
-
-  DepsFn deps = Driver<DepsFn>("cuGraphNodeGetDependencies");
-  AddKernelFn add_kernel = Driver<AddKernelFn>("cuGraphAddKernelNode");
-  AddMemcpyFn add_memcpy = Driver<AddMemcpyFn>("cuGraphAddMemcpyNode");
-  AddMemsetFn add_memset = Driver<AddMemsetFn>("cuGraphAddMemsetNode");
-  AddEmptyFn add_empty = Driver<AddEmptyFn>("cuGraphAddEmptyNode");
-  AddChildFn add_child = Driver<AddChildFn>("cuGraphAddChildGraphNode");
-  AddEventFn add_record = Driver<AddEventFn>("cuGraphAddEventRecordNode");
-  AddEventFn add_wait = Driver<AddEventFn>("cuGraphAddEventWaitNode");
-  GetEventFn record_event = Driver<GetEventFn>("cuGraphEventRecordNodeGetEvent");
-  GetEventFn wait_event = Driver<GetEventFn>("cuGraphEventWaitNodeGetEvent");
-  HostParamsFn host_params = Driver<HostParamsFn>("cuGraphHostNodeGetParams");
-  AddHostFn add_host = Driver<AddHostFn>("cuGraphAddHostNode");
-  CtxFn current_ctx = Driver<CtxFn>("cuCtxGetCurrent");
-
-  static const SpliceDriver& Get() {
-    static SpliceDriver driver;
-    return driver;
-  }
-  bool Complete() const {
-    return deps && add_kernel && add_memcpy && add_memset && add_empty && add_child && add_record &&
-           add_wait && record_event && wait_event && host_params && add_host && current_ctx;
-  }
-};
-
 // Orders `graph`'s nodes so each comes after its dependencies. Returns false
 // (and says why) when the graph cannot be spliced node by node.
 inline bool OrderNodes(CUgraph graph, const std::vector<KernelNode>& kernels,
                        std::vector<OrderedNode>* out, std::string* why) {
-  const GraphDriver& g = GraphDriver::Get();
-  const SpliceDriver& d = SpliceDriver::Get();
-  if (!d.Complete()) {
-    *why = "the CUDA driver lacks a call splicing needs";
+  const DriverApi& d = DriverApi::Get();
+  if (std::string missing = d.Missing(kSplicing); !missing.empty()) {
+    *why = "the CUDA driver lacks a call splicing needs: " + missing;
     return false;
   }
   size_t count = 0;
-  if (g.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS) return *why = "cuGraphGetNodes failed", false;
+  if (d.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS) return *why = "cuGraphGetNodes failed", false;
   std::vector<CUgraphNode> nodes(count);
-  if (count > 0 && g.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) {
+  if (count > 0 && d.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) {
     return *why = "cuGraphGetNodes failed", false;
   }
   std::unordered_map<CUgraphNode, size_t> index;
@@ -105,7 +66,7 @@ inline bool OrderNodes(CUgraph graph, const std::vector<KernelNode>& kernels,
   for (size_t i = 0; i < nodes.size(); ++i) {
     OrderedNode& n = all[i];
     n.node = nodes[i];
-    if (g.node_type(n.node, &n.type) != CUDA_SUCCESS) return *why = "cuGraphNodeGetType failed", false;
+    if (d.node_type(n.node, &n.type) != CUDA_SUCCESS) return *why = "cuGraphNodeGetType failed", false;
     switch (n.type) {
       case CU_GRAPH_NODE_TYPE_KERNEL: case CU_GRAPH_NODE_TYPE_MEMCPY: case CU_GRAPH_NODE_TYPE_MEMSET:
       case CU_GRAPH_NODE_TYPE_EMPTY: case CU_GRAPH_NODE_TYPE_GRAPH: case CU_GRAPH_NODE_TYPE_HOST:
@@ -158,91 +119,122 @@ inline bool OrderNodes(CUgraph graph, const std::vector<KernelNode>& kernels,
   return true;
 }
 
-// Adds the ordered nodes to the capture on `stream`; kernel nodes take their
-// (rebound) arguments from `kernels`.
-inline ffi::Error SpliceNodes(const std::vector<OrderedNode>& order,
-                              const std::vector<KernelNode>& kernels, cudaStream_t stream) {
-  const GraphDriver& g = GraphDriver::Get();
-  const SpliceDriver& d = SpliceDriver::Get();
+// Adds nodes to the capture in progress on `stream`: `add(graph, entry,
+// &tail)` adds them to the capture's graph after `entry`, the nodes the
+// stream's next work would depend on, and names in `tail` the nodes later
+// captured work must follow, which become the stream's dependencies (an empty
+// tail leaves them as they were).
+template <typename Add>
+ffi::Error AppendToCapture(cudaStream_t stream, Add add) {
   cudaStreamCaptureStatus status;
-  cudaGraph_t capture_graph = nullptr;
+  cudaGraph_t graph = nullptr;
   const cudaGraphNode_t* entry = nullptr;
   size_t num_entry = 0;
-  cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &capture_graph, &entry,
-                                             nullptr, &num_entry);
+  cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, &entry, nullptr, &num_entry);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamGetCaptureInfo", err));
-  if (order.empty()) return ffi::Error::Success();
-  std::vector<CUgraphNode> entry_deps(reinterpret_cast<const CUgraphNode*>(entry),
-                                      reinterpret_cast<const CUgraphNode*>(entry) + num_entry);
-  CUgraph target = reinterpret_cast<CUgraph>(capture_graph);
-  CUcontext ctx = nullptr;
-  d.current_ctx(&ctx);
-  std::vector<CUgraphNode> added(order.size(), nullptr);
-  std::vector<CUgraphNode> sinks;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const OrderedNode& n = order[i];
-    std::vector<CUgraphNode> deps;
-    for (size_t p : n.deps) deps.push_back(added[p]);
-    if (n.deps.empty()) deps = entry_deps;  // the graph's first nodes follow the stream's work
-    const CUgraphNode* dp = deps.empty() ? nullptr : deps.data();
-    CUresult r = CUDA_SUCCESS;
-    switch (n.type) {
-      case CU_GRAPH_NODE_TYPE_KERNEL:
-        if (n.kernel < 0 || static_cast<size_t>(n.kernel) >= kernels.size()) {  // OrderNodes refuses these
-          return ffi::Error::Internal("jaxgraph_replay: a kernel node has no argument copy to splice");
-        }
-        r = d.add_kernel(&added[i], target, dp, deps.size(), &kernels[n.kernel].params);
-        break;
-      case CU_GRAPH_NODE_TYPE_MEMCPY: {
-        CUDA_MEMCPY3D m{};
-        r = g.memcpy_params(n.node, &m);
-        if (r == CUDA_SUCCESS) r = d.add_memcpy(&added[i], target, dp, deps.size(), &m, ctx);
-        break;
-      }
-      case CU_GRAPH_NODE_TYPE_MEMSET: {
-        CUDA_MEMSET_NODE_PARAMS m{};
-        r = g.memset_params(n.node, &m);
-        if (r == CUDA_SUCCESS) r = d.add_memset(&added[i], target, dp, deps.size(), &m, ctx);
-        break;
-      }
-      case CU_GRAPH_NODE_TYPE_GRAPH: {
-        CUgraph child = nullptr;
-        r = g.child_graph(n.node, &child);
-        if (r == CUDA_SUCCESS) r = d.add_child(&added[i], target, dp, deps.size(), child);
-        break;
-      }
-      case CU_GRAPH_NODE_TYPE_HOST: {
-        CUDA_HOST_NODE_PARAMS h{};
-        r = d.host_params(n.node, &h);
-        if (r == CUDA_SUCCESS) r = d.add_host(&added[i], target, dp, deps.size(), &h);
-        break;
-      }
-      case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
-      case CU_GRAPH_NODE_TYPE_WAIT_EVENT: {
-        bool record = n.type == CU_GRAPH_NODE_TYPE_EVENT_RECORD;
-        CUevent event = nullptr;
-        r = record ? d.record_event(n.node, &event) : d.wait_event(n.node, &event);
-        if (r == CUDA_SUCCESS) {
-          r = (record ? d.add_record : d.add_wait)(&added[i], target, dp, deps.size(), event);
-        }
-        break;
-      }
-      default:
-        r = d.add_empty(&added[i], target, dp, deps.size());
-        break;
-    }
-    if (r != CUDA_SUCCESS) {
-      return ffi::Error::Internal("jaxgraph_replay: adding a node to XLA's capture: " +
-                                  DriverError("cuGraphAdd*Node", r));
-    }
-    if (n.sink) sinks.push_back(added[i]);
-  }
-  err = cudaStreamUpdateCaptureDependencies(stream, reinterpret_cast<cudaGraphNode_t*>(sinks.data()),
-                                            nullptr, sinks.size(), cudaStreamSetCaptureDependencies);
+  const auto* first = reinterpret_cast<const CUgraphNode*>(entry);
+  std::vector<CUgraphNode> tail;
+  ffi::Error added = add(reinterpret_cast<CUgraph>(graph), std::vector<CUgraphNode>(first, first + num_entry),
+                         &tail);
+  if (added.failure()) return added;
+  if (tail.empty()) return ffi::Error::Success();
+  err = cudaStreamUpdateCaptureDependencies(stream, reinterpret_cast<cudaGraphNode_t*>(tail.data()), nullptr,
+                                            tail.size(), cudaStreamSetCaptureDependencies);
   if (err != cudaSuccess) {
     return ffi::Error::Internal(RuntimeError("cudaStreamUpdateCaptureDependencies", err));
   }
   return ffi::Error::Success();
+}
+
+// Adds `child` to the capture on `stream` as one child-graph node (the
+// fallback for graphs whose nodes cannot be added one by one). Through the
+// runtime, so it needs none of the driver calls splicing node by node does.
+inline ffi::Error SpliceWhole(cudaGraph_t child, cudaStream_t stream) {
+  return AppendToCapture(stream, [&](CUgraph graph, const std::vector<CUgraphNode>& entry,
+                                     std::vector<CUgraphNode>* tail) {
+    cudaGraphNode_t node;
+    cudaError_t err = cudaGraphAddChildGraphNode(&node, reinterpret_cast<cudaGraph_t>(graph),
+                                                 reinterpret_cast<const cudaGraphNode_t*>(entry.data()),
+                                                 entry.size(), child);
+    if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphAddChildGraphNode", err));
+    tail->push_back(reinterpret_cast<CUgraphNode>(node));
+    return ffi::Error::Success();
+  });
+}
+
+// Adds a copy of one template node to `target` after `deps`; a kernel node
+// takes its (rebound) arguments from `kernels`.
+inline CUresult AddNodeCopy(const OrderedNode& n, const std::vector<KernelNode>& kernels, CUgraph target,
+                            const std::vector<CUgraphNode>& deps, CUcontext ctx, CUgraphNode* added) {
+  const DriverApi& d = DriverApi::Get();
+  const CUgraphNode* dp = deps.empty() ? nullptr : deps.data();
+  switch (n.type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+      return d.add_kernel(added, target, dp, deps.size(), &kernels[n.kernel].params);
+    case CU_GRAPH_NODE_TYPE_MEMCPY: {
+      CUDA_MEMCPY3D m{};
+      CUresult r = d.memcpy_params(n.node, &m);
+      return r != CUDA_SUCCESS ? r : d.add_memcpy(added, target, dp, deps.size(), &m, ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      CUDA_MEMSET_NODE_PARAMS m{};
+      CUresult r = d.memset_params(n.node, &m);
+      return r != CUDA_SUCCESS ? r : d.add_memset(added, target, dp, deps.size(), &m, ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH: {
+      CUgraph child = nullptr;
+      CUresult r = d.child_graph(n.node, &child);
+      return r != CUDA_SUCCESS ? r : d.add_child(added, target, dp, deps.size(), child);
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      CUDA_HOST_NODE_PARAMS h{};
+      CUresult r = d.host_params(n.node, &h);
+      return r != CUDA_SUCCESS ? r : d.add_host(added, target, dp, deps.size(), &h);
+    }
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD: {
+      CUevent event = nullptr;
+      CUresult r = d.record_event(n.node, &event);
+      return r != CUDA_SUCCESS ? r : d.add_record(added, target, dp, deps.size(), event);
+    }
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT: {
+      CUevent event = nullptr;
+      CUresult r = d.wait_event(n.node, &event);
+      return r != CUDA_SUCCESS ? r : d.add_wait(added, target, dp, deps.size(), event);
+    }
+    default:  // an empty node (OrderNodes lets no other type through)
+      return d.add_empty(added, target, dp, deps.size());
+  }
+}
+
+// Adds the ordered nodes to the capture on `stream` one by one; kernel nodes
+// take their (rebound) arguments from `kernels`. The graph's first nodes
+// follow the stream's work, its last ones become the stream's dependencies.
+inline ffi::Error SpliceNodes(const std::vector<OrderedNode>& order, const std::vector<KernelNode>& kernels,
+                              cudaStream_t stream) {
+  for (const OrderedNode& n : order) {
+    if (n.type == CU_GRAPH_NODE_TYPE_KERNEL &&
+        (n.kernel < 0 || static_cast<size_t>(n.kernel) >= kernels.size())) {  // OrderNodes refuses these
+      return ffi::Error::Internal("jaxgraph_replay: a kernel node has no argument copy to splice");
+    }
+  }
+  return AppendToCapture(stream, [&](CUgraph target, const std::vector<CUgraphNode>& entry,
+                                     std::vector<CUgraphNode>* tail) {
+    CUcontext ctx = nullptr;
+    DriverApi::Get().current_ctx(&ctx);
+    std::vector<CUgraphNode> added(order.size(), nullptr);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const OrderedNode& n = order[i];
+      std::vector<CUgraphNode> deps;
+      for (size_t p : n.deps) deps.push_back(added[p]);
+      CUresult r = AddNodeCopy(n, kernels, target, n.deps.empty() ? entry : deps, ctx, &added[i]);
+      if (r != CUDA_SUCCESS) {
+        return ffi::Error::Internal("jaxgraph_replay: adding a node to XLA's capture: " +
+                                    DriverError("cuGraphAdd*Node", r));
+      }
+      if (n.sink) tail->push_back(added[i]);
+    }
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace jaxgraph

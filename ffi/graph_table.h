@@ -34,30 +34,19 @@
 
 namespace jaxgraph {
 
-// Every device's graph for one id; a retired device keeps a tombstone.
-struct GraphSet {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<DeviceGraph>> by_device;
-  std::vector<char> retired;
+// Every device's graph for one id, keyed by CUDA ordinal: a device whose
+// graph was reset keeps a tombstone (retired), one never captured has no
+// entry (missing), so the handler can say which.
+using GraphSet = HandleTable<DeviceGraph>;
 
-  std::shared_ptr<DeviceGraph> Get(int device, bool* retired_out) {
-    std::lock_guard<std::mutex> lock(mutex);
-    size_t d = static_cast<size_t>(device);
-    *retired_out = d < retired.size() && retired[d];
-    return d < by_device.size() ? by_device[d] : nullptr;
+// The devices with a live graph in `set`, as "0, 1", for messages.
+inline std::string LiveDevices(const GraphSet& set) {
+  std::string out;
+  for (const auto& [device, graph] : set.LiveEntries()) {
+    out += (out.empty() ? "" : ", ") + std::to_string(device);
   }
-
-  // The devices with a live graph, as "0, 1", for messages.
-  std::string LiveDevices() {
-    std::lock_guard<std::mutex> lock(mutex);
-    std::string out;
-    for (size_t d = 0; d < by_device.size(); ++d) {
-      if (by_device[d] == nullptr) continue;
-      out += (out.empty() ? "" : ", ") + std::to_string(d);
-    }
-    return out.empty() ? "none" : out;
-  }
-};
+  return out.empty() ? "none" : out;
+}
 
 inline HandleTable<GraphSet> graph_table;
 inline std::atomic<int64_t> next_graph_id{1};
@@ -216,39 +205,28 @@ inline std::pair<int64_t, std::vector<bool>> RegisterGraph(int64_t id, int devic
   if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaSetDevice", err));
   std::vector<bool> kept;
   std::shared_ptr<DeviceGraph> entry = BuildDeviceGraph(device, graph, inputs, outputs, aliases, options, &kept);
-  HandleTable<GraphSet>::Status status;
+  HandleStatus status;
   std::shared_ptr<GraphSet> set = id > 0 ? graph_table.Find(id, &status) : nullptr;
   if (set == nullptr) {
     if (id <= 0) id = next_graph_id++;
     set = std::make_shared<GraphSet>();
     graph_table.Insert(id, set);
   }
-  std::lock_guard<std::mutex> lock(set->mutex);
-  size_t d = static_cast<size_t>(device);
-  if (d < set->by_device.size() && set->by_device[d] != nullptr) {
+  if (!set->InsertNew(device, std::move(entry))) {
     throw std::invalid_argument("graph " + std::to_string(id) + " is already registered for device " +
                                 std::to_string(device));
   }
-  if (set->by_device.size() <= d) {
-    set->by_device.resize(d + 1);
-    set->retired.resize(d + 1, 0);
-  }
-  set->by_device[d] = std::move(entry);
-  set->retired[d] = 0;
   return {id, kept};
 }
 
 // The live graphs of `id` on `device` (every device when device < 0).
 inline std::vector<std::shared_ptr<DeviceGraph>> GraphsOf(int64_t id, int device) {
-  HandleTable<GraphSet>::Status status;
+  HandleStatus status;
   std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
   std::vector<std::shared_ptr<DeviceGraph>> out;
   if (set == nullptr) return out;
-  std::lock_guard<std::mutex> lock(set->mutex);
-  for (size_t d = 0; d < set->by_device.size(); ++d) {
-    if ((device < 0 || d == static_cast<size_t>(device)) && set->by_device[d] != nullptr) {
-      out.push_back(set->by_device[d]);
-    }
+  for (auto& [d, graph] : set->LiveEntries()) {
+    if (device < 0 || d == device) out.push_back(std::move(graph));
   }
   return out;
 }
@@ -270,15 +248,9 @@ inline void DetachGraph(int64_t id, int device) {
 // executables are freed once no call is using them.
 inline void UnregisterGraph(int64_t id, int device) {
   DetachGraph(id, device);
-  HandleTable<GraphSet>::Status status;
+  HandleStatus status;
   std::shared_ptr<GraphSet> set = graph_table.Find(id, &status);
-  if (set == nullptr) return;
-  std::lock_guard<std::mutex> lock(set->mutex);
-  for (size_t d = 0; d < set->by_device.size(); ++d) {
-    if (device >= 0 && d != static_cast<size_t>(device)) continue;
-    if (set->by_device[d] != nullptr) set->retired[d] = 1;
-    set->by_device[d] = nullptr;
-  }
+  if (set != nullptr) set->RetireLive([device](int64_t d) { return device < 0 || d == device; });
 }
 
 inline size_t LiveGraphs() {

@@ -12,18 +12,11 @@
 #include <vector>
 
 #include "common.h"
+#include "driver_api.h"
 #include "nanobind/stl/string.h"
 
 namespace jaxgraph {
 namespace {
-
-using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                    unsigned, unsigned, unsigned, CUstream, void**, void**);
-
-LaunchKernelFn GetLaunchKernel() {
-  static LaunchKernelFn fn = Driver<LaunchKernelFn>("cuLaunchKernel");
-  return fn;
-}
 
 // ---------------------------------------------------------------------------
 // Kernel table
@@ -109,8 +102,8 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   if (grid.size() != 3 || block.size() != 3) {
     return ffi::Error::InvalidArgument("jaxgraph_launch: grid and block must have 3 entries");
   }
-  LaunchKernelFn launch = GetLaunchKernel();
-  if (launch == nullptr) {
+  const DriverApi& d = DriverApi::Get();
+  if (!d.launch_kernel) {
     return ffi::Error::Internal("jaxgraph_launch: cuLaunchKernel not found in the CUDA driver");
   }
   std::vector<void*> pointers, kernel_params;
@@ -122,14 +115,14 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   return kernel_table.Visit(kernel_id, [&](auto status, KernelEntry* entry) -> ffi::Error {
     if (entry == nullptr) {
       return UnusableId("jaxgraph_launch", "kernel " + std::to_string(kernel_id),
-                        status == HandleTable<KernelEntry>::Status::kRetired,
-                        status == HandleTable<KernelEntry>::Status::kRetired
+                        status == HandleStatus::kRetired,
+                        status == HandleStatus::kRetired
                             ? "keep the jaxgraph.Kernel alive as long as compiled functions that "
                               "call it"
                             : "trace the jaxgraph.Kernel's jax_call in this process on a machine "
                               "with a CUDA GPU");
     }
-    CUresult result = launch(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
+    CUresult result = d.launch_kernel(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
                              grid[2], block[0], block[1], block[2],
                              static_cast<unsigned>(shared_mem),
                              reinterpret_cast<CUstream>(stream), kernel_params.data(), nullptr);
@@ -186,12 +179,8 @@ namespace {
 // Returns 0, a CUresult from cuLaunchKernel, or minus cuCtxSetCurrent's.
 int LaunchFromPython(uintptr_t function, uintptr_t context, uintptr_t stream,
                      const nb::bytes& geometry, const nb::bytes& params) {
-  using CtxGetCurrentFn = CUresult (*)(CUcontext*);
-  using CtxSetCurrentFn = CUresult (*)(CUcontext);
-  static CtxGetCurrentFn get_current = Driver<CtxGetCurrentFn>("cuCtxGetCurrent");
-  static CtxSetCurrentFn set_current = Driver<CtxSetCurrentFn>("cuCtxSetCurrent");
-  LaunchKernelFn launch = GetLaunchKernel();
-  if (launch == nullptr || get_current == nullptr || set_current == nullptr) {
+  const DriverApi& d = DriverApi::Get();
+  if (!d.launch_kernel || !d.current_ctx || !d.set_current_ctx) {
     return static_cast<int>(CUDA_ERROR_NOT_FOUND);
   }
   constexpr size_t kGeometryBytes = 7 * sizeof(uint32_t);
@@ -214,32 +203,30 @@ int LaunchFromPython(uintptr_t function, uintptr_t context, uintptr_t stream,
   for (size_t i = 0; i < count; ++i) slots[i] = data + 8 * i;
   CUcontext current = nullptr;
   CUcontext wanted = reinterpret_cast<CUcontext>(context);
-  if (wanted != nullptr && (get_current(&current) != CUDA_SUCCESS || current != wanted)) {
-    if (CUresult r = set_current(wanted); r != CUDA_SUCCESS) return -static_cast<int>(r);
+  if (wanted != nullptr && (d.current_ctx(&current) != CUDA_SUCCESS || current != wanted)) {
+    if (CUresult r = d.set_current_ctx(wanted); r != CUDA_SUCCESS) return -static_cast<int>(r);
   }
-  return static_cast<int>(launch(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2], g[3],
-                                 g[4], g[5], g[6], reinterpret_cast<CUstream>(stream), slots,
-                                 nullptr));
+  return static_cast<int>(d.launch_kernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
+                                          g[3], g[4], g[5], g[6], reinterpret_cast<CUstream>(stream),
+                                          slots, nullptr));
 }
 
 // CUDAGraph.replay's launch: as LaunchFromPython, one driver call with no
 // per-call marshalling of handle objects (at one kernel per graph, that
 // marshalling is a fifth of a replay's host time).
 int GraphLaunchFromPython(uintptr_t graph_exec, uintptr_t stream) {
-  using GraphLaunchFn = CUresult (*)(CUgraphExec, CUstream);
-  static GraphLaunchFn launch = Driver<GraphLaunchFn>("cuGraphLaunch");
-  if (launch == nullptr) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
+  const DriverApi& d = DriverApi::Get();
+  if (!d.graph_launch) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
   return static_cast<int>(
-      launch(reinterpret_cast<CUgraphExec>(graph_exec), reinterpret_cast<CUstream>(stream)));
+      d.graph_launch(reinterpret_cast<CUgraphExec>(graph_exec), reinterpret_cast<CUstream>(stream)));
 }
 
 // The calling thread's current CUDA context (0 when none), so Python can see
 // whether another library (XLA, CuPy, torch) switched it since jaxgraph set it.
 uintptr_t CurrentContext() {
-  using CtxGetCurrentFn = CUresult (*)(CUcontext*);
-  static CtxGetCurrentFn get = Driver<CtxGetCurrentFn>("cuCtxGetCurrent");
+  const DriverApi& d = DriverApi::Get();
   CUcontext ctx = nullptr;
-  if (get == nullptr || get(&ctx) != CUDA_SUCCESS) return 0;
+  if (!d.current_ctx || d.current_ctx(&ctx) != CUDA_SUCCESS) return 0;
   return reinterpret_cast<uintptr_t>(ctx);
 }
 

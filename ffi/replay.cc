@@ -60,27 +60,6 @@ ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   return ffi::Error::Success();
 }
 
-// Adds `child` as one node of the capture in progress on `stream` and makes it
-// the stream's only dependency, so later captured work follows it (for graphs
-// whose nodes cannot be spliced one by one; see graph_splice.h).
-ffi::Error Splice(cudaGraph_t child, cudaStream_t stream) {
-  cudaStreamCaptureStatus status;
-  cudaGraph_t capture_graph = nullptr;
-  const cudaGraphNode_t* deps = nullptr;
-  size_t num_deps = 0;
-  cudaError_t err = cudaStreamGetCaptureInfo(stream, &status, nullptr, &capture_graph, &deps,
-                                             nullptr, &num_deps);
-  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamGetCaptureInfo", err));
-  cudaGraphNode_t node;
-  err = cudaGraphAddChildGraphNode(&node, capture_graph, deps, num_deps, child);
-  if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphAddChildGraphNode", err));
-  err = cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies);
-  if (err != cudaSuccess) {
-    return ffi::Error::Internal(RuntimeError("cudaStreamUpdateCaptureDependencies", err));
-  }
-  return ffi::Error::Success();
-}
-
 // XLA's address for each static buffer: an input's operand, an output's result
 // (an input paired with an output takes the output's: XLA aliases them).
 ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::RemainingRets rets,
@@ -147,7 +126,7 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (g->template_addr != g->static_addr) {
       if (auto e = PointTemplateAt(g, g->static_addr); e.failure()) return e;
     }
-    if (auto e = Splice(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
+    if (auto e = SpliceWhole(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceWhole);
   } else if (splice) {
     RetargetAll(g, addresses);
@@ -165,18 +144,18 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
 
 ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
                       ffi::RemainingRets rets, int64_t graph_id, bool uncaptured) {
-  HandleTable<GraphSet>::Status status;
+  HandleStatus status;
   std::shared_ptr<GraphSet> set = graph_table.Find(graph_id, &status);
-  bool retired = false;
-  std::shared_ptr<DeviceGraph> g = set != nullptr ? set->Get(device, &retired) : nullptr;
+  std::shared_ptr<DeviceGraph> g = set != nullptr ? set->Find(device, &status) : nullptr;
   if (g == nullptr) {
+    bool retired = status == HandleStatus::kRetired;  // the device's graph, or (no set) the id
     std::string what = "graph " + std::to_string(graph_id);
     if (set != nullptr && !retired) {
       // The device XLA runs this call on (its FFI device ordinal, the CUDA
       // ordinal) has no graph: e.g. a mesh larger than the capture.
       return ffi::Error::InvalidArgument(
           "jaxgraph_replay: " + what + " was not captured for device " + std::to_string(device) +
-          " (it has graphs for devices " + set->LiveDevices() + "); capture it on every device the "
+          " (it has graphs for devices " + LiveDevices(*set) + "); capture it on every device the "
           "computation runs on (jaxgraph.capture_per_device(..., devices=...), or "
           "Replayable.add_device)");
     }

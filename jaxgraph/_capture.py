@@ -23,13 +23,12 @@ from typing import Any, Callable
 from . import _captures, _driver, _memory, _stream
 from ._driver import check
 from ._checks import CAPTURE_MODES, capture_mode
-from ._graphs import CUDAGraph
-from ._replay_source import ReplaySource
+from ._graphs import CUDAGraph, handles_of
 from ._hooks import RemovableHandle
 from ._memory import PoolHandle
 from ._stream import Stream, current_stream
 
-__all__ = ["Graph", "graph", "is_current_stream_capturing"]
+__all__ = ["Graph", "cuda_graph_of", "graph", "is_current_stream_capturing"]
 
 
 # ----------------------------------------------------------------------------
@@ -120,7 +119,7 @@ class graph:
             if exc_type is None:
                 self.cuda_graph.capture_end()
             else:
-                self.cuda_graph._abort_capture()
+                handles_of(self.cuda_graph).abandon_capture()
         finally:
             self._stream_ctx.__exit__(exc_type, exc, tb)
             self._restore_device()
@@ -170,7 +169,7 @@ class Graph:
         self._cuda_graph = CUDAGraph(keep_graph)
 
     def __repr__(self) -> str:
-        return f"<jaxgraph.Graph {self._cuda_graph._state.value} device={self._cuda_graph.device}>"
+        return f"<jaxgraph.Graph {handles_of(self._cuda_graph).state.value} device={self._cuda_graph.device}>"
 
     def capture_begin(self) -> None:
         """Begin graph capture on the current stream, with the pool and mode given at construction."""
@@ -216,6 +215,10 @@ class Graph:
         """Draw the captured graph to ``path``; see :meth:`CUDAGraph.render`."""
         return self._cuda_graph.render(path, format)
 
+    def node_count(self, nested: bool = True) -> int:
+        """Number of nodes in the captured graph; see :meth:`CUDAGraph.node_count`."""
+        return self._cuda_graph.node_count(nested)
+
     def __str__(self) -> str:
         return str(self._cuda_graph)
 
@@ -227,20 +230,21 @@ class Graph:
         if exc_type is None:
             self.capture_end()
         else:
-            self._cuda_graph._abort_capture()
+            handles_of(self._cuda_graph).abandon_capture()
 
     @property
     def device(self) -> int:
         """The device this graph was (or will be) captured on."""
         return self._cuda_graph.device
 
-    def _replay_source(self) -> ReplaySource:
-        """For replay inside ``jax.jit``: see :meth:`CUDAGraph._replay_source`."""
-        return self._cuda_graph._replay_source()
-
     def register_destroy_callback(self, callback: Callable[[], None]) -> RemovableHandle:
         """See :meth:`CUDAGraph.register_destroy_callback`."""
         return self._cuda_graph.register_destroy_callback(callback)
+
+
+def cuda_graph_of(g: CUDAGraph | Graph) -> CUDAGraph:
+    """The :class:`CUDAGraph` behind ``g`` (``g`` itself, or the one a :class:`Graph` wraps)."""
+    return g._cuda_graph if isinstance(g, Graph) else g
 
 
 # ----------------------------------------------------------------------------
@@ -254,8 +258,7 @@ def is_current_stream_capturing() -> bool:
     Makes no driver call (and creates no CUDA context) when the current
     stream is the legacy default stream, which never captures.
     """
-    streams = getattr(_stream._local, "streams", None) or {}
-    s = streams.get(_driver.current_device())
+    s = _stream.current_stream_if_set(_driver.current_device())
     if s is None or s.is_legacy_default:
         return False
     if _captures.capture_on(s) is not None:

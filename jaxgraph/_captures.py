@@ -32,6 +32,7 @@ __all__ = [
     "abort",
     "any_underway",
     "attach",
+    "capture_id_of",
     "begin",
     "capture_on",
     "detach",
@@ -70,7 +71,7 @@ def begin(stream: Any, pool: MemPool, mode: str, watch: bool) -> Capture:
         drv = _driver.driver()
         enum_mode = getattr(drv.CUstreamCaptureMode, f"CU_STREAM_CAPTURE_MODE_{mode.upper()}")
         check(drv.cuStreamBeginCapture(stream.handle, enum_mode), "cuStreamBeginCapture")
-        capture.capture_id = _capture_id(stream)
+        capture.capture_id = capture_id_of(stream)
     except BaseException:
         _unregister(capture)
         raise
@@ -133,7 +134,7 @@ def abort(capture: Capture) -> None:
 def attach(capture: Capture, stream: Any) -> int:
     """Count ``stream`` (now capturing a conditional body of ``capture``) as part of it; return its capture id."""
     key = _key(stream)
-    capture_id = _capture_id(stream)
+    capture_id = capture_id_of(stream)
     with _lock:
         capture.streams.add(key)
         _by_stream[key] = capture
@@ -245,13 +246,13 @@ def order_after(producer: Any, consumer: Any) -> bool:
     Returns ``False``, doing nothing, when no stream captures: the caller then
     synchronizes the producer from the host, as outside captures always.
     """
-    consumer_id = 0 if int(consumer) == 0 else _capture_id(consumer)
+    consumer_id = 0 if int(consumer) == 0 else capture_id_of(consumer)
     if not _by_stream and consumer_id == 0:
         return False
     if int(producer) == int(consumer) and producer.device == consumer.device:
         return True
     # The legacy default stream (1 in the CUDA Array Interface) never captures.
-    producer_id = 0 if int(producer) in (0, 1) else _capture_id(producer)
+    producer_id = 0 if int(producer) in (0, 1) else capture_id_of(producer)
     drv = _driver.driver()
     if producer_id != 0 and producer_id != consumer_id:
         return True
@@ -281,7 +282,7 @@ def _key(stream: Any) -> tuple[int, int]:
     return (int(stream), stream.device)
 
 
-def _capture_id(stream: Any) -> int:
+def capture_id_of(stream: Any) -> int:
     """CUDA's id of the capture ``stream`` takes part in (0 when it is not capturing)."""
     drv = _driver.driver()
     _driver.ensure_context(stream.device)
@@ -293,7 +294,7 @@ def _capture_id(stream: Any) -> int:
 
 def _joined(stream: Any, key: tuple[int, int]) -> Capture | None:
     """The jaxgraph capture a stream forked into, remembered for the rest of the capture."""
-    capture_id = _capture_id(stream)
+    capture_id = capture_id_of(stream)
     capture = _by_id.get(capture_id) if capture_id else None
     if capture is not None:
         with _lock:

@@ -1,15 +1,18 @@
 """Argument checks shared by the public API: one place, so modules import no private names.
 
 Each check runs before any driver call and raises the ``ValueError`` or
-``TypeError`` the public docstrings promise, quoting the value it got.
+``TypeError`` the public docstrings promise, quoting the value it got;
+:func:`fmt` spells a shape and dtype the same way in every message.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 __all__ = ["BIND_CHOICES", "CAPTURE_MODES", "VIA_CHOICES", "arrays_overlap", "capture_mode", "check_choice",
-           "device_arrays"]
+           "device_arrays", "fmt", "fmt_all"]
 
 CAPTURE_MODES = ("global", "thread_local", "relaxed")  # cudaStreamCaptureMode, by torch's names
 BIND_CHOICES = ("auto", "copy")                         # replayable(bind=...)
@@ -51,3 +54,13 @@ def device_arrays(arrays: Any, what: str) -> tuple:
 def arrays_overlap(a: Any, b: Any) -> bool:
     """Whether two arrays (``ptr`` and ``nbytes``) share any byte of device memory."""
     return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+
+
+def fmt(s: Any) -> str:
+    """``float32[4096]``: the dtype and shape of anything with ``.dtype`` and ``.shape``."""
+    return f"{np.dtype(s.dtype).name}{list(s.shape)}"
+
+
+def fmt_all(shapes: Sequence[Any]) -> str:
+    """:func:`fmt` of each, comma-separated (``"no inputs"`` when empty)."""
+    return ", ".join(fmt(s) for s in shapes) or "no inputs"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import _captures, _driver, _stream
+from . import _captures, _driver, _memory, _stream
 from ._array import DeviceArray
 from ._driver import CudaError, check
 from ._predicates import KINDS, Kind, check_support, relaxed, setter
@@ -136,9 +136,9 @@ class Region:
         if self in regions:
             regions.remove(self)
         if self.previous is not None and threading.get_ident() == self.thread:  # a finalizer may run elsewhere
-            _stream._set_current(self.previous, self.stream.device)
+            _stream.set_current(self.previous, self.stream.device)
         _give_stream(self.stream)
-        self.capture.pool._release_reuse()
+        _memory.release_reuse(self.capture.pool)
 
 
 # ----------------------------------------------------------------------------
@@ -189,9 +189,9 @@ def begin(capture: Any, kind_name: str, pred: DeviceArray, opener: str, num_bodi
         _give_stream(body_stream)
         capture.broken = capture.broken or f"{opener} failed halfway ({exc})"
         raise
-    capture.pool._hold_reuse()
+    _memory.hold_reuse(capture.pool)
     capture.regions.append(region)
-    region.previous = _stream._set_current(body_stream)
+    region.previous = _stream.set_current(body_stream)
     return region
 
 
@@ -262,7 +262,7 @@ def unfinished(capture: Any) -> str:
 def _check_level(capture: Any, stream: Stream, what: str) -> None:
     """The current stream must capture into the innermost open level of ``capture``."""
     expected = capture.regions[-1].capture_id if capture.regions else capture.capture_id
-    if _captures._capture_id(stream) != expected:
+    if _captures.capture_id_of(stream) != expected:
         where = capture.regions[-1].describe() if capture.regions else "the capture"
         raise RuntimeError(f"{what}: the current stream ({stream!r}) does not capture into {where}; open "
                            "regions on the stream the capture (or the innermost region) made current")

@@ -11,8 +11,9 @@ first loads it.
 from __future__ import annotations
 
 import struct
+from typing import Any, Sequence
 
-__all__ = ["is_cubin", "param_sizes"]
+__all__ = ["check_param_sizes", "is_cubin", "param_sizes"]
 
 _ELF_MAGIC = b"\x7fELF"
 _EIFMT_SVAL = 4          # an attribute with a 16-bit length and a payload; the others take 4 bytes
@@ -56,6 +57,22 @@ def param_sizes(cubin: bytes, symbol: str) -> list[int] | None:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+def check_param_sizes(kernel: str, params: Sequence[Any], sizes: list[int], origin: str) -> None:
+    """Raise ``TypeError`` unless ``params`` imply the parameter ``sizes`` the compiled kernel declares.
+
+    ``params`` are the kernel's ``Param`` objects, ``sizes``
+    those of :func:`param_sizes` or of the loaded kernel (the driver's view);
+    ``origin`` says where the list came from (``"read from the source"``).
+    """
+    expected = [8 if p.is_pointer else p.dtype.itemsize for p in params]
+    if sizes != expected:
+        raise TypeError(
+            f"kernel {kernel}: the compiled kernel's {len(sizes)} parameters have sizes {sizes} bytes, "
+            f"but the signature {origin} ({', '.join(p.ctype for p in params)}) "
+            f"implies {expected}; pass signature= with the real parameter types"
+        )
 
 
 def _sections(elf: bytes) -> dict[str, bytes]:

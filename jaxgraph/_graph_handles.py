@@ -1,8 +1,10 @@
-"""The driver handles of one captured graph, and their release.
+"""The driver handles of one captured graph: beginning and ending its capture, and their release.
 
-A :class:`~jaxgraph.CUDAGraph` is a thin lifecycle over a :class:`GraphHandles`:
-the templates (``CUgraph``), the executable (``CUgraphExec``), the capture
-underway and what the captured graph holds on to (its pools and inputs).
+A :class:`~jaxgraph.CUDAGraph` is a thin API over a :class:`GraphHandles`:
+the capture state, the templates (``CUgraph``), the executable
+(``CUgraphExec``), the capture underway and what the captured graph holds on
+to (its pools and inputs). The handles begin, end and abandon the capture;
+the graph checks its arguments and runs its hooks around them.
 
 The holder never refers to its CUDAGraph, so ``weakref.finalize`` can release
 it after the graph object is gone, firing the destroy callbacks first, as
@@ -13,15 +15,19 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
+import warnings
 import weakref
 from typing import Any
 
-from . import _captures, _driver
+from . import _captures, _conditional, _driver
 from ._capture_record import Capture, CaptureInputs
 from ._driver import check
 from ._hooks import fire_destroy
+from ._memory import MemPool
+from ._stream import Stream, current_stream
 
-__all__ = ["CaptureState", "GraphHandles", "instantiate_flags", "require_capturing", "require_ended"]
+__all__ = ["CaptureState", "GraphHandles", "instantiate_flags", "node_count", "require_capturing", "require_ended"]
 
 
 class CaptureState(enum.Enum):
@@ -47,6 +53,12 @@ def require_ended(state: CaptureState, what: str) -> None:
                            "jaxgraph.graph() or capture_begin()/capture_end()")
 
 
+def node_count(h_graph: Any) -> int:
+    """Number of top-level nodes in the ``CUgraph`` ``h_graph``."""
+    result = check(_driver.driver().cuGraphGetNodes(h_graph, 0), "cuGraphGetNodes")
+    return int(result[-1])
+
+
 def instantiate_flags() -> int:
     """``AUTO_FREE_ON_LAUNCH | USE_NODE_PRIORITY``: how PyTorch instantiates its graphs."""
     flags = _driver.driver().CUgraphInstantiate_flags
@@ -59,6 +71,8 @@ class GraphHandles:
 
     Attributes
     ----------
+    state : CaptureState
+        Where the graph is in its capture lifecycle.
     device : int
     graph : CUgraph or None
         The public template (``raw_cuda_graph``).
@@ -80,12 +94,13 @@ class GraphHandles:
         inside jit shares it, and it must not be replaced under them.
     """
 
-    __slots__ = ("device", "graph", "private_graph", "graph_exec", "exec_address", "exec_serial", "capture",
-                 "inputs", "borrowers")
+    __slots__ = ("state", "device", "graph", "private_graph", "graph_exec", "exec_address", "exec_serial",
+                 "capture", "inputs", "borrowers")
 
     _serials = itertools.count(1)
 
     def __init__(self, device: int) -> None:
+        self.state = CaptureState.NOT_STARTED
         self.device = device
         self.graph = self.private_graph = self.graph_exec = None
         self.exec_address = 0  # int(graph_exec), for the native launch
@@ -98,6 +113,67 @@ class GraphHandles:
     def template(self) -> Any:
         """The live template, public or private (``None`` if there is none)."""
         return self.graph if self.graph is not None else self.private_graph
+
+    # -- capture ----------------------------------------------------------------
+
+    def begin_capture(self, stream: Stream, pool: MemPool | None, mode: str, check_input_liveness: bool) -> None:
+        """Start capturing on ``stream`` into ``pool`` (a new private pool when ``None``)."""
+        if stream.is_legacy_default:
+            raise RuntimeError(
+                "CUDA graphs must be captured on a non-default stream. (However, after capture, it's ok "
+                "to replay them on the default stream.) Make a jaxgraph.Stream() current, or use "
+                "jaxgraph.graph(), which captures on a side stream")
+        device = _driver.ensure_context(stream.device)
+        if pool is None:
+            pool = MemPool(device)
+        elif pool.device != device:
+            raise ValueError(f"capture_begin: pool {tuple(pool.token())} is on device {pool.device}, "
+                             f"the capture stream on device {device}")
+        capture = _captures.begin(stream, pool, mode, check_input_liveness)
+        self.device = device
+        self.capture = capture
+        self.state = CaptureState.CAPTURING
+
+    def end_capture(self) -> None:
+        """End the capture underway: keep the template, settle the inputs, warn if empty."""
+        capture = self.capture
+        stream = capture.stream
+        if capture.regions or capture.broken:
+            problem = _conditional.unfinished(capture)
+            self.abandon_capture()
+            raise RuntimeError(f"capture_end: {problem}. The capture was discarded; the graph can capture again")
+        if capture.mode != "relaxed" and threading.get_ident() != capture.thread:
+            raise RuntimeError(f"capture_end: a capture begun with capture_error_mode={capture.mode!r} must end "
+                               "on the thread that began it; use 'relaxed' to end it from another thread")
+        if current_stream(stream.device) != stream:
+            raise RuntimeError(f"capture_end: capture must end on the same stream it began on ({stream!r}); "
+                               "make it current again before ending the capture")
+        self.capture = None
+        try:
+            h_graph = _captures.end(capture)
+        except Exception:  # invalidated or unjoined: the graph can capture again
+            self.release()
+            raise
+        self.graph = h_graph
+        self.inputs = capture.settle()
+        self.state = CaptureState.ENDED
+        if node_count(h_graph) == 0:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                          "captured on wrong device or stream.", UserWarning, stacklevel=4)
+
+    def abandon_capture(self) -> None:
+        """End a capture underway and discard it, leaving the graph able to capture again; never raises."""
+        if self.state is CaptureState.CAPTURING:
+            self.abort_capture()
+            self.release()
+
+    def abort_capture(self) -> None:
+        """End a capture underway and discard it (the state stays as it is); never raises."""
+        capture, self.capture = self.capture, None
+        if capture is not None:
+            _captures.abort(capture)
+
+    # -- executable and release ---------------------------------------------------
 
     def instantiate(self) -> None:
         """Make a fresh executable from the public template, replacing any previous one."""
@@ -125,17 +201,12 @@ class GraphHandles:
         """Note that a replayable (its ``ReplayState``) launches ``graph_exec`` itself."""
         self.borrowers = [r for r in self.borrowers if r() is not None] + [weakref.ref(state)]
 
-    def abort_capture(self) -> None:
-        """End a capture underway and discard it; never raises."""
-        capture, self.capture = self.capture, None
-        if capture is not None:
-            _captures.abort(capture)
-
     def release(self) -> None:
-        """Destroy the executable and templates and drop inputs and pools.
+        """Destroy the executable and templates and drop inputs and pools, back to ``NOT_STARTED``.
 
         Destroys everything, then raises the first failure.
         """
+        self.state = CaptureState.NOT_STARTED
         handles = [(self.graph_exec, "cuGraphExecDestroy"), (self.graph, "cuGraphDestroy"),
                    (self.private_graph, "cuGraphDestroy")]
         self.graph_exec = self.graph = self.private_graph = None

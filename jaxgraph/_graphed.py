@@ -33,13 +33,13 @@ import numpy as np
 
 from . import _memory
 from ._array import DeviceArray, asarray
+from ._checks import fmt, fmt_all
 from ._graphed_capture import (Entry, capture_backward, capture_forward, check_options, is_device_array,
                                pair_entries, static_copy, unflatten, warm_up)
 from ._graphs import CUDAGraph
-from ._jax_replay import fmt, fmt_all
 from ._replayable import Replayable, replayable, replayable_of_referenced
 
-__all__ = ["GraphedCallable", "make_graphed_callables"]
+__all__ = ["GraphedCallable", "flat_statics", "make_graphed_callables"]
 
 # ----------------------------------------------------------------------------
 # GraphedCallable
@@ -164,6 +164,11 @@ class GraphedCallable:
                     static.copy_(source)
         self.graph.replay()
         return self._static_out
+
+
+def flat_statics(step: GraphedCallable) -> tuple[tuple, tuple]:
+    """``step``'s static input and output arrays, flat, in the order its graph was captured with."""
+    return step._static_in, step._static_out
 
 
 # ----------------------------------------------------------------------------

@@ -17,9 +17,8 @@ import numpy as np
 
 from ._array import DeviceArray, asarray, empty, zeros
 from ._capture import graph
-from ._checks import arrays_overlap, capture_mode
+from ._checks import arrays_overlap, capture_mode, fmt
 from ._graphs import CUDAGraph
-from ._jax_replay import fmt
 from ._stream import Stream, stream, synchronize
 
 __all__ = ["Entry", "capture_backward", "capture_forward", "check_options", "is_device_array", "pair_entries",

@@ -13,42 +13,27 @@ live in ``_capture.py``.
 from __future__ import annotations
 
 import functools
-import threading
-import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
-from . import _captures, _conditional, _driver, _embed, _introspect, _memory
+from . import _captures, _driver, _embed, _memory
 from ._checks import capture_mode
 from ._driver import CudaError
-from ._generator import Generator
 from ._graph_handles import CaptureState, GraphHandles, require_capturing, require_ended
 from ._hooks import GraphHookMethods, GraphHooks, fire_destroy
 from ._introspect import GraphIntrospection
-from ._memory import MemPool, PoolHandle
+from ._memory import PoolHandle
 from ._native import native
 from ._regions import ConditionalMethods
 from ._replay_source import ReplaySource
-from ._stream import Stream, current_stream
+from ._stream import current_stream
 
-__all__ = ["CUDAGraph"]
-
+__all__ = ["CUDAGraph", "GraphSafeGenerator", "handles_of", "replay_source"]
 
 
 # ----------------------------------------------------------------------------
 # CUDAGraph
 # ----------------------------------------------------------------------------
-
-
-def _graph_launch() -> Callable[[int, int], int]:
-    """The native ``cuGraphLaunch(exec, stream)`` (loaded on first replay, not at import)."""
-    global _native_graph_launch
-    if _native_graph_launch is None:
-        _native_graph_launch = native("launch").graph_launch
-    return _native_graph_launch
-
-
-_native_graph_launch: Callable[[int, int], int] | None = None
 
 
 class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
@@ -96,17 +81,16 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         if not isinstance(keep_graph, bool):
             raise TypeError(f"keep_graph must be a bool, got {type(keep_graph).__name__} {keep_graph!r}")
         self._keep_graph = keep_graph
-        self._state = CaptureState.NOT_STARTED
         self._handles = GraphHandles(_driver.current_device())
         self._hooks = GraphHooks()
-        self._generators: list[Generator] = []
+        self._generators: list[GraphSafeGenerator] = []
         # Releases the handles when this object goes, without referring to it.
         # Collected in the middle of another graph's capture: released when it ends.
         self._finalizer = weakref.finalize(self, _memory.when_no_capture,
                                            functools.partial(self._handles.finalize, self._hooks.destroy))
 
     def __repr__(self) -> str:
-        return (f"<jaxgraph.CUDAGraph {self._state.value} device={self.device} "
+        return (f"<jaxgraph.CUDAGraph {self._handles.state.value} device={self.device} "
                 f"keep_graph={self._keep_graph} instantiated={self._handles.graph_exec is not None}>")
 
     # -- capture ----------------------------------------------------------------
@@ -144,11 +128,11 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         """
         mode = capture_mode(capture_error_mode)
         pool_obj = None if pool is None else _memory.pool_from_token(pool)
-        if self._state is not CaptureState.NOT_STARTED:
+        if self._handles.state is not CaptureState.NOT_STARTED:
             raise RuntimeError(
-                f"capture_begin: this CUDAGraph already holds a capture ({self._state.value}); "
+                f"capture_begin: this CUDAGraph already holds a capture ({self._handles.state.value}); "
                 "call reset() before capturing again, or use a new CUDAGraph")
-        CUDAGraph_capture_begin(self, current_stream(), pool_obj, mode, bool(check_input_liveness))
+        self._handles.begin_capture(current_stream(), pool_obj, mode, bool(check_input_liveness))
 
     def capture_end(self) -> None:
         """End CUDA graph capture on the current stream.
@@ -159,8 +143,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         called. Raises :class:`~jaxgraph.CudaError` if the capture was
         invalidated; the graph is then reset and can capture again.
         """
-        require_capturing(self._state, "capture_end")
-        CUDAGraph_capture_end_pre(self)
+        require_capturing(self._handles.state, "capture_end")
+        self._handles.end_capture()
         self._hooks.run("capture_end", self)
         if not self._keep_graph:
             self.instantiate()
@@ -171,8 +155,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
 
         With ``keep_graph=False``, call :meth:`instantiate` before :meth:`capture_end_post`.
         """
-        require_capturing(self._state, "capture_end_pre")
-        CUDAGraph_capture_end_pre(self)
+        require_capturing(self._handles.state, "capture_end_pre")
+        self._handles.end_capture()
 
     def capture_end_post(self) -> None:
         """Finalize a capture ended by :meth:`capture_end_pre`.
@@ -180,8 +164,8 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         With ``keep_graph=False`` the graph must be instantiated; the public
         template is then gone (see the class Notes).
         """
-        if self._state is not CaptureState.ENDED:
-            raise RuntimeError(f"capture_end_post: no capture has ended ({self._state.value}); "
+        if self._handles.state is not CaptureState.ENDED:
+            raise RuntimeError(f"capture_end_post: no capture has ended ({self._handles.state.value}); "
                                "call capture_begin() and capture_end_pre() first")
         h = self._handles
         if self._keep_graph or h.graph is None:
@@ -207,7 +191,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         Raises ``RuntimeError`` if nothing was captured yet, or if
         ``keep_graph=False`` (then :meth:`capture_end` instantiates).
         """
-        require_ended(self._state, "instantiate")
+        require_ended(self._handles.state, "instantiate")
         h = self._handles
         if h.graph is None or (not self._keep_graph and h.graph_exec is not None):
             raise RuntimeError(
@@ -232,10 +216,10 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         """
         h = self._handles
         if _captures.any_underway() and _captures.capture_on(current_stream(h.device)) is not None:
-            require_ended(self._state, "replay")
+            require_ended(self._handles.state, "replay")
             return _embed.embed(h, current_stream(h.device))
         if h.graph_exec is None:
-            require_ended(self._state, "replay")
+            require_ended(self._handles.state, "replay")
             self.instantiate()
         if h.inputs.watched:
             h.inputs.check_watched()
@@ -247,7 +231,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         try:
             # The native entry point, not cuda.bindings': at one kernel per graph the
             # handle objects' marshalling was a fifth of a replay's host time.
-            err = _graph_launch()(h.exec_address, stream._handle_int)
+            err = _graph_launch()(h.exec_address, int(stream))
         finally:
             if hooks.replay_end:
                 hooks.run("replay_end", self)
@@ -262,7 +246,6 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         """
         self._handles.abort_capture()
         fire_destroy(self._hooks.destroy)
-        self._state = CaptureState.NOT_STARTED
         self._handles.release()
 
     # -- pools ------------------------------------------------------------------
@@ -294,97 +277,80 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         Generators keep seed and offset in device memory and advance the offset
         with a captured kernel, so every replay draws fresh numbers (they are
         graph-safe). Registering keeps the generator alive with this object.
+        Any object with the same state hooks (``device``, ``state``,
+        ``get_state``, ``set_state``) is accepted too.
         """
-        if not isinstance(generator, Generator):
+        if not isinstance(generator, GraphSafeGenerator):
             raise TypeError("register_generator_state expects a jaxgraph.Generator, "
-                            f"got {type(generator).__name__}")
-        if self._state is not CaptureState.NOT_STARTED and generator.device != self.device:
+                            f"got {type(generator).__name__} (it has no device, state, get_state and set_state)")
+        if self._handles.state is not CaptureState.NOT_STARTED and generator.device != self.device:
             raise ValueError(f"register_generator_state: the generator is on device {generator.device}, "
                              f"the graph on device {self.device}")
         if not any(g is generator for g in self._generators):
             self._generators.append(generator)
 
-    # -- for replay inside jax.jit ------------------------------------------------
+    # -- device -------------------------------------------------------------------
 
     @property
     def device(self) -> int:
         """The device this graph was (or will be) captured on."""
         return self._handles.device
 
-    def _replay_source(self) -> "ReplaySource":
-        """What replay inside ``jax.jit`` needs: the live template, the device, what keeps memory valid."""
-        h = self._handles
-        template = h.template
-        if template is None or self._state is not CaptureState.ENDED:
-            raise RuntimeError(f"this CUDAGraph holds no captured graph ({self._state.value}); "
-                               "capture it before replaying it inside jax.jit")
-        bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
-        return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep + h.inputs.held,
-                            h.inputs.kernels, self.register_destroy_callback, self, bodies=bodies, exec=h.exec_address,
-                            lend_exec=h.lend_exec)
-
-    # -- internals --------------------------------------------------------------
-
-    def _abort_capture(self) -> None:
-        """End a capture underway and discard it, leaving the graph recapturable; never raises."""
-        if self._state is CaptureState.CAPTURING:
-            self._handles.abort_capture()
-            self._state = CaptureState.NOT_STARTED
-            self._handles.release()
-
-
-def CUDAGraph_capture_begin(self: CUDAGraph, stream: Stream, pool: MemPool | None, mode: str,
-                            check_input_liveness: bool) -> None:
-    """Start capturing on ``stream`` into ``pool`` (a new private pool when ``None``)."""
-    if stream.is_legacy_default:
-        raise RuntimeError(
-            "CUDA graphs must be captured on a non-default stream. (However, after capture, it's ok "
-            "to replay them on the default stream.) Make a jaxgraph.Stream() current, or use "
-            "jaxgraph.graph(), which captures on a side stream")
-    device = _driver.ensure_context(stream.device)
-    if pool is None:
-        pool = MemPool(device)
-    elif pool.device != device:
-        raise ValueError(f"capture_begin: pool {tuple(pool.token())} is on device {pool.device}, "
-                         f"the capture stream on device {device}")
-    capture = _captures.begin(stream, pool, mode, check_input_liveness)
-    self._handles.device = device
-    self._handles.capture = capture
-    self._state = CaptureState.CAPTURING
-
-
-def CUDAGraph_capture_end_pre(self: CUDAGraph) -> None:
-    """End the capture underway: keep the template, settle the inputs, warn if empty."""
-    h = self._handles
-    capture = h.capture
-    stream = capture.stream
-    if capture.regions or capture.broken:
-        problem = _conditional.unfinished(capture)
-        self._abort_capture()
-        raise RuntimeError(f"capture_end: {problem}. The capture was discarded; the graph can capture again")
-    if capture.mode != "relaxed" and threading.get_ident() != capture.thread:
-        raise RuntimeError(f"capture_end: a capture begun with capture_error_mode={capture.mode!r} must end "
-                           "on the thread that began it; use 'relaxed' to end it from another thread")
-    if current_stream(stream.device) != stream:
-        raise RuntimeError(f"capture_end: capture must end on the same stream it began on ({stream!r}); "
-                           "make it current again before ending the capture")
-    h.capture = None
-    try:
-        h_graph = _captures.end(capture)
-    except Exception:  # invalidated or unjoined: the graph can capture again
-        self._state = CaptureState.NOT_STARTED
-        h.release()
-        raise
-    h.graph = h_graph
-    h.inputs = capture.settle()
-    self._state = CaptureState.ENDED
-    if _introspect.node_count(h_graph) == 0:
-        warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
-                      "captured on wrong device or stream.", UserWarning, stacklevel=4)
-
 
 # ----------------------------------------------------------------------------
-# Helpers
+# GraphSafeGenerator
 # ----------------------------------------------------------------------------
 
 
+@runtime_checkable
+class GraphSafeGenerator(Protocol):
+    """What :meth:`CUDAGraph.register_generator_state` accepts: a generator whose state lives on the device.
+
+    :class:`~jaxgraph.Generator` is one: its draws read ``state`` (a device
+    array) and advance it with a captured kernel, so replays draw fresh
+    numbers; ``get_state`` and ``set_state`` copy it to and from the host.
+    """
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def state(self) -> Any: ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> Any: ...
+
+
+# ----------------------------------------------------------------------------
+# For the other jaxgraph modules
+# ----------------------------------------------------------------------------
+
+
+def handles_of(graph: CUDAGraph) -> GraphHandles:
+    """``graph``'s driver handles and capture state (for jaxgraph's own modules, never users)."""
+    return graph._handles
+
+
+def replay_source(graph: CUDAGraph) -> ReplaySource:
+    """What replay inside ``jax.jit`` needs of ``graph``: the live template, the device, what keeps memory valid."""
+    h = graph._handles
+    template = h.template
+    if template is None or h.state is not CaptureState.ENDED:
+        raise RuntimeError(f"this CUDAGraph holds no captured graph ({h.state.value}); "
+                           "capture it before replaying it inside jax.jit")
+    bodies = tuple(b for _, _, node_bodies in h.inputs.conditionals for b in node_bodies)
+    return ReplaySource(int(template), h.device, h.inputs.pools + h.inputs.keep + h.inputs.held,
+                        h.inputs.kernels, graph.register_destroy_callback, graph, bodies=bodies, exec=h.exec_address,
+                        lend_exec=h.lend_exec)
+
+
+def _graph_launch() -> Callable[[int, int], int]:
+    """The native ``cuGraphLaunch(exec, stream)`` (loaded on first replay, not at import)."""
+    global _native_graph_launch
+    if _native_graph_launch is None:
+        _native_graph_launch = native("launch").graph_launch
+    return _native_graph_launch
+
+
+_native_graph_launch: Callable[[int, int], int] | None = None

@@ -21,9 +21,9 @@ from typing import Any
 from . import _driver, _graph_views
 from ._compile import kernel_display_name
 from ._driver import check
-from ._graph_handles import CaptureState, GraphHandles, require_ended
+from ._graph_handles import CaptureState, GraphHandles, node_count, require_ended
 
-__all__ = ["GraphIntrospection", "dump_dot", "graph_data", "nested_node_count", "node_count"]
+__all__ = ["GraphIntrospection", "dump_dot", "graph_data", "nested_node_count"]
 
 _NODE_TYPE_NAMES = {
     "KERNEL": "kernel",
@@ -50,10 +50,9 @@ _NODE_TYPE_NAMES = {
 
 class GraphIntrospection:
     """Raw handles and introspection of :class:`~jaxgraph.CUDAGraph` (which owns
-    ``self._handles``, ``self._state`` and ``self._keep_graph``)."""
+    ``self._handles``, its state included, and ``self._keep_graph``)."""
 
     _handles: GraphHandles
-    _state: CaptureState
     _keep_graph: bool
 
     def raw_cuda_graph(self) -> int:
@@ -75,7 +74,7 @@ class GraphIntrospection:
            wrap it with ``cuda.bindings.driver.CUgraphExec(address)``.
         """
         if self._handles.graph_exec is None:
-            raise RuntimeError(f"raw_cuda_graph_exec: the graph is not instantiated ({self._state.value}); "
+            raise RuntimeError(f"raw_cuda_graph_exec: the graph is not instantiated ({self._handles.state.value}); "
                                "call capture_end() (keep_graph=False) or instantiate() (keep_graph=True)")
         return int(self._handles.graph_exec)
 
@@ -141,9 +140,9 @@ class GraphIntrospection:
         :meth:`get_graph_data` it needs no ``keep_graph=True``.
         """
         h = self._handles
-        state = self._state.value + (", instantiated" if h.graph_exec is not None else "")
+        state = self._handles.state.value + (", instantiated" if h.graph_exec is not None else "")
         title = f"CUDAGraph on device {h.device} ({state}, keep_graph={self._keep_graph})"
-        data = self._layout() if self._state is CaptureState.ENDED else None
+        data = self._layout() if self._handles.state is CaptureState.ENDED else None
         return _graph_views.summary_text(title, data, h.inputs.pools, len(h.inputs.keep) + len(h.inputs.watched),
                                          kernel_display_name)
 
@@ -154,7 +153,7 @@ class GraphIntrospection:
         More compact than :meth:`debug_dump`'s driver output, and it needs no
         ``keep_graph=True``. Raises ``RuntimeError`` before a capture has ended.
         """
-        require_ended(self._state, "to_dot")
+        require_ended(self._handles.state, "to_dot")
         h = self._handles
         data = self._layout()
         title = f"CUDAGraph on device {h.device}: {len(data['nodes'])} nodes"
@@ -176,7 +175,7 @@ class GraphIntrospection:
         every depth (a child-graph node counts as one). Needs no ``keep_graph=True``;
         raises ``RuntimeError`` before a capture has ended.
         """
-        require_ended(self._state, "node_count")
+        require_ended(self._handles.state, "node_count")
         if not nested:
             _driver.ensure_context(self._handles.device)
             return node_count(self._handles.template)
@@ -197,7 +196,7 @@ class GraphIntrospection:
     def _live_template(self, what: str) -> Any:
         if self._handles.graph is not None:
             return self._handles.graph
-        require_ended(self._state, what)
+        require_ended(self._handles.state, what)
         raise RuntimeError(
             f"{what}: the graph's cudaGraph_t is not live: with keep_graph=False it is finalized at "
             "the end of capture_end(); use CUDAGraph(keep_graph=True) (or enable_debug_mode() "
@@ -242,12 +241,6 @@ def dump_dot(h_graph: Any, path: Any, verbose: bool) -> None:
     drv = _driver.driver()
     flags = int(drv.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE) if verbose else 0
     check(drv.cuGraphDebugDotPrint(h_graph, os.fsencode(os.fspath(path)), flags), "cuGraphDebugDotPrint")
-
-
-def node_count(h_graph: Any) -> int:
-    """Number of nodes in ``h_graph``."""
-    result = check(_driver.driver().cuGraphGetNodes(h_graph, 0), "cuGraphGetNodes")
-    return int(result[-1])
 
 
 # ----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from . import _driver
+from ._kernel_load import reserve_shared_memory
 from ._native import native, register_ffi_targets
 from ._signature import check_count, check_pointer_dtype, dim3, not_an_array, scalar_word
 
@@ -150,9 +151,7 @@ def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
         # the id first, so a stale compiled function fails cleanly.
         weakref.finalize(kernel, _unload_kernel, kid)
         _loaded.add(kid)
-    if shared_mem > kernel._shared_limit:  # the Kernel tracks its limit for eager launches too
-        for device in range(_driver.device_count()):
-            kernel._raise_shared_limit(shared_mem, device)
+    reserve_shared_memory(kernel, shared_mem)
 
 
 def _unload_kernel(kid: int) -> None:

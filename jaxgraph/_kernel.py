@@ -18,17 +18,15 @@ from typing import Any, Sequence
 
 from . import _captures, _driver
 from ._array import asarray
-from ._compile import CompiledKernel, compile_kernel, remember_display_name
-from ._cubin import param_sizes
-from ._driver import check
-from ._native import native
+from ._compile import CompiledKernel, compile_kernel
+from ._cubin import check_param_sizes, param_sizes
+from ._kernel_load import DEFAULT_SHARED_LIMIT, KernelLoading
 from ._packer import ArgumentPacker, geometry, plain_ints
-from ._signature import Param, check_against_source, find_signature, parse_signature
+from ._signature import Param, access_flags, check_against_source, find_signature, parse_signature
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel"]
 
-_DEFAULT_SHARED_LIMIT = 48 * 1024
 _MAX_CONFIGS = 32  # launch configurations (kernel[grid, block]) kept per kernel
 
 
@@ -37,7 +35,7 @@ _MAX_CONFIGS = 32  # launch configurations (kernel[grid, block]) kept per kernel
 # ----------------------------------------------------------------------------
 
 
-class Kernel:
+class Kernel(KernelLoading):
     """A CUDA C++ kernel compiled with NVRTC for the current device's architecture.
 
     Parameters
@@ -96,7 +94,7 @@ class Kernel:
         self._signature_origin = "given as signature=" if signature is not None else "read from the source"
         sizes = param_sizes(self._compiled.cubin, self._compiled.lowered_name)
         if sizes is not None:  # the cubin says; otherwise the driver's view is checked at load
-            self._check_param_sizes(sizes)
+            check_param_sizes(name, params, sizes, self._signature_origin)
         if signature is not None:  # same sizes, other types (int for float) only the source can tell
             check_against_source(name, params, source, name)
         self._packer = ArgumentPacker(name, params)
@@ -108,10 +106,9 @@ class Kernel:
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
         self._function_address = 0    # int(self._h_kernel)
         self._native_launch = None    # jaxgraph._launch.launch, bound at load
-        self._shared_limit = _DEFAULT_SHARED_LIMIT
+        self._shared_limit = DEFAULT_SHARED_LIMIT
         self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
-        # Per parameter: r (pointer to const: only read), w (other pointer), s (scalar).
-        self._flags = "".join("s" if not p.is_pointer else "r" if p.is_const_pointer else "w" for p in params)
+        self._flags = access_flags(params)  # per parameter: r (only read), w (other pointer), s (scalar)
         self._lock = threading.Lock()  # loading
 
     # -- introspection ----------------------------------------------------------
@@ -222,62 +219,11 @@ class Kernel:
                 capture.note(p.name, where, asarray(a))
         capture.note_kernel(self._handles_on(stream.device), self._flags, self)
 
-    def _handles_on(self, device: int) -> tuple[int, ...]:
-        """The loaded kernel's handle and its CUfunction in ``device``'s context: what a captured node may name."""
-        function = self._functions.get(device)
-        if function is None:
-            drv = _driver.driver()
-            err, handle = drv.cuKernelGetFunction(drv.CUkernel(self._function_address))
-            # A handle that is already a CUfunction (a module-loaded kernel) has no other name.
-            function = self._functions[device] = int(handle) if err == 0 and handle is not None else 0
-        return (self._function_address, function) if function else (self._function_address,)
-
     def _raise_launch_error(self, err: int) -> None:
         """A failed native launch: a negative code is ``cuCtxSetCurrent``'s CUresult, a positive one the launch's."""
         drv = _driver.driver()
         call = "cuCtxSetCurrent" if err < 0 else "cuLaunchKernel"
         raise _driver.CudaError(call, drv.CUresult(abs(err)), f"kernel {self.name}")
-
-    # -- loading ----------------------------------------------------------------
-
-    def _load(self) -> Any:
-        """Load the cubin unless another thread did; return the handle."""
-        with self._lock:
-            return self._h_kernel if self._h_kernel is not None else self._load_locked()
-
-    def _load_locked(self) -> Any:
-        """Load the cubin (once per process); the caller holds ``self._lock``."""
-        from cuda.core import ObjectCode
-
-        _driver.ensure_context()
-        c = self._compiled
-        library = ObjectCode.from_cubin(c.cubin, symbol_mapping={c.name: c.lowered_name.encode()})
-        core = library.get_kernel(c.name)
-        self._check_param_sizes([int(info.size) for info in core.arguments_info])
-        self._native_launch = native("launch").launch
-        self._library, self._core = library, core
-        remember_display_name(c.lowered_name, c.name)  # pictures of graphs say axpy<float>, not _Z4axpy...
-        self._function_address = int(core.handle)
-        self._h_kernel = _driver.driver().CUfunction(self._function_address)
-        return self._h_kernel
-
-    def _check_param_sizes(self, sizes: list[int]) -> None:
-        """Compare the parameter list with the sizes the compiled kernel declares."""
-        expected = [8 if p.is_pointer else p.dtype.itemsize for p in self.params]
-        if sizes != expected:
-            raise TypeError(
-                f"kernel {self.name}: the compiled kernel's {len(sizes)} parameters have sizes {sizes} bytes, "
-                f"but the signature {self._signature_origin} ({', '.join(p.ctype for p in self.params)}) "
-                f"implies {expected}; pass signature= with the real parameter types"
-            )
-
-    def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
-        drv = _driver.driver()
-        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
-        check(drv.cuKernelSetAttribute(attr, shared_mem, drv.CUkernel(int(self._h_kernel)), dev),
-              "cuKernelSetAttribute")
-        self._shared_limit = shared_mem
 
     # -- inside jax.jit -----------------------------------------------------------
 
@@ -372,13 +318,13 @@ class _BoundLaunch(tuple):
         if kernel._h_kernel is None:
             kernel._load()
         if _captures.any_underway():  # tell a capture on this stream what the launch uses
-            _driver.ensure_context(stream._device)  # the kernel's CUfunction is looked up in it
+            _driver.ensure_context(stream.device)  # the kernel's CUfunction is looked up in it
             kernel._note_operands(stream, operands)
         if shared_mem > kernel._shared_limit:
-            kernel._raise_shared_limit(shared_mem, stream._device)
+            kernel._raise_shared_limit(shared_mem, stream.device)
         # The native call makes the device's primary context current if another
         # library switched it, then launches; cuLaunchKernel copies `data`.
-        err = kernel._native_launch(kernel._function_address, _driver.context_address(stream._device),
-                                    stream._handle_int, geo, data)
+        err = kernel._native_launch(kernel._function_address, _driver.context_address(stream.device),
+                                    int(stream), geo, data)
         if err != 0:
             kernel._raise_launch_error(err)

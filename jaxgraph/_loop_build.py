@@ -15,13 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _driver, _introspect
+from . import _driver
 from ._array import DeviceArray, zeros
 from ._capture_record import CaptureInputs
-from ._graph_handles import CaptureState
-from ._graphs import CUDAGraph
+from ._graph_handles import CaptureState, node_count
+from ._graphs import CUDAGraph, handles_of, replay_source
 from ._kernel import Kernel
+from ._kernel_load import node_handles
 from ._native import native
+from ._signature import access_flags
 
 __all__ = ["BuiltLoop", "CONTROL_SOURCE", "build", "control_kernels", "step_nodes"]
 
@@ -40,16 +42,16 @@ class BuiltLoop:
 
 def step_nodes(graph: CUDAGraph) -> int:
     """Top-level nodes of the step's graph (what the default unroll is sized by)."""
-    source = graph._replay_source()
+    source = replay_source(graph)
     _driver.ensure_context(source.device)
-    return _introspect.node_count(_driver.driver().CUgraph(source.template))
+    return node_count(_driver.driver().CUgraph(source.template))
 
 
 def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
           count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int,
           swap_allowed: bool = True) -> BuiltLoop:
     """Build, adopt and instantiate the loop graph of ``graph`` (arguments checked by ``graphed_loop``)."""
-    source = graph._replay_source()
+    source = replay_source(graph)
     device = _driver.ensure_context(source.device)
     for what, arrays in (("inputs", ins), ("outputs", outs), ("steps", (count,) if count is not None else ()),
                          ("until", (until,) if until is not None else ())):
@@ -73,7 +75,7 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     if own_count:
         count = zeros((1,), np.int32)
     remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
-    functions = [kernels[name]._handles_on(device)[-1] for name in _KERNEL_NAMES]
+    functions = [node_handles(kernels[name], device)[-1] for name in _KERNEL_NAMES]
     try:
         template, conditionals = dl.build_loop(
             source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
@@ -90,17 +92,17 @@ def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: d
            conditionals: list) -> CUDAGraph:
     """A :class:`CUDAGraph` owning the hand-built ``template`` (``keep_graph=True``), instantiated."""
     g = CUDAGraph(keep_graph=True)
-    h = g._handles
+    h = handles_of(g)
     h.device = device
     h.graph = _driver.driver().CUgraph(template)
     control = {}
     for k in kernels.values():
-        for handle in k._handles_on(device):
-            control[int(handle)] = k._flags
+        for handle in node_handles(k, device):
+            control[int(handle)] = access_flags(k.params)
     h.inputs = CaptureInputs(keep=(*source.owners, *[a for a in keep if a is not None], *kernels.values()),
                              kernels=tuple({**step_kernels, **control}.items()),
                              conditionals=tuple((node, kind, tuple(bodies)) for node, kind, bodies in conditionals))
-    g._state = CaptureState.ENDED
+    h.state = CaptureState.ENDED
     g.instantiate()
     return g
 

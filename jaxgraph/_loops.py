@@ -37,7 +37,7 @@ import numpy as np
 from . import _loop_build
 from ._array import DeviceArray, asarray
 from ._checks import device_arrays
-from ._graphed import GraphedCallable
+from ._graphed import GraphedCallable, flat_statics
 from ._graphs import CUDAGraph
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
@@ -288,7 +288,7 @@ def _step_parts(step: Any, inputs: Any, outputs: Any) -> tuple:
             raise TypeError("inputs= and outputs= are for a CUDAGraph step; a graphed callable knows its own")
         if step.graph is None:
             raise ValueError("this graphed callable has no forward graph")
-        return step.graph, tuple(step._static_in), tuple(step._static_out), step
+        return step.graph, *flat_statics(step), step
     if isinstance(step, CUDAGraph):
         ins = (device_arrays(inputs, "inputs") if inputs is not None else ())
         outs = (device_arrays(outputs, "outputs") if outputs is not None else ())

@@ -31,8 +31,10 @@ __all__ = [
     "allocate",
     "graph_pool_handle",
     "hold_frees",
+    "hold_reuse",
     "pool_from_token",
     "release_frees",
+    "release_reuse",
 ]
 
 _ALIGN = 512  # allocation granularity of pool blocks, bytes
@@ -163,27 +165,6 @@ class MemPool:
             else:
                 self._free.setdefault(size, []).append(ptr)
 
-    def _hold_reuse(self) -> None:
-        """A conditional region opened: blocks freed from now on wait until it closes.
-
-        A WHILE body runs its nodes again after later ones: a block freed inside
-        (or before) the loop and handed to a later allocation of the same body
-        would be overwritten while an earlier node of the next trip still reads
-        it. Freed blocks therefore return to the pool only once the outermost
-        region has closed, after which every later node runs after the whole loop.
-        """
-        with self._lock:
-            self._holds += 1
-
-    def _release_reuse(self) -> None:
-        """Undo one :meth:`_hold_reuse`; the last one returns the set-aside blocks."""
-        with self._lock:
-            self._holds -= 1
-            if self._holds == 0:
-                for ptr in self._set_aside:
-                    self._free.setdefault(self._blocks[ptr], []).append(ptr)
-                self._set_aside.clear()
-
     def __del__(self) -> None:
         blocks = getattr(self, "_blocks", None)
         if not blocks:
@@ -197,6 +178,29 @@ class MemPool:
 
     def __repr__(self) -> str:
         return f"<jaxgraph.MemPool id={self.id} device={self.device} reserved={self.reserved_bytes}>"
+
+
+def hold_reuse(pool: MemPool) -> None:
+    """A conditional region opened: blocks ``pool`` frees from now on wait until it closes.
+
+    A WHILE body runs its nodes again after later ones: a block freed inside
+    (or before) the loop and handed to a later allocation of the same body
+    would be overwritten while an earlier node of the next trip still reads
+    it. Freed blocks therefore return to the pool only once the outermost
+    region has closed, after which every later node runs after the whole loop.
+    """
+    with pool._lock:
+        pool._holds += 1
+
+
+def release_reuse(pool: MemPool) -> None:
+    """Undo one :func:`hold_reuse`; the last one returns the set-aside blocks to ``pool``."""
+    with pool._lock:
+        pool._holds -= 1
+        if pool._holds == 0:
+            for ptr in pool._set_aside:
+                pool._free.setdefault(pool._blocks[ptr], []).append(ptr)
+            pool._set_aside.clear()
 
 
 class PoolHandle(tuple):

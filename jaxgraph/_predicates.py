@@ -18,6 +18,7 @@ import numpy as np
 from . import _driver
 from ._array import DeviceArray, asarray
 from ._driver import check
+from ._kernel_load import node_handles
 
 __all__ = ["KINDS", "Kind", "SET_CONDITIONAL_SOURCE", "check_predicate", "check_support", "driver_version",
            "relaxed", "setter", "setter_name"]
@@ -135,7 +136,7 @@ def setter(pred: DeviceArray, device: int) -> Any:
         kernel = Kernel(SET_CONDITIONAL_SOURCE, name, arch=f"sm_{major}{minor}")
         with relaxed():  # loading a library may synchronize: not while the capture checks
             kernel.handle
-            kernel._handles_on(device)
+            node_handles(kernel, device)
         _setters[(name, device)] = kernel
     return kernel
 

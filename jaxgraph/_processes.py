@@ -20,8 +20,9 @@ process alone:
 store of JAX's distributed runtime (no device, no collective: it works with
 JAX on the CPU and answers within a timeout when a process never arrives),
 and :func:`disagreements` turns the records into one message that every
-process raises alike. :meth:`jaxgraph.ShardedGraph.check_devices` uses both
-when its mesh spans several processes.
+process raises alike; :func:`check_everywhere` runs a local check under
+both. :meth:`jaxgraph.ShardedGraph.check_devices` uses it when its mesh
+spans several processes.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["agree", "disagreements", "is_mesh", "local_devices", "process_count", "process_index"]
+__all__ = ["agree", "check_everywhere", "disagreements", "is_mesh", "local_devices", "process_count",
+           "process_index"]
 
 _sequence = itertools.count()  # every process calls agree() in the same order, as the program is SPMD
 
@@ -90,6 +92,29 @@ def disagreements(records: Sequence[dict], fields: dict[str, str]) -> list[str]:
             values = "; ".join(f"process {p}: {_show(r.get(key))}" for p, r in healthy)
             lines.append(f"{what} differ between processes ({values})")
     return lines
+
+
+def check_everywhere(topic: str, what: str, check: Callable[[], Any], facts: dict, fields: dict[str, str], *,
+                     timeout_s: float, advice: str) -> Any:
+    """Run ``check`` on this process and make any process's failure every process's (collective).
+
+    A ``ValueError`` or ``RuntimeError`` from ``check`` is not raised here
+    at once: it is shared through :func:`agree` with ``facts`` (a dict,
+    compared between processes by :func:`disagreements` with ``fields``).
+    Returns what ``check`` returned when no process failed and the facts
+    agree; otherwise every process raises the same ``ValueError``: that the
+    processes disagree about ``what``, each problem, then ``advice``.
+    """
+    try:
+        result, error = check(), None
+    except (ValueError, RuntimeError) as exc:  # every process must learn of it, not only this one
+        result, error = None, f"{type(exc).__name__}: {exc}"
+    records = agree(topic, {"error": error, **facts}, timeout_s=timeout_s)
+    problems = disagreements(records, fields)
+    if problems:
+        raise ValueError(f"the processes disagree about {what}, so none may run the step: "
+                         f"{'; '.join(problems)}. {advice}")
+    return result
 
 
 def local_devices(devices: Any) -> tuple[list, bool]:

@@ -47,7 +47,7 @@ from typing import Any
 from . import _captures, _conditional
 from ._conditional import Region
 from ._predicates import KINDS, check_predicate
-from ._graph_handles import CaptureState, require_capturing
+from ._graph_handles import require_capturing
 from ._stream import current_stream
 
 __all__ = ["ConditionalMethods", "IfElse", "Switch", "if_else", "if_then", "switch", "while_loop"]
@@ -70,7 +70,6 @@ class ConditionalMethods:
     """
 
     _handles: Any
-    _state: CaptureState
 
     def begin_capture_to_if_node(self, pred: Any) -> None:
         """Capture what follows into an IF node: it runs at each replay where ``pred[0] != 0``.
@@ -133,11 +132,11 @@ class ConditionalMethods:
 
     def _open_region(self, kind: str, pred: Any, what: str, bodies: int = 1) -> None:
         pred = check_predicate(pred, f"{what}: {'index' if kind == 'switch' else 'pred'}", KINDS[kind].predicate)
-        require_capturing(self._state, what)
+        require_capturing(self._handles.state, what)
         _conditional.begin(self._handles.capture, kind, pred, what, bodies)
 
     def _innermost(self, what: str) -> Region:
-        require_capturing(self._state, what)
+        require_capturing(self._handles.state, what)
         regions = self._handles.capture.regions
         if not regions:
             raise RuntimeError(f"{what}: no conditional region is open in this capture; open one with "

@@ -1,23 +1,138 @@
-"""The user contract of a replayable's arguments: the graph, its static arrays, their aliases.
+"""The user contract of a replayable's arguments: the graph, its static arrays, their aliases, its calls.
 
 Checked in :func:`~jaxgraph.replayable` and :meth:`Replayable.add_device
 <jaxgraph.Replayable.add_device>` before anything is registered: the graph is
 a captured :class:`~jaxgraph.CUDAGraph` or :class:`~jaxgraph.Graph`, the
 static arrays live on its device, and which inputs and outputs XLA may give
 one buffer (a static array that is both, and the caller's ``input_output_aliases``).
+What a build settles becomes a :class:`ReplaySpec`: the shapes each call is
+checked against (:meth:`ReplaySpec.check_args`) and all the FFI call needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
-from ._capture import Graph
-from ._checks import arrays_overlap
-from ._graphs import CUDAGraph
-from ._jax_replay import fmt
+import numpy as np
 
-__all__ = ["alias_pairs", "check_alias_indices", "check_devices", "check_graph_type", "distinct_aliases",
-           "renumber_aliases", "replay_source"]
+from ._capture import Graph, cuda_graph_of
+from ._checks import BIND_CHOICES, VIA_CHOICES, arrays_overlap, check_choice, device_arrays, fmt, fmt_all
+from ._graphs import CUDAGraph, replay_source
+from ._replay_source import ReplaySource
+
+__all__ = ["ReplaySpec", "alias_pairs", "check_alias_indices", "check_arguments", "check_devices", "check_graph_type",
+           "check_outputs", "distinct_aliases", "renumber_aliases", "shapes_of", "source_of"]
+
+
+# ----------------------------------------------------------------------------
+# ReplaySpec
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySpec:
+    """What lowering needs to know about a replayable: no device, no pointers.
+
+    Attributes
+    ----------
+    inputs, outputs : tuple of jax.ShapeDtypeStruct
+        Shapes and dtypes of the graph's static inputs and outputs.
+    graph_id : int
+        The graph's id in the native table (the ``graph`` attribute of the call).
+    aliases : tuple of (int, int)
+        ``(input, output)`` pairs XLA gives one buffer: a static array that is
+        both an input and an output, and the caller's ``input_output_aliases``.
+    side_effects : bool
+        Declare the call side-effecting, so XLA keeps it even when its outputs are unused.
+    uncaptured : bool
+        Call ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command
+        buffers (graphs with conditional nodes), instead of ``jaxgraph_replay``.
+    """
+
+    inputs: tuple
+    outputs: tuple
+    graph_id: int = 0
+    aliases: tuple = ()
+    side_effects: bool = False
+    uncaptured: bool = False
+
+    @property
+    def target(self) -> str:
+        """The FFI target the call lowers to."""
+        return "jaxgraph_replay_uncaptured" if self.uncaptured else "jaxgraph_replay"
+
+    def __post_init__(self):
+        check_outputs(self.outputs)
+
+    @classmethod
+    def from_arrays(cls, inputs: Sequence[Any], outputs: Sequence[Any], graph_id: int = 0,
+                    **options: Any) -> "ReplaySpec":
+        """The spec of arrays with ``.shape`` and ``.dtype`` (DeviceArrays, ShapeDtypeStructs)."""
+        return cls(shapes_of(inputs), shapes_of(outputs), int(graph_id), **options)
+
+    def check_args(self, args: tuple) -> tuple:
+        """Return ``args`` as JAX arrays, or raise naming the first mismatch."""
+        import jax
+
+        if len(args) != len(self.inputs):
+            raise TypeError(f"replayable takes {len(self.inputs)} array(s) ({fmt_all(self.inputs)}), "
+                            f"got {len(args)}")
+        checked = []
+        for i, (a, want) in enumerate(zip(args, self.inputs)):
+            if not isinstance(a, jax.Array):
+                try:
+                    a = jax.numpy.asarray(a)
+                except TypeError:
+                    raise TypeError(f"replayable input {i}: expected an array {fmt(want)}, "
+                                    f"got {type(a).__name__}") from None
+            if tuple(a.shape) != want.shape:
+                raise ValueError(f"replayable input {i}: expected shape {want.shape} ({fmt(want)}, the "
+                                 f"static input's), got shape {tuple(a.shape)}")
+            if np.dtype(a.dtype) != want.dtype:
+                raise TypeError(f"replayable input {i}: expected dtype {want.dtype} ({fmt(want)}, the "
+                                f"static input's), got {np.dtype(a.dtype)}")
+            checked.append(a)
+        return tuple(checked)
+
+
+def shapes_of(arrays: Sequence[Any]) -> tuple:
+    """``arrays`` (anything with ``.shape`` and ``.dtype``) as ``jax.ShapeDtypeStruct``s."""
+    import jax
+
+    return tuple(jax.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in arrays)
+
+
+def check_outputs(outputs: Sequence[Any]) -> None:
+    """``ValueError`` unless there is an output: XLA drops calls without results."""
+    if not outputs:
+        raise ValueError("a replayable needs at least one output: XLA drops calls without results")
+
+
+# ----------------------------------------------------------------------------
+# The graph, its static arrays and their aliases
+# ----------------------------------------------------------------------------
+
+
+def check_arguments(graph: Any, inputs: Any, outputs: Any, *, via: str, bind: str, backward: Any,
+                    input_output_aliases: dict[int, int] | None, trust_foreign_kernels: bool) -> tuple:
+    """:func:`~jaxgraph.replayable`'s arguments, checked before the graph's state is read.
+
+    Returns the static inputs and outputs as DeviceArrays and the alias pairs
+    (:func:`alias_pairs`); raises the errors ``replayable`` documents.
+    """
+    check_choice("via", via, VIA_CHOICES)
+    check_choice("bind", bind, BIND_CHOICES)
+    if trust_foreign_kernels and bind == "copy":
+        raise ValueError("trust_foreign_kernels=True binds buffers, but bind='copy' copies every buffer; "
+                         "use one or the other")
+    if backward is not None and not callable(backward):
+        raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
+    inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
+    check_graph_type(graph)
+    aliases = alias_pairs(inputs, outputs, input_output_aliases)
+    check_outputs(outputs)
+    return inputs, outputs, aliases
 
 
 def alias_pairs(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple:
@@ -77,10 +192,12 @@ def check_graph_type(graph: Any) -> None:
         raise TypeError(f"graph must be a captured jaxgraph.CUDAGraph or jaxgraph.Graph, got {type(graph).__name__}")
 
 
-def replay_source(graph: Any) -> Any:
-    """``graph``'s :class:`~jaxgraph._replay_source.ReplaySource` (raises if it holds no capture)."""
-    check_graph_type(graph)
-    return graph._replay_source()
+def source_of(graph: CUDAGraph | Graph) -> ReplaySource:
+    """``graph``'s :class:`~jaxgraph._replay_source.ReplaySource` (raises if it holds no capture).
+
+    The caller has checked ``graph``'s type (:func:`check_graph_type`).
+    """
+    return replay_source(cuda_graph_of(graph))
 
 
 def check_devices(device: int, inputs: tuple, outputs: tuple) -> None:

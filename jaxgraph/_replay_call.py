@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from . import _jax_replay
 from ._jax_callback import callback_replay
-from ._jax_replay import ReplaySpec, ReplayState
+from ._replay_args import ReplaySpec
+from ._replay_state import ReplayState
 
 __all__ = ["replay_function", "with_vjp"]
 

@@ -1,7 +1,8 @@
 """What a captured graph hands to replay inside ``jax.jit``: :class:`ReplaySource`.
 
-:meth:`CUDAGraph._replay_source <jaxgraph.CUDAGraph>` makes one;
-``_replayable.py`` and ``_jax_replay.py`` register it in the native table.
+``_graphs.replay_source(graph)`` makes one (``_replay_args.source_of`` for a
+:class:`~jaxgraph.Graph` too); ``_replayable.py`` and ``_jax_replay.py``
+register it in the native table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __all__ = ["ReplaySource"]
 
 @dataclasses.dataclass(frozen=True)
 class ReplaySource:
-    """What a captured graph hands to replay inside ``jax.jit`` (``_replay_source()``).
+    """What a captured graph hands to replay inside ``jax.jit`` (``_graphs.replay_source``).
 
     Attributes
     ----------

@@ -30,17 +30,17 @@ from typing import Any, Callable, Sequence
 
 from . import _jax_replay
 from ._capture import Graph
-from ._checks import BIND_CHOICES, VIA_CHOICES, check_choice, device_arrays
+from ._checks import VIA_CHOICES, check_choice, device_arrays, fmt_all
 from ._graphs import CUDAGraph
 from ._jax_callback import HostReplay
-from ._jax_replay import ReplaySpec, ReplayState, fmt_all
-from ._replay_args import (alias_pairs, check_devices, check_graph_type, distinct_aliases, renumber_aliases,
-                           replay_source)
+from ._replay_args import (ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type, check_outputs,
+                           distinct_aliases, renumber_aliases, shapes_of, source_of)
 from ._replay_call import replay_function
 from ._replay_codes import BufferBinding, ReplayPath
+from ._replay_source import ReplaySource
+from ._replay_state import ReplayState
 
 __all__ = ["Replayable", "replayable", "replayable_of_referenced"]
-
 
 
 # ----------------------------------------------------------------------------
@@ -94,23 +94,35 @@ class Replayable:
 
     @classmethod
     def _create(cls, spec: ReplaySpec, *, via: str, host: Callable[..., Any] | None = None,
-                backward: Callable[..., Any] | None = None, state: ReplayState | None = None) -> "Replayable":
-        """Build from a spec; :func:`replayable` does the device work (tests use this directly)."""
+                backward: Callable[..., Any] | None = None, bind: bool = True, trust_foreign: bool = False,
+                source: ReplaySource | None = None, statics: tuple = ((), ()),
+                borrowed_exec: bool = False) -> "Replayable":
+        """Build from a spec; :func:`replayable` does the device work (tests use this directly).
+
+        ``bind`` and ``trust_foreign`` are how the first graph was registered:
+        :meth:`add_device` registers the others the same way. ``source`` is
+        that graph, held with its static arrays ``statics`` (inputs, outputs);
+        ``borrowed_exec``: the replay launches the CUDAGraph's own executable.
+        """
         if backward is not None and not callable(backward):
             raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
         check_choice("via", via, VIA_CHOICES)
         self = object.__new__(cls)
         self._spec = spec
         self._via = via
-        self._state = state if state is not None else ReplayState(spec.graph_id)
+        self._state = ReplayState(spec.graph_id)
         self._keep: list = []  # graphs, static arrays and callback handles kept alive
-        self._bind = True      # add_device binds as the first graph did
-        self._trust_foreign = False
+        self._bind = bool(bind)
+        self._trust_foreign = bool(trust_foreign)
         # Built from the parts, never from self: no reference cycle, so the
         # replayable (and its graph id) goes as soon as the last reference does.
         self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
         self._finalizer = weakref.finalize(self, self._state.retire)
+        if source is not None:
+            self._attach(source, *statics)
+            if borrowed_exec and source.lend_exec is not None:
+                source.lend_exec(self._state)
         return self
 
     # -- introspection ------------------------------------------------------------
@@ -150,8 +162,7 @@ class Replayable:
         """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
         if self._via != "ffi":
             return {}
-        return {d: _jax_replay.describe_bindings(self.graph_id, d)
-                for d, live in sorted(self._state.devices.items()) if live}
+        return {d: _jax_replay.describe_bindings(self.graph_id, d) for d in self._state.live_devices}
 
     @property
     def replay_paths(self) -> tuple[ReplayPath, ...]:
@@ -165,10 +176,8 @@ class Replayable:
         """
         if self._via != "ffi":
             return (ReplayPath.HOST_CALLBACK,)
-        live = [d for d, alive in sorted(self._state.devices.items()) if alive]
-        if not live or self._state.closed:
-            return ()
-        return _jax_replay.describe_graph(self.graph_id, live[0]).paths
+        live = self._state.live_devices
+        return _jax_replay.describe_graph(self.graph_id, live[0]).paths if live else ()
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "retired"
@@ -212,20 +221,19 @@ class Replayable:
             raise ValueError("add_device needs via='ffi': the host path replays a single graph")
         check_graph_type(graph)
         inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
-        other = ReplaySpec.from_arrays(inputs, outputs)
-        if (other.inputs, other.outputs) != (self._spec.inputs, self._spec.outputs):
-            raise ValueError(f"add_device: the arrays are {fmt_all(other.inputs)} -> {fmt_all(other.outputs)}, "
+        check_outputs(outputs)
+        if (shapes_of(inputs), shapes_of(outputs)) != (self._spec.inputs, self._spec.outputs):
+            raise ValueError(f"add_device: the arrays are {fmt_all(inputs)} -> {fmt_all(outputs)}, "
                              f"this replayable's are {fmt_all(self._spec.inputs)} -> "
                              f"{fmt_all(self._spec.outputs)}")
         self._state.check_alive()
-        source = replay_source(graph)
+        source = source_of(graph)
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         check_devices(source.device, inputs, outputs)
-        _jax_replay.register(source, inputs, outputs, self.graph_id,
-                             distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
-                             trust_foreign=self._trust_foreign)
-        info = _jax_replay.describe_graph(self.graph_id, source.device)
+        info = _jax_replay.register(source, inputs, outputs, self.graph_id,
+                                    distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
+                                    trust_foreign=self._trust_foreign).info
         if info.conditionals and not self._spec.uncaptured:
             self._state.devices[source.device] = True
             self._state.retire(source.device)
@@ -239,7 +247,7 @@ class Replayable:
         """Retire the graph id now (idempotent); calls afterwards raise ``RuntimeError``."""
         self._finalizer()
 
-    def _attach(self, source: Any, inputs: tuple, outputs: tuple) -> None:
+    def _attach(self, source: ReplaySource, inputs: tuple, outputs: tuple) -> None:
         """Hold ``source``'s graph, memory and the static arrays; retire its device when the graph is reset."""
         self._state.devices[source.device] = True
         # The destroy callback holds only the state, never this object, so the
@@ -364,43 +372,27 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
            input_output_aliases: dict[int, int] | None = None, side_effects: bool = False,
            trust_foreign_kernels: bool = False, drop_unreferenced: bool) -> tuple[Replayable, tuple[bool, ...]]:
     """Check the arguments, register the graph (``via="ffi"``), build the spec once and the replayable."""
-    check_choice("via", via, VIA_CHOICES)
-    check_choice("bind", bind, BIND_CHOICES)
-    if trust_foreign_kernels and bind == "copy":
-        raise ValueError("trust_foreign_kernels=True binds buffers, but bind='copy' copies every buffer; "
-                         "use one or the other")
-    if backward is not None and not callable(backward):
-        raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
-    inputs, outputs = device_arrays(inputs, "inputs"), device_arrays(outputs, "outputs")
-    check_graph_type(graph)
-    aliases = alias_pairs(inputs, outputs, input_output_aliases)
-    ReplaySpec.from_arrays(inputs, outputs)  # argument errors (no outputs) before the graph's state
-    source = replay_source(graph)
+    inputs, outputs, aliases = check_arguments(graph, inputs, outputs, via=via, bind=bind, backward=backward,
+                                               input_output_aliases=input_output_aliases,
+                                               trust_foreign_kernels=trust_foreign_kernels)
+    source = source_of(graph)  # the graph's state, after every argument error
     check_devices(source.device, inputs, outputs)
-    host, graph_id, kept, conditional, borrowed = None, 0, (True,) * len(inputs), False, False
-    if via == "ffi":
-        graph_id, kept = _jax_replay.register(source, inputs, outputs, 0, distinct_aliases(aliases, inputs, outputs),
-                                              bind == "auto", trust_foreign=trust_foreign_kernels,
-                                              drop_unreferenced=drop_unreferenced)
+    if via != "ffi":
+        spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
+        return Replayable._create(spec, via=via, host=HostReplay(graph, inputs, outputs), backward=backward,
+                                  source=source, statics=(inputs, outputs)), (True,) * len(inputs)
+    graph_id, kept, info = _jax_replay.register(source, inputs, outputs, 0, distinct_aliases(aliases, inputs, outputs),
+                                                bind == "auto", trust_foreign=trust_foreign_kernels,
+                                                drop_unreferenced=drop_unreferenced)
     try:  # until the replayable holds the id, a failure must not leave it registered
-        if via == "ffi":
-            info = _jax_replay.describe_graph(graph_id, source.device)
-            conditional, borrowed = info.conditionals > 0, info.borrowed_exec
-            if not all(kept):
-                inputs = tuple(a for a, k in zip(inputs, kept) if k)
-                aliases = alias_pairs(inputs, outputs, renumber_aliases(input_output_aliases, kept))
-        else:
-            host = HostReplay(graph, inputs, outputs)
-        spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases,
-                                      side_effects=bool(side_effects), uncaptured=conditional)
-        step = Replayable._create(spec, via=via, host=host, backward=backward, state=ReplayState(spec.graph_id))
+        if not all(kept):
+            inputs = tuple(a for a, k in zip(inputs, kept) if k)
+            aliases = alias_pairs(inputs, outputs, renumber_aliases(input_output_aliases, kept))
+        spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases, side_effects=bool(side_effects),
+                                      uncaptured=info.conditionals > 0)
+        return Replayable._create(spec, via=via, backward=backward, bind=bind == "auto",
+                                  trust_foreign=trust_foreign_kernels, source=source, statics=(inputs, outputs),
+                                  borrowed_exec=info.borrowed_exec), kept
     except BaseException:
-        if graph_id:
-            ReplayState(graph_id).retire()  # detaches and unregisters the id on every device
+        _jax_replay.retire(graph_id)  # detaches and unregisters the id on every device
         raise
-    step._bind = bind == "auto"
-    step._trust_foreign = bool(trust_foreign_kernels)
-    step._attach(source, inputs, outputs)
-    if borrowed and source.lend_exec is not None:
-        source.lend_exec(step._state)
-    return step, kept

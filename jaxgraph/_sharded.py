@@ -47,11 +47,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from . import _processes
-from ._checks import BIND_CHOICES, capture_mode, check_choice
+from ._checks import BIND_CHOICES, capture_mode, check_choice, fmt_all
 from ._device_capture import DeviceCapture, capture_on, release_captures, static_input_shapes
 from ._devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
 from ._graphs import CUDAGraph
-from ._jax_replay import fmt_all
 from ._replay_args import check_alias_indices
 from ._replayable import Replayable, replayable
 
@@ -214,17 +213,10 @@ class ShardedGraph:
         local, spans = _processes.local_devices(devices)
         if not spans:
             return self._check_local(local)
-        try:
-            ordinals, error = self._check_local(local), None
-        except (ValueError, RuntimeError) as exc:  # every process must learn of it, not only this one
-            ordinals, error = (), f"{type(exc).__name__}: {exc}"
-        record = {"error": error, "graph": self.graph_id,
-                  "shapes": f"({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)})"}
-        records = _processes.agree("check_devices", record, timeout_s=timeout_s)
-        problems = _processes.disagreements(records, {"shapes": "shard shapes", "graph": "graph ids"})
-        if problems:
-            raise ValueError(_cross_process_message(problems))
-        return ordinals
+        facts = {"graph": self.graph_id, "shapes": f"({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)})"}
+        return _processes.check_everywhere("check_devices", "this ShardedGraph", lambda: self._check_local(local),
+                                           facts, {"shapes": "shard shapes", "graph": "graph ids"},
+                                           timeout_s=timeout_s, advice=_CROSS_PROCESS_ADVICE)
 
     def _check_local(self, devices: list) -> tuple[int, ...]:
         """:meth:`check_devices` on this process's devices."""
@@ -394,14 +386,12 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
     return ShardedGraph._create(step, parts)
 
 
-def _cross_process_message(problems: list) -> str:
-    return ("the processes disagree about this ShardedGraph, so none may run the step: " + "; ".join(problems)
-            + ". Every process must capture it (jaxgraph.capture_per_device) for its own devices of the mesh, "
-            "with the same shapes; and as HLO names a graph by its id and every process must compile the same "
-            "program, every process must make its replayables, graphed callables and sharded graphs in the same "
-            "order (ids count up in that order: a process that made one more first has shifted ids)")
-
-
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+_CROSS_PROCESS_ADVICE = (
+    "Every process must capture it (jaxgraph.capture_per_device) for its own devices of the mesh, with the "
+    "same shapes; and as HLO names a graph by its id and every process must compile the same program, every "
+    "process must make its replayables, graphed callables and sharded graphs in the same order (ids count up "
+    "in that order: a process that made one more first has shifted ids)")

@@ -24,6 +24,7 @@ import numpy as np
 
 __all__ = [
     "Param",
+    "access_flags",
     "check_against_source",
     "check_count",
     "check_pointer_dtype",
@@ -196,11 +197,20 @@ def check_against_source(kernel: str, given: tuple[Param, ...], source: str, nam
     except ValueError:
         return
     if len(declared) != len(given):
-        return  # the compiled kernel's parameter sizes say it (Kernel._check_param_sizes)
+        return  # the compiled kernel's parameter sizes say it (_cubin.check_param_sizes)
     for g, d in zip(given, declared):
         if g.is_pointer != d.is_pointer or (g.dtype is not None and d.dtype is not None and g.dtype != d.dtype):
             raise TypeError(f"kernel {kernel}: signature= gives parameter {g.name} as {g.ctype}, but the source "
                             f"declares {d.ctype} {d.name}; pass the source's types (or leave signature= out)")
+
+
+def access_flags(params: tuple[Param, ...]) -> str:
+    """Per parameter, ``r`` (a pointer to const: only read), ``w`` (another pointer) or ``s`` (a scalar).
+
+    What a capture records of each kernel it sees, so replay inside ``jax.jit``
+    binds XLA's buffers only where kernels read them (``Capture.note_kernel``).
+    """
+    return "".join("s" if not p.is_pointer else "r" if p.is_const_pointer else "w" for p in params)
 
 
 # ----------------------------------------------------------------------------

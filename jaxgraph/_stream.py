@@ -13,7 +13,8 @@ from typing import Any
 from . import _driver
 from ._driver import check
 
-__all__ = ["Event", "Stream", "current_stream", "stream", "synchronize", "wait_on_current"]
+__all__ = ["Event", "Stream", "current_stream", "current_stream_if_set", "set_current", "stream", "synchronize",
+           "wait_on_current"]
 
 
 # ----------------------------------------------------------------------------
@@ -153,11 +154,11 @@ class Stream:
             self.close()
 
     def __enter__(self) -> "Stream":
-        self._saved.append(_set_current(self))
+        self._saved.append(set_current(self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _set_current(self._saved.pop(), self._device)
+        set_current(self._saved.pop(), self._device)
 
 
 # ----------------------------------------------------------------------------
@@ -241,7 +242,16 @@ def current_stream(device: int | None = None) -> Stream:
     return s
 
 
-def _set_current(s: Stream, device: int | None = None) -> Stream:
+def current_stream_if_set(device: int) -> Stream | None:
+    """The calling thread's current stream on ``device`` if one was ever made current or asked for, else ``None``.
+
+    Unlike :func:`current_stream` it creates nothing (no default stream, no context).
+    """
+    streams = getattr(_local, "streams", None)
+    return streams.get(device) if streams else None
+
+
+def set_current(s: Stream, device: int | None = None) -> Stream:
     """Make ``s`` current on its device; return the stream it replaced."""
     device = s.device if device is None else device
     previous = current_stream(device)
@@ -269,12 +279,12 @@ class stream:
 
     def __enter__(self) -> Stream | None:
         if self._stream is not None:
-            self._previous = _set_current(self._stream)
+            self._previous = set_current(self._stream)
         return self._stream
 
     def __exit__(self, *exc: Any) -> None:
         if self._stream is not None:
-            _set_current(self._previous, self._stream.device)
+            set_current(self._previous, self._stream.device)
 
 
 def synchronize(device: int | None = None) -> None:

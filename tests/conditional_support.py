@@ -13,10 +13,15 @@ import dataclasses
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 
 import jaxgraph
+import jaxgraph._replayable
+from jaxgraph._kernel_load import node_handles
+from jaxgraph._replay_args import source_of
+from jaxgraph._signature import access_flags
 
 N = 4096
 BLOCK = 256
@@ -144,8 +149,8 @@ class Conditionals:
     def launch(self, kernel, stream, *args, grid=GRID, block=BLOCK):
         """Launch a jaxgraph kernel into a body, noting its parameter flags as a capture would."""
         kernel.launch(*args, grid=grid, block=block, stream=stream)
-        for h in kernel._handles_on(self.device):
-            self.kernels[h] = kernel._flags
+        for h in node_handles(kernel, self.device):
+            self.kernels[h] = access_flags(kernel.params)
 
 
 def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **options):
@@ -153,12 +158,13 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
     (``cond`` None: a graph of the capture API, which records them itself)."""
     if cond is None:
         return jaxgraph.replayable(g, inputs, outputs, **options)
-    source = g._replay_source()
+    source = source_of(g)
     kernels = {**dict(source.kernels), **cond.kernels}
     patched = dataclasses.replace(source, kernels=tuple(kernels.items()),
                                   bodies=tuple(cond.bodies) if bodies else ())
-    g._replay_source = lambda: patched  # what the capture API will record itself
-    return jaxgraph.replayable(g, inputs, outputs, **options)
+    # What the capture API records itself: the replayable is built from this source.
+    with mock.patch.object(jaxgraph._replayable, "source_of", lambda graph: patched):
+        return jaxgraph.replayable(g, inputs, outputs, **options)
 
 
 # ----------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def cpu_scenarios(rank, world, seed):
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from jaxgraph._jax_replay import ReplaySpec
+    from jaxgraph._replay_args import ReplaySpec
     from jaxgraph._replayable import Replayable
     from jaxgraph._sharded import DeviceCapture, ShardedGraph
 

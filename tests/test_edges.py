@@ -82,7 +82,7 @@ def test_jax_call_compiled_for_the_cpu_says_jaxgraph_needs_cuda():
 
 
 def test_replayable_compiled_for_the_cpu_suggests_the_callback_path():
-    from jaxgraph._jax_replay import ReplaySpec
+    from jaxgraph._replay_args import ReplaySpec
     from jaxgraph._replayable import Replayable
 
     sds = jax.ShapeDtypeStruct((8,), jnp.float32)

@@ -15,7 +15,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphed import GraphedCallable, _vjp_backward
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replayable import Replayable
 
 X = np.zeros(8, np.float32)

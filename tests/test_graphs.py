@@ -15,6 +15,7 @@ import pytest
 import jaxgraph
 from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, poison, replay_and_check
 from jaxgraph import _captures, _memory
+from jaxgraph._replay_args import source_of
 
 N = 4096
 
@@ -184,7 +185,7 @@ def test_keep_graph_false_instantiates_at_capture_end(k, rng):
     with pytest.raises(RuntimeError, match="not live"):
         g.raw_cuda_graph()
     # The template is kept privately for splicing into XLA graphs.
-    assert g._replay_source().template != 0
+    assert source_of(g).template != 0
     replay_and_check(g, y, 5.0 * data)
 
 
@@ -208,7 +209,7 @@ def test_keep_graph_true_instantiates_on_first_replay(k, rng):
     np.testing.assert_allclose(y.numpy(), 3.0 * data, rtol=1e-6)
     g.replay()
     assert len(instantiations) == 1
-    assert g._replay_source().template == g.raw_cuda_graph()
+    assert source_of(g).template == g.raw_cuda_graph()
 
 
 @pytest.mark.gpu
@@ -656,7 +657,7 @@ def test_accelerator_graph_keep_graph_and_exception(k, rng, side_stream):
     np.testing.assert_array_equal(x.numpy(), data)   # neither capture ran the work
     g.replay()
     np.testing.assert_allclose(x.numpy(), data + 1.0, rtol=1e-6)
-    assert g.device == jaxgraph.current_device() and g._replay_source().template != 0
+    assert g.device == jaxgraph.current_device() and source_of(g).template != 0
 
 
 @pytest.mark.gpu

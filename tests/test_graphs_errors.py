@@ -18,6 +18,7 @@ import pytest
 import jaxgraph
 from graph_support import BLOCK, blocks, load_kernels
 from jaxgraph import _captures, _memory
+from jaxgraph._replay_args import source_of
 
 N = 1024
 EMPTY = inspect.Parameter.empty
@@ -102,7 +103,7 @@ def test_module_functions_exist():
     (lambda g: g.debug_dump("unused.dot"), "debug_dump: nothing has been captured"),
     (lambda g: g.get_graph_data(), "get_graph_data: nothing has been captured"),
     (lambda g: g.pool(), "pool: this graph has no memory pool"),
-    (lambda g: g._replay_source().template, "holds no captured graph"),
+    (lambda g: source_of(g).template, "holds no captured graph"),
 ])
 @pytest.mark.parametrize("keep_graph", [False, True])
 def test_errors_before_capture(call, match, keep_graph):
@@ -306,7 +307,7 @@ def test_replay_after_reset_is_refused(k, rng):
     g.reset()
     for call, message in ((g.replay, "nothing has been captured yet"),
                           (g.raw_cuda_graph_exec, "the graph is not instantiated"),
-                          (g._replay_source, "holds no captured graph")):
+                          (lambda: source_of(g), "holds no captured graph")):
         with pytest.raises(RuntimeError, match=message):
             call()
 

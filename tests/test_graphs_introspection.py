@@ -5,6 +5,7 @@ import pytest
 
 import jaxgraph
 from graph_support import BLOCK, blocks, load_kernels, poison
+from jaxgraph._replay_args import source_of
 
 N = 2048
 
@@ -75,14 +76,14 @@ def test_raw_handles_work_with_cuda_bindings(k, arrays, driver):
 def test_private_template_stays_usable_after_keep_graph_false(k, arrays, driver):
     _data, x, y, t, z = arrays
     g = _capture_chain(k, x, y, t, z, keep_graph=False)
-    template = driver.CUgraph(g._replay_source().template)
+    template = driver.CUgraph(source_of(g).template)
     _nodes, count = _ok(driver.cuGraphGetNodes(template, 0))
     assert count == 4
     with pytest.raises(RuntimeError, match="cudaGraph_t is not live: with keep_graph=False"):
         g.raw_cuda_graph()
     g.reset()
     with pytest.raises(RuntimeError, match="holds no captured graph"):
-        g._replay_source()
+        source_of(g)
 
 
 # ---------------------------------------------------------------------------

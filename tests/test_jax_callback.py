@@ -15,7 +15,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._replay_source import ReplaySource
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replayable import Replayable
 
 AFFINE = r"""

@@ -174,7 +174,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 import conditional_support as cs
 import jaxgraph
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replay_codes import counters
 
 k = cs.load_kernels()

@@ -15,7 +15,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _jax_launch, _native
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replayable import Replayable
 from conftest import enable_x64
 

@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import jaxgraph  # noqa: E402
 from graph_support import XLA_MODES  # noqa: E402
 from jaxgraph import _processes  # noqa: E402
-from jaxgraph._jax_replay import ReplaySpec  # noqa: E402
+from jaxgraph._replay_args import ReplaySpec  # noqa: E402
 from jaxgraph._replayable import Replayable  # noqa: E402
 from jaxgraph._sharded import DeviceCapture, ShardedGraph, device_ordinals  # noqa: E402
 

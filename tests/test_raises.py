@@ -17,7 +17,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._array import _INTERNAL, DeviceArray
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._sharded import DeviceCapture, ShardedGraph
 
 SOURCE = r"""

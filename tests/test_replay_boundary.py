@@ -15,7 +15,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import BindingMode, BufferBinding, ReplayPath, Replayable, _native
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 
 
 def f32(*shape):

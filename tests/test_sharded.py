@@ -14,7 +14,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _jax_replay
-from jaxgraph._jax_replay import ReplaySpec
+from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replayable import Replayable
 from jaxgraph._sharded import DeviceCapture, ShardedGraph, cuda_ordinal, device_ordinals
 

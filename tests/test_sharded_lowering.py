@@ -20,7 +20,7 @@ SCENARIOS = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from jaxgraph._jax_replay import ReplaySpec
+    from jaxgraph._replay_args import ReplaySpec
     from jaxgraph._replayable import Replayable
     from jaxgraph._sharded import DeviceCapture, ShardedGraph
 
