@@ -204,9 +204,12 @@ class Kernel(KernelLoading):
                 if len(self._configs) >= _MAX_CONFIGS:  # a program launching with ever new grids starts over
                     self._configs.clear()
                 self._configs[key] = geo
-        if stream is not None and not isinstance(stream, Stream):
+        shared_mem = shared_mem if cacheable else int(shared_mem)
+        if stream is None:  # the current stream, looked up at each launch
+            return _BoundLaunch((self, geo, shared_mem, None, 0, 0))
+        if not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        return _BoundLaunch((self, geo, shared_mem if cacheable else int(shared_mem), stream))
+        return _BoundLaunch((self, geo, shared_mem, stream, int(stream), stream.device))
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
@@ -296,9 +299,11 @@ class Kernel(KernelLoading):
 class _BoundLaunch(tuple):
     """``kernel[grid, block, ...]``: a checked launch configuration; calling it launches.
 
-    A tuple ``(kernel, geometry, shared_mem, stream)``, the geometry checked and
-    packed as the native launch takes it: one is made on every ``kernel[grid,
-    block]``, and making a tuple runs no Python ``__init__``. Every argument
+    A tuple ``(kernel, geometry, shared_mem, stream, address, device)``: the
+    geometry checked and packed as the native launch takes it, the stream's
+    address and device read once (``stream`` ``None``: the current stream, read
+    at each launch). One is made on every ``kernel[grid, block]``, and making a
+    tuple runs no Python ``__init__``. Every argument
     check runs before the driver is touched; the kernel's
     :class:`~jaxgraph._packer.ArgumentPacker` runs them, specialized for the
     kinds of arguments the last launch had.
@@ -307,7 +312,7 @@ class _BoundLaunch(tuple):
     __slots__ = ()
 
     def __call__(self, *args: Any) -> None:
-        kernel, geo, shared_mem, stream = self
+        kernel, geo, shared_mem, stream, address, device = self
         # Foreign arrays come back wrapped in `operands`, ordered after their producer's stream.
         packed = kernel._packer.current(args, stream)
         if packed is None:  # other kinds of arguments than last time
@@ -315,16 +320,16 @@ class _BoundLaunch(tuple):
         data, operands = packed
         if stream is None:
             stream = current_stream()
+            address, device = int(stream), stream.device
         if kernel._h_kernel is None:
             kernel._load()
         if _captures.any_underway():  # tell a capture on this stream what the launch uses
-            _driver.ensure_context(stream.device)  # the kernel's CUfunction is looked up in it
+            _driver.ensure_context(device)  # the kernel's CUfunction is looked up in it
             kernel._note_operands(stream, operands)
         if shared_mem > kernel._shared_limit:
-            kernel._raise_shared_limit(shared_mem, stream.device)
+            kernel._raise_shared_limit(shared_mem, device)
         # The native call makes the device's primary context current if another
         # library switched it, then launches; cuLaunchKernel copies `data`.
-        err = kernel._native_launch(kernel._function_address, _driver.context_address(stream.device),
-                                    int(stream), geo, data)
+        err = kernel._native_launch(kernel._function_address, _driver.context_address(device), address, geo, data)
         if err != 0:
             kernel._raise_launch_error(err)
