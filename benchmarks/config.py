@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = [
-    "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_JAX_MODES", "LOOP_NOJAX_MODES",
-    "LOOP_UNROLLS", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS", "RunConfig", "Setting",
-    "fori_trips",
+    "COUNTERS", "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_JAX_MODES", "LOOP_NOJAX_MODES",
+    "LOOP_UNROLLS", "MIXED_MODES", "MIXED_REPLAYS", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS",
+    "RunConfig", "Setting", "fori_trips",
 ]
 
 
@@ -41,7 +41,15 @@ DEFAULT_SETTINGS = ("nojax", "off", "on", "defaults")  # a plain run; --loops ad
 FLOOR = "raw"  # every process measures it; ratios are to the floor of the same process
 
 NOJAX_MODES = ("raw", "replay", "torch_cupy", "torch_add")
-JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit")
+# Replays between XLA ops, and the same program with the kernels as jax_calls (fixed and rotating inputs).
+MIXED_MODES = ("mixed", "mixed_changing", "mixed_calls", "mixed_calls_changing")
+JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit", *MIXED_MODES)
+
+# The replay handler's counters (jaxgraph._replay_codes.counters()) each JAX mode reports per call:
+# calls per replay path, executables made, kernel-node rebinds, buffer copies, buffers switched to
+# copying by their cost, handler calls and host time.
+COUNTERS = ("handler_calls", "launch", "splice_nodes", "splice_whole", "uncaptured_launch", "instantiate",
+            "rebind", "copy", "to_copy", "handler_ns")
 
 # --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
 LOOP_UNROLLS = (2, 8, 32)
@@ -60,6 +68,11 @@ MODE_INFO = {
     "jit_unrolled": "10 replays unrolled in one jit, called from a Python loop",
     "jax_calls": "the chain as N `Kernel.jax_call`s in one jit, called from a Python loop",
     "trivial_jit": "`jax.jit(lambda x: x + 1)` called from a Python loop (us per call)",
+    "mixed": "R = 3 replays of the N-kernel graph separated by XLA elementwise ops (`x * 2 - 3`) in one jit, "
+             "one fixed input",
+    "mixed_changing": "as mixed, rotating over 8 input arrays",
+    "mixed_calls": "the mixed program with each replay's kernels as N `Kernel.jax_call`s (XLA's own way)",
+    "mixed_calls_changing": "as mixed_calls, rotating over 8 input arrays",
     **{f"loop_k{k}": f"`jaxgraph.graphed_loop(step, R, feed={{0: 0}}, unroll={k}).replay()`: R steps in one launch"
        for k in LOOP_UNROLLS},
     "loop_kdefault": "the device loop with K from `jaxgraph.default_unroll` (64 at N=1, 10 at N=10, 2 at N=100)",
@@ -81,6 +94,7 @@ SCALAR_INFO = {
 }
 
 UNROLL = 10           # replays per jit_unrolled call
+MIXED_REPLAYS = 3     # replays (or chains of jax_calls) per mixed call, XLA ops between them
 CHANGING_INPUTS = 8   # input arrays jit_changing rotates over
 CAPTURE_LAUNCHES = 1000
 
@@ -102,6 +116,7 @@ class RunConfig:
     quick: bool = False
     modes: tuple | None = None   # run only these modes and scalars (None: all); the floor always runs
     loops: bool = False          # the loop modes (loop_modes.py) instead of the chain modes
+    capture_policy: str | None = None  # jaxgraph._replay_codes.CapturePolicy for the JAX processes (None: default)
 
     def runs(self, key: str) -> bool:
         """Whether mode (or scalar) ``key`` is measured in this run."""

@@ -7,6 +7,10 @@ function, checks one call against numpy on fresh random input and returns a
 with one ``jax.block_until_ready`` at the end (jit modes are host-bound at
 small N, so device events would miss the dispatch they cost).
 
+The ``mixed`` modes are the programs users write: ``MIXED_REPLAYS`` replays
+separated by XLA elementwise ops in one jitted function, against the same
+program with every replay's kernels as ``Kernel.jax_call`` calls.
+
 Because ``step`` is just a function, ``tests/test_benchmarks.py`` runs these
 factories on the CPU with ``step = lambda x: x + N``.
 """
@@ -18,11 +22,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .config import CHANGING_INPUTS, UNROLL, fori_trips
+from .config import CHANGING_INPUTS, MIXED_REPLAYS, UNROLL, fori_trips
 from .harness import Mode, Skip
-from .workload import check_result, random_input
+from .workload import check_equal, check_result, random_input
 
-__all__ = ["jax_calls", "jit_changing", "jit_fori", "jit_loop", "jit_unrolled", "kernel_step", "trivial_jit"]
+__all__ = ["jax_calls", "jit_changing", "jit_fori", "jit_loop", "jit_unrolled", "kernel_step", "mixed",
+           "mixed_calls", "mixed_reference", "trivial_jit"]
 
 
 def jit_loop(step: Callable, n: int, rng: np.random.Generator) -> Mode:
@@ -81,6 +86,49 @@ def jax_calls(one_kernel: Callable, n: int, rng: np.random.Generator, skip: str 
     return _loop_mode("jax_calls", jax.jit(chain), n, rng, inputs=1)
 
 
+def mixed(step: Callable, n: int, rng: np.random.Generator, changing: bool = False) -> Mode:
+    """``MIXED_REPLAYS`` replays separated by XLA elementwise ops in one jit (``mixed``, or
+    ``mixed_changing`` rotating over several inputs)."""
+    import jax
+
+    key = "mixed_changing" if changing else "mixed"
+    f = jax.jit(lambda x: _mixed_program(step, x))  # a function per mode: an executable per mode
+    return _loop_mode(key, f, n * MIXED_REPLAYS, rng, inputs=CHANGING_INPUTS if changing else 1,
+                      reference=lambda x: mixed_reference(x, n))
+
+
+def mixed_calls(one_kernel: Callable, n: int, rng: np.random.Generator, changing: bool = False,
+                skip: str | None = None) -> Mode:
+    """The :func:`mixed` program with each replay as ``n`` calls of ``one_kernel`` (``Kernel.jax_call``)."""
+    import jax
+
+    if skip:
+        raise Skip(skip)
+
+    def chain(x):
+        for _ in range(n):
+            x = one_kernel(x)
+        return x
+
+    key = "mixed_calls_changing" if changing else "mixed_calls"
+    f = jax.jit(lambda x: _mixed_program(chain, x))
+    return _loop_mode(key, f, n * MIXED_REPLAYS, rng, inputs=CHANGING_INPUTS if changing else 1,
+                      reference=lambda x: mixed_reference(x, n))
+
+
+def mixed_reference(x: np.ndarray, n: int) -> tuple[np.ndarray, str]:
+    """What the mixed program computes from ``x`` with an N-kernel stage, in numpy, and its formula.
+
+    Integer-valued float32 throughout (|values| < 2**24), so the check is exact.
+    """
+    y = x
+    for r in range(MIXED_REPLAYS):
+        if r:
+            y = y * np.float32(2) - np.float32(3)
+        y = y + np.float32(n)
+    return y, f"{MIXED_REPLAYS} stages of x + {n} with x * 2 - 3 between them"
+
+
 def trivial_jit(rng: np.random.Generator) -> Mode:
     """``jax.jit(lambda x: x + 1)``: what any jitted call costs (us per call)."""
     import jax
@@ -102,15 +150,29 @@ def kernel_step(kernel: Any) -> Callable:
 # ----------------------------------------------------------------------------
 
 
-def _loop_mode(key: str, f: Callable, steps: int, rng: np.random.Generator, inputs: int) -> Mode:
-    """Compile ``f`` (it adds ``steps``: one per kernel), check it on each of ``inputs`` fresh arrays,
-    and time calls rotating over them."""
+def _mixed_program(stage: Callable, x: Any) -> Any:
+    """``MIXED_REPLAYS`` calls of ``stage`` with an XLA elementwise op (``x * 2 - 3``) between them."""
+    for r in range(MIXED_REPLAYS):
+        if r:
+            x = x * np.float32(2) - np.float32(3)
+        x = stage(x)
+    return x
+
+
+def _loop_mode(key: str, f: Callable, steps: int, rng: np.random.Generator, inputs: int,
+               reference: Callable[[np.ndarray], tuple[np.ndarray, str]] | None = None) -> Mode:
+    """Compile ``f`` (``steps`` kernels per call; without ``reference`` it adds ``steps``, one per
+    kernel), check it on each of ``inputs`` fresh arrays, and time calls rotating over them."""
     import jax.numpy as jnp
 
     hosts = [random_input(rng) for _ in range(inputs)]
     arrays = [jnp.asarray(x) for x in hosts]
     for x, a in zip(hosts, arrays):  # the first call compiles; every input is checked once
-        check = check_result(f(a), x, steps)
+        if reference is None:
+            check = check_result(f(a), x, steps)
+        else:
+            want, what = reference(x)
+            check = check_equal(f(a), want, x, what)
     if inputs > 1:
         check += f" (each of {inputs} inputs)"
     return Mode(key, _timed_calls(f, arrays), per_call=steps, clock="wall", check=check)

@@ -8,7 +8,8 @@ returns text, so it can be re-rendered from a committed JSON::
 
 from __future__ import annotations
 
-from .config import JAX_MODES, LOOP_JAX_MODES, LOOP_NOJAX_MODES, MODE_INFO, NOJAX_MODES, SCALAR_INFO, SETTINGS
+from .config import (COUNTERS, JAX_MODES, LOOP_JAX_MODES, LOOP_NOJAX_MODES, MIXED_MODES, MIXED_REPLAYS, MODE_INFO,
+                     NOJAX_MODES, SCALAR_INFO, SETTINGS)
 
 __all__ = ["fmt", "markdown"]
 
@@ -22,9 +23,11 @@ def markdown(results: dict) -> str:
     processes = results.get("processes", {})
     if results.get("config", {}).get("loops"):
         return "\n".join(lines + _loop_tables(processes) + _legend() + _problems(results)) + "\n"
+    lines += _mixed_table(processes)
     for key in _ordered(processes):
         lines += _process_table(key, processes[key])
     lines += _per_call_table(processes)
+    lines += _counters_table(processes)
     lines += _scalars_table(processes)
     lines += _legend()
     lines += _problems(results)
@@ -52,6 +55,8 @@ def _header(results: dict) -> list[str]:
     cfg = results.get("config", {})
     soft = ", ".join(f"{k} {versions[k]}" for k in VERSION_KEYS if k in versions)
     run = "quick run" if results.get("quick") else "full run"
+    if cfg.get("capture_policy"):
+        run += f", capture policy {cfg['capture_policy']}"
     facts = [results.get("date", "undated"), f"{run}, {cfg.get('repeats', '?')} interleaved repeats per N",
              f"driver {device.get('driver', '?')}", soft, f"git {results.get('git') or '?'}"]
     return [
@@ -71,7 +76,8 @@ def _process_table(key: str, proc: dict) -> list[str]:
         return [title, "", f"Failed: {proc['failed']}", ""]
     if not _ns(proc):
         return [title, "", "Nothing measured (see *Skipped and failed*).", ""]
-    modes = [m for m in (NOJAX_MODES if key == "nojax" else JAX_MODES) if m != "trivial_jit"]  # per call
+    # trivial_jit is per call; the mixed modes have their own table.
+    modes = [m for m in (NOJAX_MODES if key == "nojax" else JAX_MODES) if m != "trivial_jit" and m not in MIXED_MODES]
     lines = [title, "", "| N | " + " | ".join(modes) + " |", "| ---: |" + " ---: |" * len(modes)]
     for n in _ns(proc):
         cells = [_cell(proc, mode, n) for mode in modes]
@@ -126,7 +132,28 @@ def _loop_tables(processes: dict) -> list[str]:
     if rows:
         lines += ["### Ratios within one process (per step)", "", "| process | N | ratio | value |",
                   "| --- | ---: | --- | ---: |", *rows, ""]
-    return lines
+    return lines + _trip_table(nojax)
+
+
+def _trip_table(nojax: dict) -> list[str]:
+    """What one WHILE trip adds over the unrolled floor: (per-step time - floor's) * K, per N and K."""
+    modes = [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") and m in nojax.get("modes", {})]
+    rows = []
+    for n in _ns(nojax):
+        floor = _median(nojax, "loop_unrolled", n)
+        cells = []
+        for m in modes:
+            entry = nojax["modes"][m]["by_n"].get(n, {})
+            mine = _median(nojax, m, n)
+            cells.append(fmt((mine - floor) * int(n) * entry["unroll"]) + f" (K={entry['unroll']})"
+                         if floor and mine and entry.get("unroll") else "–")
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    if not modes or not rows:
+        return []
+    return ["### A WHILE trip over the unrolled floor (nojax, us per trip)", "",
+            "(us per step - `loop_unrolled`'s) x K: what one trip of the device loop adds. Where N x K is "
+            "large the difference is within the samples' spread.", "",
+            "| N | " + " | ".join(modes) + " |", "| ---: |" + " ---: |" * len(modes), *rows, ""]
 
 
 def _median(proc: dict, mode: str, n: str) -> float | None:
@@ -179,6 +206,73 @@ def _changing_ratio(proc: dict, n: str) -> str:
     if not all("stats" in e for e in by_n.values()):
         return "–"
     return f"{by_n['jit_changing']['stats']['median'] / by_n['jit_loop']['stats']['median']:.2f}x"
+
+
+def _mixed_table(processes: dict) -> list[str]:
+    """The headline: replays between XLA ops against the same program of `jax_call` calls, per setting and N."""
+    rows = []
+    for key in [k for k in _ordered(processes) if k != "nojax"]:
+        proc = processes[key]
+        for n in _ns(proc):
+            pairs = (("mixed", "mixed_calls"), ("mixed_changing", "mixed_calls_changing"))
+            if not any(_median(proc, m, n) for pair in pairs for m in pair):
+                continue
+            cells = []
+            for mine, theirs in pairs:
+                cells += [_mixed_cell(proc, mine, n), _mixed_cell(proc, theirs, n), _ahead(proc, mine, theirs, n)]
+            rows.append(f"| {key} | {n} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [f"## Replays between XLA ops ({MIXED_REPLAYS} stages of N kernels, `x * 2 - 3` between them)", "",
+            "us per jitted call (in parentheses, per kernel over the process's raw floor). *ahead*: the "
+            "`jax_call` program's time over the replay program's (above 1: replay is faster).", "",
+            "| setting | N | replay (fixed input) | jax_calls (fixed) | ahead | replay (rotating inputs) "
+            "| jax_calls (rotating) | ahead |", "| --- | ---: |" + " ---: |" * 6, *rows, ""]
+
+
+def _mixed_cell(proc: dict, mode: str, n: str) -> str:
+    entry = proc.get("modes", {}).get(mode, {}).get("by_n", {}).get(n, {})
+    if "stats" not in entry:
+        return "skipped" if "skipped" in entry else "error" if "error" in entry else "–"
+    text = fmt(entry["stats"]["median"] * entry.get("per_call", int(n) * MIXED_REPLAYS))
+    return text + (f" ({entry['ratio']:.2f}x)" if entry.get("ratio") is not None else "")
+
+
+def _ahead(proc: dict, mine: str, theirs: str, n: str) -> str:
+    a, b = _median(proc, mine, n), _median(proc, theirs, n)
+    return f"{b / a:.2f}x" if a and b else "–"
+
+
+def _counters_table(processes: dict) -> list[str]:
+    """The replay handler's counters per call of each mode that called it."""
+    rows = []
+    for key in [k for k in _ordered(processes) if k != "nojax"]:
+        proc = processes[key]
+        for n in _ns(proc):
+            for mode in proc.get("modes", {}):
+                counted = proc["modes"][mode].get("by_n", {}).get(n, {}).get("counters")
+                if not counted or not counted.get("handler_calls"):
+                    continue
+                cells = [_count(counted.get(c, 0)) for c in COUNTERS if c != "handler_ns"]
+                settle = proc["modes"][mode]["by_n"][n]
+                note = "" if settle.get("settled", True) else " (not settled)"
+                rows.append(f"| {key} | {n} | {mode}{note} | " + " | ".join(cells)
+                            + f" | {fmt(counted.get('handler_ns', 0) / 1e3)} |")
+    if not rows:
+        return []
+    names = [c for c in COUNTERS if c != "handler_ns"]
+    return ["## What the replay handler did per call (median over the samples)", "",
+            "`jaxgraph._replay_codes.counters()`, change per jitted call: handler calls, calls per replay path "
+            "(launch, splice_nodes, splice_whole, uncaptured_launch), executables instantiated, kernel nodes "
+            "rebound in executables, buffers copied, buffers switched to copying by their cost, and the "
+            "handler's host time. Under XLA command buffers a "
+            "splice is a re-record of XLA's graph: when XLA's addresses repeat there is none.", "",
+            "| setting | N | mode | " + " | ".join(names) + " | handler us |",
+            "| --- | ---: | --- |" + " ---: |" * (len(names) + 1), *rows, ""]
+
+
+def _count(value: float) -> str:
+    return "0" if value == 0 else f"{value:.0f}" if value >= 100 or float(value).is_integer() else f"{value:.2f}"
 
 
 def _scalars_table(processes: dict) -> list[str]:

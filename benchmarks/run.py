@@ -3,6 +3,7 @@
     python benchmarks/run.py            # full run: N = 1, 10, 100, 1000, 7 interleaved repeats
     python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
     python benchmarks/run.py --loops    # only the loop modes (loop_modes.py), N = 1, 10, 100, < 4 minutes
+    python benchmarks/run.py --scale    # graphs of 10k and 100k kernels (scale.py), < 3 minutes
 
 One worker process per setting (``nojax``, then XLA command buffers ``off``,
 ``on`` and JAX ``defaults``), each with ``XLA_FLAGS`` set explicitly in its
@@ -10,7 +11,8 @@ environment and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``; each measures the
 raw ``cuGraphLaunch`` floor itself. Their JSON is merged into
 ``benchmarks/results/<device>.json`` (``<device>-quick.*`` with ``--quick``),
 rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
-<json>`` renders the PNG elsewhere), and the markdown is printed last.
+<json>`` renders the PNG elsewhere), and the markdown is printed last. A full
+or ``--loops`` run also regenerates ``<device>-targets.md`` (``targets.py``).
 Exit status 1 when a worker or a mode failed (the outputs are still written).
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, report, stats  # noqa: E402
+from benchmarks import config, report, stats, targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -49,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory (default: %(default)s)")
     p.add_argument("--loops", action="store_true",
                    help="only the loop modes (device loops, fori_loops) in every setting, 'while' included")
+    p.add_argument("--scale", action="store_true",
+                   help="only the scale run (benchmarks/scale.py: N = 10k and 100k kernels, two buffer "
+                   "patterns); writes <device>-scale.{json,md}")
     p.add_argument("--settings", type=_settings, default=None,
                    help="comma-separated subset of " + ",".join(config.SETTINGS)
                    + " (default: all but 'while'; all with --loops)")
@@ -58,10 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-ms", type=float, help="wall time per sample")
     p.add_argument("--jax-calls-budget-s", type=float, help="skip a jax_calls N estimated to compile longer")
     p.add_argument("--timeout-s", type=float, default=None, help="per worker (default 240, quick 120)")
+    p.add_argument("--capture-policy", choices=("auto", "bind", "copy", "whole"),
+                   help="how replays go into XLA's command buffers (jaxgraph._replay_codes.CapturePolicy; "
+                   "default: jaxgraph's)")
     p.add_argument("--no-plot", action="store_true", help="write JSON and markdown only")
     args = p.parse_args(argv)
     if args.settings is None:
         args.settings = tuple(config.SETTINGS) if args.loops else config.DEFAULT_SETTINGS
+    if args.scale and (args.loops or args.quick):
+        p.error("--scale is its own run; benchmarks/scale.py takes --points, --repeats and --target-ms")
     if args.loops and args.quick:
         p.error("--loops and --quick are separate runs; narrow --loops with --ns, --repeats, --target-ms")
     if args.repeats is not None and args.repeats < 1:
@@ -75,7 +85,8 @@ def build_config(args: argparse.Namespace) -> config.RunConfig:
     """The quick or full budgets, with the command line's overrides."""
     base = config.LOOPS if getattr(args, "loops", False) else config.QUICK if args.quick else config.FULL
     overrides = {"ns": args.ns, "repeats": args.repeats, "target_ms": args.target_ms,
-                 "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes}
+                 "jax_calls_budget_s": args.jax_calls_budget_s, "modes": args.modes,
+                 "capture_policy": getattr(args, "capture_policy", None)}
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -171,6 +182,10 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.scale:
+        from benchmarks import scale
+
+        return scale.main(["--out", str(args.out)])
     cfg = build_config(args)
     start = time.perf_counter()
     meta = collect_meta(cfg, argv)  # the date is the start of the run
@@ -183,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     meta["wall_s"] = round(time.perf_counter() - start, 1)
     results = stats.merge(meta, processes)
     written = write_outputs(results, args.out, plot=not args.no_plot)
+    if not cfg.quick:  # the targets file is judged on the full run and the loop run, never a smoke run
+        targets_path = targets.write(args.out, results["device"]["slug"])
+        written += [targets_path] if targets_path else []
     print("\nwrote " + ", ".join(str(p) for p in written) + f" in {meta['wall_s']:.0f} s\n")
     print(report.markdown(results))
     failed = results["failures"] or any(p.get("errors") for p in results["processes"].values())

@@ -67,6 +67,12 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
         log(f"JAX {proc['jax']['version']} on {proc['jax']['devices']}; XLA_FLAGS={proc['xla_flags']!r}")
     kernel = jaxgraph.Kernel(SOURCE, "add_one")
     stream = jaxgraph.Stream()
+    counters = _replay_counters(log) if setting.uses_jax else None
+    if setting.uses_jax and cfg.capture_policy is not None:
+        from jaxgraph import _replay_codes
+
+        _replay_codes.set_capture_policy(cfg.capture_policy)
+        proc["capture_policy"] = cfg.capture_policy
     previous = None  # (N, setup seconds) of the last jax_calls built, for its compile budget
     for n in cfg.ns:
         chain = Chain(kernel, n)
@@ -82,7 +88,7 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
                           else loop_modes.nojax_factories(kernel, chain, stream, rng))
         factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
         records = harness.measure_group(f"[{setting.key}] N={n}", factories, cfg.repeats,
-                                        cfg.target_ms / 1e3, cfg.max_calls, log)
+                                        cfg.target_ms / 1e3, cfg.max_calls, log, counters)
         _record(proc, n, records)
         setup = records.get("jax_calls", {}).get("setup_s")
         previous = (n, setup) if setup is not None else previous
@@ -147,14 +153,46 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
         traceback.print_exc()
         step = functools.partial(_unavailable, f"jaxgraph.replayable failed: {type(exc).__name__}: {exc}")
     skip = stats.jax_calls_skip_reason(n, previous, cfg.jax_calls_budget_s)
+    one_kernel = jax_modes.kernel_step(kernel)
+    setups: dict[str, float] = {}  # setup seconds of this N's jax_calls, once built: mixed_calls' budget
+
+    def jax_calls() -> Any:
+        start = time.perf_counter()
+        mode = jax_modes.jax_calls(one_kernel, n, rng, skip)
+        setups["jax_calls"] = time.perf_counter() - start
+        return mode
+
+    def mixed_calls(changing: bool) -> Any:
+        # R * N calls: estimated from this N's jax_calls when it was built, else from the last N's.
+        base = (n, setups["jax_calls"]) if "jax_calls" in setups else previous
+        why = stats.jax_calls_skip_reason(n * config.MIXED_REPLAYS, base, cfg.jax_calls_budget_s)
+        return jax_modes.mixed_calls(one_kernel, n, rng, changing, why)
+
     factories = [("raw", functools.partial(graph_modes.raw, chain, stream, rng)),
                  ("jit_loop", functools.partial(jax_modes.jit_loop, step, n, rng)),
                  ("jit_changing", functools.partial(jax_modes.jit_changing, step, n, rng)),
                  ("jit_fori", functools.partial(jax_modes.jit_fori, step, n, rng)),
                  ("jit_unrolled", functools.partial(jax_modes.jit_unrolled, step, n, rng)),
-                 ("jax_calls", functools.partial(jax_modes.jax_calls, jax_modes.kernel_step(kernel), n, rng, skip)),
-                 ("trivial_jit", functools.partial(jax_modes.trivial_jit, rng))]
+                 ("jax_calls", jax_calls),
+                 ("trivial_jit", functools.partial(jax_modes.trivial_jit, rng)),
+                 ("mixed", functools.partial(jax_modes.mixed, step, n, rng)),
+                 ("mixed_changing", functools.partial(jax_modes.mixed, step, n, rng, True)),
+                 ("mixed_calls", functools.partial(mixed_calls, False)),
+                 ("mixed_calls_changing", functools.partial(mixed_calls, True))]
     return factories, step
+
+
+def _replay_counters(log: Any) -> Any:
+    """The replay handler's counters as a callable (``jaxgraph._replay_codes.counters``), or ``None``
+    where the native extension cannot say (the modes are then timed without them)."""
+    try:
+        from jaxgraph import _replay_codes
+
+        _replay_codes.counters()
+    except Exception as exc:
+        log(f"no replay counters: {type(exc).__name__}: {exc}")
+        return None
+    return _replay_codes.counters
 
 
 def _unavailable(why: str, *args: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["BLOCK", "ELEMENTS", "GRID", "SOURCE", "Chain", "check_result", "random_input"]
+__all__ = ["BLOCK", "ELEMENTS", "GRID", "SOURCE", "Chain", "check_equal", "check_result", "random_input"]
 
 ELEMENTS = 4096
 BLOCK = 256
@@ -34,16 +34,20 @@ def random_input(rng: np.random.Generator) -> np.ndarray:
 
 def check_result(got: Any, x: np.ndarray, steps: int) -> str:
     """Raise ``AssertionError`` unless ``got == x + steps`` exactly; return what was checked."""
+    return check_equal(got, x + np.float32(steps), x, f"x + {steps}")
+
+
+def check_equal(got: Any, want: np.ndarray, x: np.ndarray, what: str) -> str:
+    """Raise ``AssertionError`` unless ``got`` equals numpy's ``want`` (computed from ``x`` as ``what``)."""
     got = np.asarray(got)
-    want = x + np.float32(steps)
     if got.shape != want.shape:
         raise AssertionError(f"wrong result shape {got.shape}, expected {want.shape}")
     bad = np.flatnonzero(got != want)
     if bad.size:
         i = int(bad[0])
-        raise AssertionError(f"wrong result: expected x + {steps}; {bad.size} of {x.size} elements differ, "
+        raise AssertionError(f"wrong result: expected {what}; {bad.size} of {x.size} elements differ, "
                              f"e.g. [{i}]: got {got[i]}, expected {want[i]} (x = {x[i]})")
-    return f"x + {steps} on {x.size} random floats matches numpy"
+    return f"{what} on {x.size} random floats matches numpy"
 
 
 class Chain:

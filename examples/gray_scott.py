@@ -7,10 +7,11 @@ Run:  python examples/gray_scott.py                            # 256 x 256 grid,
 
 Two chemicals u and v react and diffuse on a periodic grid. One step is
 `substeps` explicit Euler substeps, each two custom kernels (the 5-point
-Laplacian of u and v, then the reaction update), and a reduction kernel that
-measures the total of v: 2 * substeps + 1 kernels and a memset. The step is a
-plain Python function that launches those kernels on device arrays, run six
-ways on the same fresh random initial state:
+Laplacian of u and v, then the reaction update), then a one-thread kernel that
+zeroes the total and a reduction kernel that adds v into it: 2 * substeps + 2
+kernels. The step is a plain Python function that launches those kernels on
+device arrays and updates u and v in place (see GrayScott.step for why), run
+six ways on the same fresh random initial state:
 
   1. kernel by kernel from Python (jaxgraph's eager launches);
   2. graphed with jaxgraph.make_graphed_callables, replayed from a Python loop;
@@ -57,6 +58,9 @@ extern "C" __global__ void react(float* u_out, float* v_out, const float* u, con
   v_out[i] = v[i] + dt * (dv * lv[i] + uvv - (feed + kill) * v[i]);
 }
 
+// out[0] = 0, before `total` adds into it.
+extern "C" __global__ void zero(float* out) { out[0] = 0.0f; }
+
 // out[0] += sum(x); out zeroed first. One atomicAdd per block.
 extern "C" __global__ void total(float* out, const float* x, int n) {
   __shared__ float part[256];
@@ -81,20 +85,36 @@ class GrayScott:
 
     def __init__(self, nx, substeps):
         self.nx, self.n, self.substeps = nx, nx * nx, substeps
-        self.laplacian, self.react, self.total = (jaxgraph.Kernel(SOURCE, k) for k in ("laplacian", "react", "total"))
+        self.laplacian, self.react, self.zero, self.total = (jaxgraph.Kernel(SOURCE, k)
+                                                             for k in ("laplacian", "react", "zero", "total"))
         self.grid2, self.grid1 = ((nx + 15) // 16, (nx + 15) // 16), (self.n + 255) // 256
 
     def step(self, u, v):
-        """Device arrays u, v -> (u, v, [total of v]) after ``substeps`` substeps: the code a researcher writes."""
+        """Device arrays u, v -> (u, v, [total of v]) after ``substeps`` substeps: the code a researcher writes.
+
+        u and v are updated in place: the substeps ping-pong between them and
+        one scratch pair, ordered so that the last one writes u and v (with an
+        odd count the first reaction runs in place, which is safe: it is
+        elementwise, and the Laplacian went to lu, lv). A graphed step whose
+        outputs are its inputs is, inside ``jax.jit``, a replay whose outputs
+        share its operands' buffers (XLA aliases them), so ``lax.fori_loop``
+        carries the state in place, as it does for XLA's own kernels. A step
+        returning new arrays would make XLA copy each of them into the loop's
+        carry on every trip (two 256 KiB copies a step on the default grid).
+        The total is zeroed by a kernel, not a memset: jaxgraph points kernel
+        arguments at XLA's buffers, but copies an output a memset node writes
+        out of the graph's own array after each replay.
+        """
         shape = (self.nx, self.nx)
         lu, lv = jaxgraph.empty(shape), jaxgraph.empty(shape)
-        buffers = [(jaxgraph.empty(shape), jaxgraph.empty(shape)) for _ in range(2)]
+        pairs = ((u, v), (jaxgraph.empty(shape), jaxgraph.empty(shape)))
         for s in range(self.substeps):
-            u_next, v_next = buffers[s % 2]
+            u_next, v_next = pairs[(self.substeps - 1 - s) % 2]  # the last substep writes u, v
             self.laplacian[self.grid2, (16, 16)](lu, lv, u, v, self.nx, self.nx)
             self.react[self.grid1, 256](u_next, v_next, u, v, lu, lv, DU, DV, FEED, KILL, DT, self.n)
             u, v = u_next, v_next
-        mass = jaxgraph.zeros(1)
+        mass = jaxgraph.empty(1)
+        self.zero[1, 1](mass)
         self.total[self.grid1, 256](mass, v, self.n)
         return u, v, mass
 
@@ -107,7 +127,8 @@ class GrayScott:
         for _ in range(self.substeps):
             lu, lv = self.laplacian.jax_call(f32, f32, u, v, self.nx, self.nx, grid=self.grid2, block=(16, 16))
             u, v = self.react.jax_call(f32, f32, u, v, lu, lv, DU, DV, FEED, KILL, DT, self.n, grid=self.grid1)
-        mass = self.total.jax_call(jnp.zeros(1, jnp.float32), v, self.n, inout=("out",), grid=self.grid1)
+        mass = self.zero.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), grid=1, block=1)
+        mass = self.total.jax_call(mass, v, self.n, inout=("out",), grid=self.grid1)
         return u, v, mass
 
 
@@ -136,25 +157,28 @@ def initial_state(nx, rng):
     return u, v
 
 
-def timed(run):
-    """Run once (compiles and warms up), then time a second run until its work is done.
+def timed(run, repeats=5):
+    """Run once (compiles and warms up), then time ``repeats`` more runs, each until its work is done.
 
     ``run`` returns (u, v, totals of v) as device or JAX arrays (and has waited
-    for JAX's); they are copied to the host after the clock stops. Returns
-    ``(numpy results, seconds)``.
+    for JAX's); the last run's are copied to the host after the clocks stop.
+    Returns ``(numpy results, median seconds)``. (benchmarks/gray_scott_bench.py
+    measures the jitted loops properly: interleaved rounds, one process per XLA setting.)
     """
     run()
-    jaxgraph.synchronize()
-    start = time.perf_counter()
-    u, v, masses = run()
-    jaxgraph.synchronize()
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        jaxgraph.synchronize()
+        start = time.perf_counter()
+        u, v, masses = run()
+        jaxgraph.synchronize()
+        times.append(time.perf_counter() - start)
 
     def host(a):
         return a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a)
 
     masses = np.concatenate([host(m) for m in masses]) if isinstance(masses, list) else host(masses)
-    return (host(u), host(v), masses), seconds
+    return (host(u), host(v), masses), float(np.median(times))
 
 
 def main(argv=None):
@@ -175,11 +199,11 @@ def main(argv=None):
     import jax.numpy as jnp
 
     nx, steps, substeps = args.grid, args.steps, args.substeps
-    kernels = steps * (2 * substeps + 1)
+    kernels = steps * (2 * substeps + 2)
     rng = np.random.default_rng()
     u0, v0 = initial_state(nx, rng)
 
-    print(f"[1/8] compiling 3 kernels; graphing a step of {2 * substeps + 1} kernels on a {nx} x {nx} grid", flush=True)
+    print(f"[1/8] compiling 4 kernels; graphing a step of {2 * substeps + 2} kernels on a {nx} x {nx} grid", flush=True)
     model = GrayScott(nx, substeps)
     graphed = jaxgraph.make_graphed_callables(model.step, (u0, v0))
 
@@ -194,7 +218,7 @@ def main(argv=None):
     u0_d, v0_d = jaxgraph.asarray(u0), jaxgraph.asarray(v0)
 
     def eager(step):
-        u, v, masses = u0_d, v0_d, []
+        u, v, masses = jaxgraph.empty(u0.shape).copy_(u0_d), jaxgraph.empty(v0.shape).copy_(v0_d), []  # updated in place
         for _ in range(steps):
             u, v, m = step(u, v)
             masses.append(jaxgraph.empty(1).copy_(m))  # a graph's outputs are overwritten by its next replay

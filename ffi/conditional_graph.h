@@ -72,13 +72,14 @@ inline void PrepareConditional(DeviceGraph* g, uint64_t borrowed) {
     g->bound.clear();
   }
   g->slots.push_back(std::move(slot));
+  g->max_execs = 1;
 }
 
 // Writes every kernel node with a bound site into the template (the node
 // copies hold the addresses to write).
 inline ffi::Error WriteBoundNodes(DeviceGraph* g) {
   for (size_t i : g->bound) {
-    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
+    for (const Site& site : g->buffers[i].sites) Mark(g, site.node);
   }
   return WriteMarked(g, nullptr);
 }
@@ -86,12 +87,12 @@ inline ffi::Error WriteBoundNodes(DeviceGraph* g) {
 // Updates the whole executable from the template pointed at `addresses`,
 // then points the template back at its static arrays.
 inline ffi::Error UpdateWholeExec(DeviceGraph* g, ExecSlot* slot, const std::vector<uint64_t>& addresses) {
-  std::fill(g->dirty.begin(), g->dirty.end(), 0);
+  ClearMarks(g);
   ForgetAddresses(&slot->addr);  // until the update below succeeds
   RetargetAll(g, addresses);
   if (auto e = WriteBoundNodes(g); e.failure()) {
     RetargetAll(g, g->static_addr);  // the template back at its static arrays, as far as it goes
-    std::fill(g->dirty.begin(), g->dirty.end(), 0);
+    ClearMarks(g);
     (void)WriteBoundNodes(g);
     return e;
   }
@@ -118,17 +119,16 @@ inline ffi::Error PointExecAt(DeviceGraph* g, ExecSlot* slot, const std::vector<
     std::vector<uint64_t> have = slot->addr;
     RetargetAll(g, addresses);
     MarkChanged(g, &have, addresses);
-    for (size_t n = 0; n < g->nodes.size(); ++n) {
-      if (!g->dirty[n]) continue;
+    for (size_t n : g->marked) {
       KernelNode& k = g->nodes[n];
       CUresult r = d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(slot->exec), k.node, &k.params);
       if (r != CUDA_SUCCESS) {  // e.g. a node inside a body on a driver that refuses it: whole updates
         g->exec_update_whole = true;
         break;
       }
-      g->dirty[n] = 0;
       counters.rebind.fetch_add(1, std::memory_order_relaxed);
     }
+    ClearMarks(g);
     if (!g->exec_update_whole) {
       slot->addr = have;
       return ffi::Error::Success();

@@ -2,23 +2,28 @@
 // of the template (or, for a graph with conditional nodes, which CUDA cannot
 // clone, the template itself: conditional_graph.h), how each static buffer
 // binds to XLA's, and the executables it keeps, one per set of XLA addresses.
-// Also the replay paths and their counters. Included by replay.cc only.
+// Also the replay paths, their counters, and the mechanics of rebinding:
+// pointing the template's or an executable's kernel arguments at addresses,
+// touching only the nodes whose arguments changed. Which executable a call
+// takes, and which buffers are better copied than bound, is bind_policy.h.
+// Included by bind_policy.h, conditional_graph.h and replay.cc.
 //
-// Choosing an executable for a call's addresses is the policy here: an
-// executable whose bound kernel arguments already match is launched as it is;
-// a new address set gets a freshly instantiated executable while there is room
-// (kMaxExecs); past that the closest executable is updated in place. Seen on
-// the H100 (driver 580): a kernel node updated in place in an executable
-// (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower on every
-// later launch than in a fresh executable, so the template's nodes are
-// updated instead and instantiated.
+// Seen on the H100 (driver 580): a kernel node updated in place in an
+// executable (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower
+// on every later launch than in a fresh executable (1.258 vs 1.029 us per
+// kernel over 1000 kernels: benchmarks/exec_update_cost.py, results in
+// benchmarks/results/nvidia-h100-80gb-hbm3-exec_update.md), so the template's
+// nodes are updated instead and instantiated.
 
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -45,8 +50,11 @@ struct ReplayCounters {
   std::atomic<int64_t> rebind{0};        // kernel-node argument updates in executables
   std::atomic<int64_t> instantiate{0};   // executables made
   std::atomic<int64_t> copy{0};          // buffers copied in or out
+  std::atomic<int64_t> to_copy{0};       // bound buffers switched to copying by their cost (bind_policy.h)
   std::atomic<int64_t> handler_calls{0};  // calls of the handlers, and their host time:
   std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
+  std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
+  std::atomic<int64_t> copy_ns{0};        // the part of handler_ns inside cudaMemcpyAsync
 
   void Count(ReplayPath path) { paths[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
 };
@@ -56,10 +64,35 @@ inline ReplayCounters counters;
 struct ExecSlot {
   cudaGraphExec_t exec = nullptr;
   std::vector<uint64_t> addr;
-  uint64_t last_use = 0;
+  uint64_t key = 0;       // BoundKey(addr): a cheap first check before comparing addresses
+  uint64_t last_use = 0;  // 0: never launched
 };
 
-constexpr size_t kMaxExecs = 4;  // executables kept per graph and device
+constexpr size_t kMaxExecs = 4;  // executables kept per graph and device, at most (bind_policy.h: fewer when large)
+
+// What one registered graph's copies take, measured at registration (-1:
+// not measured). Host figures are the process's resident memory before and
+// after each step, so they are approximate (another thread's allocations
+// count too, memory the allocator reuses does not).
+struct GraphMemory {
+  int64_t exec_device = -1;  // one executable, uploaded
+  int64_t exec_host = -1;    // the same executable's host side
+  int64_t clone_host = -1;   // our clone of the template
+  int64_t binding_host = -1; // the kernel nodes' argument copies and sites read for binding
+};
+
+// The process's resident host memory in bytes (Linux), -1 where it cannot be read.
+inline int64_t ResidentBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long pages = 0, resident = 0;
+  int read = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return read == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// `after - before` of two ResidentBytes, -1 when either is unknown.
+inline int64_t Grown(int64_t before, int64_t after) { return before < 0 || after < 0 ? -1 : after - before; }
 
 // One graph on one device: our clone, its executables, and how each static
 // buffer (inputs first, then outputs) is bound.
@@ -76,13 +109,22 @@ struct DeviceGraph {
   std::vector<int> alias;          // per input: the output it shares a buffer with, or -1
   std::vector<size_t> bound;       // indices of bound buffers that have sites
   std::vector<KernelNode> nodes;   // the kernel nodes, with argument copies rebound per call
-  std::vector<char> dirty;         // scratch: nodes whose arguments changed this call
+  std::vector<char> dirty;         // scratch: nodes whose arguments changed this call (Mark)...
+  std::vector<size_t> marked;      // ...and their indices, so writing them costs what changed
   std::vector<OrderedNode> order;  // the nodes in dependency order, for splicing
   std::string unflattenable;       // why the nodes cannot be spliced one by one ("" if they can)
   std::vector<uint64_t> static_addr;    // per buffer: its static array
   std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
+  std::vector<uint64_t> nodes_addr;     // per bound buffer: where the argument copies in `nodes` point
   std::vector<ExecSlot> slots;
   uint64_t calls = 0;
+  // What the executables cost and what binding costs (bind_policy.h).
+  size_t max_execs = kMaxExecs;    // executables kept: fewer when each is large
+  GraphMemory memory;              // what its copies of the graph take, measured at registration
+  std::vector<uint32_t> misses;    // per buffer: calls that found its address in no executable
+  double site_ns = -1;             // host ns per kernel argument rewritten in place, measured (-1: not yet)
+  double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
+  int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
   std::mutex mutex;                // one call at a time rebinds and launches
 
   ~DeviceGraph() {
@@ -129,19 +171,43 @@ inline cudaGraphExec_t Instantiate(DeviceGraph* g) {
   return exec;
 }
 
+// A hash of the bound buffers' addresses: equal address sets have equal keys.
+inline uint64_t BoundKey(const DeviceGraph& g, const std::vector<uint64_t>& addresses) {
+  uint64_t key = 0xcbf29ce484222325ull;
+  for (size_t i : g.bound) key = (key ^ addresses[i]) * 0x100000001b3ull;
+  return key;
+}
+
 // One more executable slot, at the template's addresses (the static ones when registered).
 inline ExecSlot& AddSlot(DeviceGraph* g) {
   ExecSlot slot;
   slot.exec = Instantiate(g);
   slot.addr = g->template_addr;
+  slot.key = BoundKey(*g, slot.addr);
   g->slots.push_back(std::move(slot));
   return g->slots.back();
 }
 
 // Points every bound buffer's sites at this call's addresses in the nodes'
-// argument copies.
+// argument copies; a buffer whose sites already hold its address is skipped.
 inline void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
-  for (size_t i : g->bound) Retarget(g->buffers[i], addresses[i], &g->nodes);
+  for (size_t i : g->bound) {
+    if (g->nodes_addr[i] == addresses[i]) continue;
+    Retarget(g->buffers[i], addresses[i], &g->nodes);
+    g->nodes_addr[i] = addresses[i];
+  }
+}
+
+// Marks kernel node `n` as changed (once).
+inline void Mark(DeviceGraph* g, size_t n) {
+  if (g->dirty[n]) return;
+  g->dirty[n] = 1;
+  g->marked.push_back(n);
+}
+
+inline void ClearMarks(DeviceGraph* g) {
+  for (size_t n : g->marked) g->dirty[n] = 0;
+  g->marked.clear();
 }
 
 // Marks the nodes with a site of a bound buffer whose address in `have`
@@ -149,23 +215,26 @@ inline void RetargetAll(DeviceGraph* g, const std::vector<uint64_t>& addresses) 
 inline void MarkChanged(DeviceGraph* g, std::vector<uint64_t>* have, const std::vector<uint64_t>& want) {
   for (size_t i : g->bound) {
     if ((*have)[i] == want[i]) continue;
-    for (const Site& site : g->buffers[i].sites) g->dirty[site.node] = 1;
+    for (const Site& site : g->buffers[i].sites) Mark(g, site.node);
     (*have)[i] = want[i];
   }
 }
 
 // Writes the marked nodes' argument copies into the template (exec == nullptr)
-// or into an executable, clearing the marks.
+// or into an executable, clearing the marks; visits only the marked nodes.
 inline ffi::Error WriteMarked(DeviceGraph* g, cudaGraphExec_t exec) {
   const DriverApi& d = DriverApi::Get();
-  for (size_t n = 0; n < g->nodes.size(); ++n) {
-    if (!g->dirty[n]) continue;
+  std::vector<size_t> marked;
+  marked.swap(g->marked);
+  for (size_t i = 0; i < marked.size(); ++i) {
+    size_t n = marked[i];
     g->dirty[n] = 0;
     KernelNode& k = g->nodes[n];
     CUresult r = exec == nullptr
                      ? d.set_kernel_params(k.node, &k.params)
                      : d.exec_set_kernel_params(reinterpret_cast<CUgraphExec>(exec), k.node, &k.params);
     if (r != CUDA_SUCCESS) {
+      for (size_t j = i + 1; j < marked.size(); ++j) g->dirty[marked[j]] = 0;
       const char* call = exec == nullptr ? "cuGraphKernelNodeSetParams" : "cuGraphExecKernelNodeSetParams";
       return ffi::Error::Internal("jaxgraph_replay: rebinding kernel " + k.name + ": " + DriverError(call, r));
     }
@@ -206,58 +275,19 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
     (*slot)->exec = nullptr;  // stays null if instantiating throws: never destroyed twice
     (*slot)->exec = Instantiate(g);
     (*slot)->addr = addresses;
+    (*slot)->key = BoundKey(*g, addresses);
+    (*slot)->last_use = 0;
   } catch (const std::exception& e) {
     return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
   }
   return ffi::Error::Success();
 }
 
-// The executable to launch for `addresses`:
-// - one whose bound arguments already match (a hit): launched as it is;
-// - the executable made at registration, if never launched: instantiated
-//   afresh at these addresses (the first call);
-// - when the closest one would need many sites rewritten (kRebindWorthAnExec)
-//   and fewer than kMaxExecs exist: a fresh one at these addresses, so buffers
-//   that alternate between a few addresses keep one executable each;
-// - otherwise the closest one (least recently used on a tie), its differing
-//   kernel arguments updated in place: a buffer that changes on every call is
-//   rebound alone.
-constexpr size_t kRebindWorthAnExec = 8;
-
+// Kernel arguments of bound buffers that differ between `slot` and `addresses`.
 inline size_t Cost(const DeviceGraph& g, const ExecSlot& slot, const std::vector<uint64_t>& addresses) {
   size_t sites = 0;
   for (size_t i : g.bound) sites += slot.addr[i] == addresses[i] ? 0 : g.buffers[i].sites.size();
   return sites;
-}
-
-inline ffi::Error PrepareExec(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** out) {
-  ExecSlot* pick = nullptr;
-  size_t best = SIZE_MAX;
-  for (ExecSlot& slot : g->slots) {
-    size_t cost = Cost(*g, slot, addresses);
-    if (cost < best || (cost == best && slot.last_use < pick->last_use)) {
-      pick = &slot;
-      best = cost;
-    }
-  }
-  if (best != 0) {
-    if (pick->last_use == 0) {
-      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
-    } else if (best >= kRebindWorthAnExec && g->slots.size() < kMaxExecs) {
-      pick = nullptr;
-      if (auto e = InstantiateAt(g, addresses, &pick); e.failure()) return e;
-    } else {
-      RetargetAll(g, addresses);
-      MarkChanged(g, &pick->addr, addresses);
-      if (auto e = WriteMarked(g, pick->exec); e.failure()) {
-        ForgetAddresses(&pick->addr);
-        return e;
-      }
-    }
-  }
-  pick->last_use = ++g->calls;
-  *out = pick;
-  return ffi::Error::Success();
 }
 
 }  // namespace jaxgraph

@@ -8,9 +8,11 @@
 //
 // - `init` (one thread) reads R (fixed, or from a device int32), clears the
 //   stop flag, zeroes the counters and sets h for the first trip.
-// - The WHILE body holds K copies of the step as child-graph nodes, so the
-//   ~4 us a trip costs is paid once per K steps. With a stop flag (`until`)
-//   every copy sits in an IF node behind a one-thread `guard` kernel that
+// - The WHILE body holds K copies of the step as child-graph nodes, so what a
+//   trip costs (4.2-4.8 us at N=1 on the H100: the WHILE trip table of
+//   benchmarks/results/nvidia-h100-80gb-hbm3-loops.md) is paid once per K
+//   steps. With a stop flag (`until`) every copy sits in an IF node behind a
+//   one-thread `guard` kernel that
 //   runs it only while steps remain and the flag is clear, so no step runs
 //   after the one that set the flag; the tail then re-arms h.
 // - Without a flag, the R mod K steps left over run after the loop: unrolled

@@ -6,8 +6,9 @@
 // places that hold those addresses ("sites": a kernel node and one 8-byte
 // argument) are found once, at registration, and rewritten whenever XLA's
 // addresses change: in the template before a fresh executable is made from
-// it, or in an executable in place (device_graph.h, conditional_graph.h); in
-// the node copies added to XLA's command buffer (graph_splice.h).
+// it, or in an executable in place (device_graph.h; bind_policy.h chooses;
+// conditional_graph.h); in the node copies added to XLA's command buffer
+// (graph_splice.h).
 //
 // A buffer is copied instead (the old way) where rebinding could be wrong:
 // its address sits inside a struct argument or a kernel passes `extra`
@@ -62,6 +63,7 @@ enum class BindMode : int {
   kBound = 0,   // kernel arguments pointed at XLA's buffer
   kCopied = 1,  // copied in (inputs) or out (outputs) around the replay
   kUnused = 2,  // no node jaxgraph can read refers to it: copied in case the graph reaches it otherwise
+  kCopiedByCost = 3,  // could be bound, but copying costs less (bind_policy.h)
 };
 
 struct Binding {

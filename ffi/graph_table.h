@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bind_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
@@ -147,14 +148,18 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     g->owns_graph = false;
   } else {
     cudaGraph_t clone = nullptr;
+    int64_t before = ResidentBytes();
     cudaError_t err = cudaGraphClone(&clone, reinterpret_cast<cudaGraph_t>(graph));
     if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphClone", err));
     g->graph = reinterpret_cast<CUgraph>(clone);
+    g->memory.clone_host = Grown(before, ResidentBytes());
   }
   if (options.bind) {
+    int64_t before = ResidentBytes();
     GraphScan scan(&g->buffers, options.scan, g->num_inputs);
     scan.Scan(g->graph, &g->nodes);
     g->conditionals = std::max(g->conditionals, scan.conditionals());  // nested ones too
+    g->memory.binding_host = Grown(before, ResidentBytes());
   } else {
     for (auto& b : g->buffers) b.Copy("bind='copy' was asked for");
   }
@@ -176,8 +181,10 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     if (g->buffers[i].mode == BindMode::kBound && !g->buffers[i].sites.empty()) g->bound.push_back(i);
   }
   g->dirty.assign(g->nodes.size(), 0);
+  g->misses.assign(g->buffers.size(), 0);
   for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
   g->template_addr = g->static_addr;
+  g->nodes_addr = g->static_addr;
   if (g->conditionals > 0) {
     g->unflattenable = "the graph has conditional nodes, which CUDA cannot place in another graph";
     PrepareConditional(g.get(), options.borrowed_exec);
@@ -187,7 +194,8 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
     g->unflattenable = "the graph's nodes could not be ordered";
   }
-  AddSlot(g.get());  // the first executable now, so the first call only launches
+  AddFirstSlot(g.get());  // the first executable now, so the first call only launches
+  ChooseAtRegistration(g.get());
   return g;
 }
 

@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "bind_policy.h"
+#include "capture_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
@@ -54,7 +56,11 @@ ffi::Error CheckBytes(const char* what, size_t index, size_t got, size_t want) {
 
 ffi::Error Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0 || dst == src) return ffi::Error::Success();
+  auto start = std::chrono::steady_clock::now();
   cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  counters.copy_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+      std::memory_order_relaxed);
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaMemcpyAsync", err));
   counters.copy.fetch_add(1, std::memory_order_relaxed);
   return ffi::Error::Success();
@@ -86,13 +92,14 @@ ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::Rema
 }
 
 // Copies the inputs in (or, with `outputs`, the outputs out) that are copied:
-// all of them when `everything` (a graph spliced whole at its static addresses).
+// all of them when `everything` (a graph spliced whole at its static addresses),
+// and the bound ones `also` names (a recording's plan, capture_policy.h).
 ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool outputs,
-                       bool everything, cudaStream_t stream) {
+                       bool everything, const std::vector<char>& also, cudaStream_t stream) {
   size_t begin = outputs ? g->num_inputs : 0, end = outputs ? g->buffers.size() : g->num_inputs;
   for (size_t i = begin; i < end; ++i) {
     const Binding& b = g->buffers[i];
-    if (!b.Moves() && !everything) continue;
+    if (!b.Moves() && !everything && (also.empty() || !also[i])) continue;
     void* xla = reinterpret_cast<void*>(addresses[i]);
     void* static_array = reinterpret_cast<void*>(b.base);
     auto e = outputs ? Copy(xla, static_array, b.bytes, stream) : Copy(static_array, xla, b.bytes, stream);
@@ -115,8 +122,11 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));
   bool splice = status == cudaStreamCaptureStatusActive;
   if (splice && g->conditionals > 0) return CapturedConditional(target);
-  bool whole = splice && !g->unflattenable.empty();  // spliced as one child graph: copy everything
-  if (auto e = CopyBuffers(g, addresses, false, whole, stream); e.failure()) return e;
+  // Under capture (XLA recording), which bound buffers stay bound (capture_policy.h).
+  CapturePlan plan = splice ? PlanCapture(g) : CapturePlan{};
+  bool whole = splice && (plan.whole || !g->unflattenable.empty());  // one child graph: copy everything
+  if (whole) plan.copy.clear();
+  if (auto e = CopyBuffers(g, addresses, false, whole, plan.copy, stream); e.failure()) return e;
   if (g->conditionals > 0) {
     if (auto e = LaunchConditional(g, stream, addresses); e.failure()) return e;
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
@@ -129,17 +139,30 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (auto e = SpliceWhole(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceWhole);
   } else if (splice) {
-    RetargetAll(g, addresses);
+    RetargetAll(g, SpliceAddresses(*g, addresses, plan));
     if (auto e = SpliceNodes(g->order, g->nodes, stream); e.failure()) return e;
     counters.Count(ReplayPath::kSpliceNodes);
   } else {
-    ExecSlot* slot = nullptr;
-    if (auto e = PrepareExec(g, addresses, &slot); e.failure()) return e;
-    err = cudaGraphLaunch(slot->exec, stream);
+    using Clock = std::chrono::steady_clock;
+    auto start = Clock::now();
+    Prepared prepared;
+    if (auto e = PrepareExec(g, addresses, &prepared); e.failure()) return e;
+    auto launch = Clock::now();
+    err = cudaGraphLaunch(prepared.slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
+    auto end = Clock::now();
+    counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launch).count(),
+                                 std::memory_order_relaxed);
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
+    using Ns = std::chrono::duration<double, std::nano>;
+    NoteLaunch(g, prepared, Ns(launch - start).count(), Ns(end - launch).count());
+    if (auto e = CopyBuffers(g, addresses, true, false, plan.copy, stream); e.failure()) return e;
+    // After the copies out: a buffer switched to copying is copied from the next call. Not once
+    // XLA has recorded the graph: a recording that copied one more buffer would differ in shape
+    // from XLA's earlier ones, which XLA cannot update from (capture_policy.h).
+    return g->capture_policy >= 0 ? ffi::Error::Success() : Adapt(g);
   }
-  return CopyBuffers(g, addresses, true, whole, stream);
+  return CopyBuffers(g, addresses, true, whole, plan.copy, stream);
 }
 
 ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
@@ -290,23 +313,68 @@ NB_MODULE(_replay, m) {
     d["splice_whole_reason"] = g->unflattenable;
     d["borrowed_exec"] = g->borrowed_exec;
     d["exec_update_whole"] = g->exec_update_whole;
+    d["executables"] = g->slots.size();
+    d["max_executables"] = g->max_execs;
+    d["exec_device_bytes"] = g->memory.exec_device;
+    d["exec_host_bytes"] = g->memory.exec_host;
+    d["clone_host_bytes"] = g->memory.clone_host;
+    d["binding_host_bytes"] = g->memory.binding_host;
+    d["rewrite_ns_per_site"] = g->site_ns;
     return d;
   }, nb::arg("id"), nb::arg("device"),
      "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional "
      "nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', "
-     "'borrowed_exec', 'exec_update_whole'.");
+     "'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, "
+     "'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured "
+     "at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), "
+     "'binding_host_bytes' (argument copies and sites), host figures from the process's resident "
+     "memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in "
+     "place, measured; -1 not yet).");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
+  m.def("set_capture_policy", [](int policy) {
+    if (policy < static_cast<int>(CapturePolicy::kAuto) || policy > static_cast<int>(CapturePolicy::kWhole)) {
+      throw std::invalid_argument("capture policy must be a code of codes()['capture'], got " +
+                                  std::to_string(policy));
+    }
+    return capture_policy.exchange(policy);
+  }, nb::arg("policy"),
+     "Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs "
+     "recorded for the first time from now on (a graph keeps the policy of its first recording); "
+     "returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).");
+  // The bind-or-copy policy's decisions on given figures (bind_policy.h), for tests and readers.
+  m.def("policy_exec_budget", &ExecBudget, nb::arg("exec_bytes"), nb::arg("nodes"),
+        "Executables a graph keeps when one takes `exec_bytes` of device memory (-1: estimated from `nodes`).");
+  m.def("policy_copy_at_registration", [](size_t sites, const std::vector<uint64_t>& bytes, size_t max_execs) {
+    double copy = 0;
+    for (uint64_t b : bytes) copy += CopyNs(b);
+    return CopyAtRegistration(sites, copy, max_execs);
+  }, nb::arg("sites"), nb::arg("bytes"), nb::arg("max_execs"),
+     "Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.");
+  m.def("policy_copy_after_misses", [](uint32_t misses, uint64_t calls, size_t sites, double site_ns,
+                                       const std::vector<uint64_t>& bytes) {
+    double copy = 0;
+    for (uint64_t b : bytes) copy += CopyNs(b);
+    return CopyAfterMisses(misses, calls, sites, site_ns, copy);
+  }, nb::arg("misses"), nb::arg("calls"), nb::arg("sites"), nb::arg("site_ns"), nb::arg("bytes"),
+     "Whether a bound array whose address was new on `misses` of `calls` calls switches to copying.");
   m.def("codes", []() {
     nb::dict binding, path, out;
     binding["bound"] = static_cast<int>(BindMode::kBound);
     binding["copied"] = static_cast<int>(BindMode::kCopied);
     binding["unused"] = static_cast<int>(BindMode::kUnused);
+    binding["copied_by_cost"] = static_cast<int>(BindMode::kCopiedByCost);
     path["launch"] = static_cast<int>(ReplayPath::kLaunch);
     path["splice_nodes"] = static_cast<int>(ReplayPath::kSpliceNodes);
     path["splice_whole"] = static_cast<int>(ReplayPath::kSpliceWhole);
     path["uncaptured_launch"] = static_cast<int>(ReplayPath::kUncapturedLaunch);
+    nb::dict capture;
+    capture["auto"] = static_cast<int>(CapturePolicy::kAuto);
+    capture["bind"] = static_cast<int>(CapturePolicy::kBind);
+    capture["copy"] = static_cast<int>(CapturePolicy::kCopy);
+    capture["whole"] = static_cast<int>(CapturePolicy::kWhole);
     out["binding"] = binding;
     out["path"] = path;
+    out["capture"] = capture;
     return out;
   }, "The codes describe_bindings and describe_graph use, by name.");
   m.def("counters", []() {
@@ -318,10 +386,15 @@ NB_MODULE(_replay, m) {
     c["instantiate"] = counters.instantiate.load();
     c["rebind"] = counters.rebind.load();
     c["copy"] = counters.copy.load();
+    c["to_copy"] = counters.to_copy.load();
     c["handler_calls"] = counters.handler_calls.load();
     c["handler_ns"] = counters.handler_ns.load();
+    c["launch_ns"] = counters.launch_ns.load();
+    c["copy_ns"] = counters.copy_ns.load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
-     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies; "
-     "handler calls and their total host time in ns.");
+     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
+     "bound buffers switched to copying by cost; "
+     "handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch "
+     "(launch_ns) and inside cudaMemcpyAsync (copy_ns).");
 }

@@ -242,7 +242,7 @@ def context_address(device: int) -> int:
 
 
 def _current_context() -> int:
-    """``cuCtxGetCurrent()`` as an integer: natively where the extension is built (~0.1 us)."""
+    """``cuCtxGetCurrent()`` as an integer: natively where the extension is built."""
     global _current_context_fn
     if _current_context_fn is None:
         try:

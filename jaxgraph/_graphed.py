@@ -263,7 +263,13 @@ def make_graphed_callables(callables: Callable[..., Any] | tuple, sample_args: t
     write every element of each output it returns. A callable that updates an
     argument in place and returns it gets that argument's new value back; one
     that updates an argument without returning it is, inside ``jax.jit``, a
-    function that ignores the update.
+    function that ignores the update. Inside ``jax.jit`` an argument returned
+    updated in place is one XLA buffer (the replay's output aliases its
+    operand), so a loop (``lax.fori_loop``, ``lax.scan``) carries such state
+    without copies; a callable that returns new arrays makes XLA copy each of
+    them into the loop's carry on every trip (``examples/gray_scott.py``
+    ping-pongs between its state and a scratch pair so that its last kernel
+    writes the state).
 
     .. warning:: This API is in beta and may change in future releases.
 

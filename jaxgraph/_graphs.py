@@ -56,9 +56,10 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
     :meth:`capture_end`), ENDED; :meth:`reset` returns to NOT_STARTED.
 
     *The template after keep_graph=False.* PyTorch destroys the ``cudaGraph_t``
-    once instantiated. jaxgraph keeps it *privately*:
-    replay inside ``jax.jit`` splices the template into XLA's own command
-    buffer as a child graph. The public behaviour is PyTorch's:
+    once instantiated. jaxgraph keeps it *privately*: replay inside
+    ``jax.jit`` reads it (a clone, or for a graph with conditional nodes the
+    template itself), to rebind its kernels to XLA's buffers and to add its
+    nodes to XLA's own command buffer. The public behaviour is PyTorch's:
     :meth:`raw_cuda_graph`, :meth:`debug_dump` and :meth:`get_graph_data`
     raise once the public template is gone. :meth:`reset` destroys both.
 

@@ -62,8 +62,9 @@ def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
     Every call carries its own ``call`` attribute, so two calls on the same
     operands are different operations and XLA never merges them: each call
     replays, as each ``g.replay()`` does. Calls are not side-effecting unless
-    ``spec.side_effects`` (on an H100 ``has_side_effect`` made an empty call
-    cost 114 us instead of 37): XLA removes a call whose outputs are unused.
+    ``spec.side_effects`` (``has_side_effect`` made a call cost 175 us instead of
+    47 on the H100: ``benchmarks/side_effect_cost.py``): XLA removes a call whose
+    outputs are unused.
     ``vmap`` replays once per batch element, in sequence.
 
     Inside ``jax.shard_map`` (and ``jax.pmap``, which JAX runs as one) the
@@ -154,6 +155,17 @@ class GraphInfo(NamedTuple):
     out of XLA's command buffers); ``kernel_nodes``: kernel nodes read for
     binding (conditional bodies included); ``borrowed_exec``: the CUDAGraph's
     own executable is shared (CUDA made no second one of a conditional graph).
+
+    What the graph holds on its device, besides the clone of the template in
+    host memory: ``executables`` kept now, at most ``max_executables`` (fewer
+    when one is large), each taking ``exec_device_bytes`` of device memory
+    (measured at registration; -1 when it could not be). Host memory measured
+    at registration from the process's resident size around each step
+    (approximate, -1 unknown): ``exec_host_bytes`` (one executable),
+    ``clone_host_bytes`` (the clone of the template) and ``binding_host_bytes``
+    (the kernel nodes' argument copies and sites). ``rewrite_ns_per_site``
+    is the measured host time to rewrite one kernel argument in an executable
+    (-1 until a call did), which decides when a bound buffer is better copied.
     """
 
     paths: tuple
@@ -161,6 +173,18 @@ class GraphInfo(NamedTuple):
     kernel_nodes: int
     splice_whole_reason: str
     borrowed_exec: bool
+    executables: int = 0
+    max_executables: int = 0
+    exec_device_bytes: int = -1
+    rewrite_ns_per_site: float = -1.0
+    exec_host_bytes: int = -1
+    clone_host_bytes: int = -1
+    binding_host_bytes: int = -1
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory its executables take now (-1 when unknown)."""
+        return self.executables * self.exec_device_bytes if self.exec_device_bytes >= 0 else -1
 
 
 class Registration(NamedTuple):
@@ -201,7 +225,9 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
     """How calls of ``graph_id`` on ``device`` run."""
     d = native("replay").describe_graph(graph_id, device)
     return GraphInfo(paths_from_codes(d["paths"]), int(d["conditionals"]), int(d["kernel_nodes"]),
-                     d["splice_whole_reason"], bool(d["borrowed_exec"]))
+                     d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
+                     int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
+                     int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]))
 
 
 def retire(graph_id: int, device: int = -1) -> None:

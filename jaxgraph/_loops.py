@@ -14,7 +14,7 @@ replays with one ``cuGraphLaunch``, but a Python loop of replays (or a
     jax.jit(lambda u, n: loop(u, steps=n))(u, 500)             # inside jit, n traced
 
 Inside the graph (``ffi/device_loop.cc`` builds it), a CUDA WHILE node runs
-K copies of the step per trip (``unroll=K``): a trip costs about 4 us on an
+K copies of the step per trip (``unroll=K``): a trip costs 4.2-4.8 us on an
 H100, so unrolling amortises it over K steps. ``feed`` says which output
 becomes which input for the next step; the copies alternate between the step
 and a clone with those buffers swapped (ping-pong, no copies), and after the
@@ -42,8 +42,9 @@ from ._graphs import CUDAGraph
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
 
-# One WHILE trip costs ~4.3 us over the unrolled floor on the H100 (DESIGN.md);
-# a kernel node ~1 us. Unroll until the trip is at most this share of a trip's steps.
+# One WHILE trip costs 4.2-4.8 us over the unrolled floor at N=1 on the H100, a kernel
+# node ~1 us (benchmarks/results/nvidia-h100-80gb-hbm3-loops.md: the WHILE trip table,
+# loop_unrolled). Unroll until the trip is at most this share of a trip's steps.
 _TRIP_US = 4.3
 _NODE_US = 1.0
 _TRIP_SHARE = 0.05
@@ -232,7 +233,7 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     Notes
     -----
     Cost per step: unrolled copies cost what the step costs; each trip adds
-    about 4 us and each guarded step (``until``) a one-thread kernel and an
+    4.2-4.8 us and each guarded step (``until``) a one-thread kernel and an
     IF node. Without ``until`` the R mod K steps left after the trips run
     unrolled (R fixed) or behind log2(K) IF nodes (R read on the device).
 
@@ -265,7 +266,7 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
-    """K such that a WHILE trip (~4.3 us) costs at most ~5% of its K steps (~1 us per kernel node).
+    """K such that a WHILE trip (taken as 4.3 us) costs at most ~5% of its K steps (~1 us per kernel node).
 
     ``default_unroll(1) == 64`` (capped), ``default_unroll(10) == 10``, ``default_unroll(100) == 2``.
     """

@@ -32,16 +32,36 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'.
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the process's resident memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place, measured; -1 not yet).
     """
 
 def live_graphs() -> int:
     """Number of live (graph, device) entries."""
+
+def set_capture_policy(policy: int) -> int:
+    """
+    Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs recorded for the first time from now on (a graph keeps the policy of its first recording); returns the previous code. For tests and benchmarks (benchmarks/capture_policies.py).
+    """
+
+def policy_exec_budget(exec_bytes: int, nodes: int) -> int:
+    """
+    Executables a graph keeps when one takes `exec_bytes` of device memory (-1: estimated from `nodes`).
+    """
+
+def policy_copy_at_registration(sites: int, bytes: Sequence[int], max_execs: int) -> bool:
+    """
+    Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.
+    """
+
+def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float, bytes: Sequence[int]) -> bool:
+    """
+    Whether a bound array whose address was new on `misses` of `calls` calls switches to copying.
+    """
 
 def codes() -> dict:
     """The codes describe_bindings and describe_graph use, by name."""
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies; handler calls and their total host time in ns.
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost; handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch (launch_ns) and inside cudaMemcpyAsync (copy_ns).
     """

@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 from ._native import native
 
-__all__ = ["BindingMode", "BufferBinding", "ReplayPath", "binding_from_row", "counters", "paths_from_codes"]
+__all__ = ["BindingMode", "BufferBinding", "CapturePolicy", "ReplayPath", "binding_from_row", "counters",
+           "paths_from_codes", "set_capture_policy"]
 
 
 class BindingMode(str, enum.Enum):
@@ -29,6 +30,11 @@ class BindingMode(str, enum.Enum):
     UNUSED = "unused"
     """No node jaxgraph can read refers to it; copied in case the graph reaches it through
     device memory (``drop_unreferenced`` leaves such inputs out of the call)."""
+    COPIED_BY_COST = "copied_by_cost"
+    """Could be bound, but copying costs less: many kernel arguments point at it (state updated
+    in place by every kernel) and either the graph keeps one executable (a large graph: decided
+    at registration) or XLA's address for it kept changing (decided after some calls). The
+    ``reason`` gives the figures."""
 
     def __str__(self) -> str:
         return self.value
@@ -60,12 +66,39 @@ class ReplayPath(str, enum.Enum):
         return self.value
 
 
+class CapturePolicy(str, enum.Enum):
+    """How a replay goes into XLA's command buffer when XLA records it (``ffi/capture_policy.h``).
+
+    XLA records the call again when its buffers move to addresses it holds
+    no recording for, and updates its executable in place: a bound buffer's
+    kernel arguments are rewritten there, a copied one changes one memcpy
+    node, which costs a copy on every call. ``BIND`` is the default (where
+    XLA's addresses recur, as in a jitted loop, nothing is re-recorded and a
+    copy would cost every call for nothing); ``AUTO`` suits buffers that cycle
+    through more addresses than XLA keeps recordings for. The others exist to
+    compare the ways (``benchmarks/capture_policies.py``).
+    """
+
+    AUTO = "auto"
+    """By cost (``ffi/capture_policy.h``): a bound buffer held by many kernel arguments and small
+    enough to copy cheaply is copied, the rest bound."""
+    BIND = "bind"
+    """Every bound buffer bound in the spliced nodes (no copies)."""
+    COPY = "copy"
+    """Every bound buffer copied around the spliced nodes, which keep the static arrays."""
+    WHOLE = "whole"
+    """The static template spliced as one child-graph node, every buffer copied."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class BufferBinding(NamedTuple):
     """How one static buffer meets XLA's buffer in a jitted replay.
 
     ``mode`` is a :class:`BindingMode`; ``sites`` counts the kernel arguments
-    rewritten when XLA's address changes (bound buffers); ``reason`` says why
-    a buffer is copied or unused, for people (never parsed).
+    that point at it (rewritten when XLA's address of a bound buffer changes);
+    ``reason`` says why a buffer is copied or unused, for people (never parsed).
     """
 
     kind: str
@@ -83,8 +116,23 @@ class BufferBinding(NamedTuple):
 
 def counters() -> dict[str, int]:
     """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``,
-    ``rebind``, ``copy``, ``handler_calls`` and ``handler_ns``."""
+    ``rebind``, ``copy``, ``to_copy`` (bound buffers switched to copying by their cost),
+    ``handler_calls``, ``handler_ns``, and the parts of ``handler_ns`` spent inside
+    ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside ``cudaMemcpyAsync`` (``copy_ns``)."""
     return dict(native("replay").counters())
+
+
+def set_capture_policy(policy: CapturePolicy | str) -> CapturePolicy:
+    """Set the :class:`CapturePolicy` of graphs XLA records for the first time from now on; return
+    the previous one.
+
+    Process-wide, for tests and benchmarks. A graph keeps the policy of its
+    first recording: XLA can update a recorded call only from a recording of
+    the same shape, so a replayable made before the change keeps its way.
+    """
+    policy = CapturePolicy(policy)  # ValueError names the bad value
+    previous = native("replay").set_capture_policy(native("replay").codes()["capture"][policy.value])
+    return _codes()["capture"][int(previous)]
 
 
 def binding_from_row(row: tuple) -> BufferBinding:
@@ -104,7 +152,8 @@ def _codes() -> dict:
     if _CODE_TABLE is None:
         table = native("replay").codes()
         _CODE_TABLE = {"binding": {code: BindingMode(name) for name, code in table["binding"].items()},
-                       "path": {code: ReplayPath(name) for name, code in table["path"].items()}}
+                       "path": {code: ReplayPath(name) for name, code in table["path"].items()},
+                       "capture": {code: CapturePolicy(name) for name, code in table["capture"].items()}}
     return _CODE_TABLE
 
 

@@ -6,6 +6,10 @@ cuda.bindings, capturing each body on a side stream (cuStreamBeginCaptureToGraph
 as PyTorch does. :class:`Conditionals` records the bodies and the kernels
 launched in them, which :func:`replayable` hands to the replay (the capture
 API records them itself).
+
+Tests internals (listed in tests/README.md): ``_replay_args.source_of`` patched with the
+bodies of hand-made conditional nodes; conditional nodes built with cuda.bindings inside a
+jaxgraph capture, beside the capture API.
 """
 
 import contextlib
@@ -22,54 +26,15 @@ import jaxgraph._replayable
 from jaxgraph._kernel_load import node_handles
 from jaxgraph._replay_args import source_of
 from jaxgraph._signature import access_flags
+from kernels import ACCUMULATE, AXPB, LOOP_FLAG, SET_CONDITIONAL
 
 N = 4096
 BLOCK = 256
 GRID = (N + BLOCK - 1) // BLOCK
 
-KERNELS = r"""
-// cudaGraphSetConditional as <cuda_device_runtime_api.h> declares it (a builtin: no device
-// runtime to link), spelled out because NVIDIA's runtime wheel lacks that header's crt/ includes.
-extern "C" __device__ __attribute__((cudart_builtin)) void cudaGraphSetConditional(unsigned long long handle,
-                                                                                 unsigned int value);
+KERNELS = SET_CONDITIONAL + LOOP_FLAG + AXPB + ACCUMULATE
 
-// The condition of `handle` from a device value: a predicate, a switch index, a trip count.
-extern "C" __global__ void set_condition(unsigned long long handle, const int* value) {
-  cudaGraphSetConditional(handle, (unsigned int)value[0]);
-}
-
-// Before a WHILE node: n trips (clamped, so a wrong binding cannot hang the GPU).
-extern "C" __global__ void start_count(unsigned long long handle, int* counter, const int* n) {
-  int trips = min(max(n[0], 0), 64);
-  counter[0] = trips;
-  cudaGraphSetConditional(handle, trips > 0 ? 1u : 0u);
-}
-
-// One WHILE trip done: count down, loop again while trips are left.
-extern "C" __global__ void count_down(unsigned long long handle, int* counter) {
-  int left = --counter[0];
-  cudaGraphSetConditional(handle, left > 0 ? 1u : 0u);
-}
-
-// A loop flag written by kernels, for the capture API's WHILE regions.
-extern "C" __global__ void start_loop(int* counter, int* flag, const int* n) {
-  counter[0] = min(max(n[0], 0), 64);
-  flag[0] = counter[0] > 0;
-}
-extern "C" __global__ void step_loop(int* counter, int* flag) { flag[0] = --counter[0] > 0; }
-
-extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-
-extern "C" __global__ void accumulate(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += x[i];
-}
-"""
-
-NAMES = ("set_condition", "start_count", "count_down", "start_loop", "step_loop", "axpb", "accumulate")
+NAMES = ("set_condition", "start_count", "count_down_while", "start_loop", "step_loop", "axpb", "accumulate")
 
 # XLA flag settings the jit tests run under, one worker process each.
 XLA_MODES = {
@@ -172,6 +137,23 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
 # ----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def counted_while(k, cond, x, y, n, counter):
+    """In a capture: y = 0, then a WHILE node of ``n[0]`` trips (none when 0, at most 64).
+
+    Yields the body's stream; the body's last kernel, added on leaving, counts the trip
+    down in ``counter`` (an int32[1] allocated before the capture).
+    """
+    s = jaxgraph.current_stream()
+    k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
+    h = cond.handle(s)
+    k.start_count[1, 1](h, counter, n)
+    (body,) = cond.add(s, h, "WHILE")
+    with cond.body(body) as b:
+        yield b
+        cond.launch(k.count_down_while, b, h, counter, grid=1, block=1)
+
+
 def ref_if_else(xv, p):
     return 2 * xv + 1 if p[0] else -xv
 
@@ -205,14 +187,8 @@ def while_graph(k):
     cond = Conditionals(jaxgraph.current_device())
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        s = jaxgraph.current_stream()
-        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
-        h = cond.handle(s)
-        k.start_count[1, 1](h, counter, n)  # no trip when n == 0
-        (body,) = cond.add(s, h, "WHILE")
-        with cond.body(body) as b:
+        with counted_while(k, cond, x, y, n, counter) as b:
             cond.launch(k.accumulate, b, y, x, N)
-            cond.launch(k.count_down, b, h, counter, grid=1, block=1)
 
     return g, cond, [x, n], [y], ref_while
 
@@ -224,18 +200,12 @@ def nested_graph(k):
     cond = Conditionals(jaxgraph.current_device())
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        s = jaxgraph.current_stream()
-        k.axpb[GRID, BLOCK](y, x, 0.0, 0.0, N)
-        h = cond.handle(s)
-        k.start_count[1, 1](h, counter, n)
-        (body,) = cond.add(s, h, "WHILE")
-        with cond.body(body) as b:
+        with counted_while(k, cond, x, y, n, counter) as b:
             inner = cond.handle(b)
             cond.launch(k.set_condition, b, inner, pred, grid=1, block=1)
             (then,) = cond.add(b, inner, "IF")
             with cond.body(then) as bb:
                 cond.launch(k.accumulate, bb, y, x, N)
-            cond.launch(k.count_down, b, h, counter, grid=1, block=1)
 
     def ref(xv, nv, p):
         return np.float32(nv[0]) * xv if p[0] else np.zeros_like(xv)

@@ -9,38 +9,11 @@ import types
 import numpy as np
 
 import jaxgraph
+from kernels import ADD, AXPB, BLOCK_SUM, SCALE
 
 BLOCK = 256
 
-GRAPH_KERNELS = r"""
-extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-
-extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
-}
-
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-
-// out[0] += sum(x): out must be zeroed first (a memset in the same graph).
-extern "C" __global__ void block_sum(float* out, const float* x, int n) {
-  __shared__ float partial[256];
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  partial[threadIdx.x] = i < n ? x[i] : 0.0f;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) atomicAdd(out, partial[0]);
-}
-"""
+GRAPH_KERNELS = AXPB + SCALE + ADD + BLOCK_SUM
 
 KERNEL_NAMES = ("axpb", "scale", "add", "block_sum")
 
@@ -93,11 +66,49 @@ def replay_and_check(g, outputs, expected, rtol=1e-6, atol=0.0):
         np.testing.assert_allclose(out.numpy(), want, rtol=rtol, atol=atol)
 
 
+class NullBuffer:
+    """A foreign device buffer at address 0 (CUDA Array Interface v3): never read, written or launched."""
+
+    def __init__(self, shape, dtype):
+        self.__cuda_array_interface__ = {"data": (0, False), "shape": tuple(shape),
+                                         "typestr": np.dtype(dtype).str, "version": 3}
+
+
+def null_array(shape=(4,), dtype=np.float32):
+    """A DeviceArray at address 0 made by the public ``jaxgraph.asarray`` (no device needed),
+    for argument checks that must fail before anything touches it."""
+    return jaxgraph.asarray(NullBuffer(shape, dtype))
+
+
 def free_device_bytes():
     """Free device memory (after all work finished), from cuMemGetInfo."""
-    jaxgraph.synchronize()
-    free, _total = jaxgraph._driver.check(jaxgraph._driver.driver().cuMemGetInfo(), "cuMemGetInfo")
-    return int(free)
+    jaxgraph.synchronize()  # also makes the device's primary context current on this thread
+    return int(driver_call("cuMemGetInfo")[0])
+
+
+def driver_call(name, *args):
+    """``cuda.bindings.driver.<name>(*args)``'s values; a CUresult other than success fails the test."""
+    from cuda.bindings import driver
+
+    err, *values = getattr(driver, name)(*args)
+    assert err == driver.CUresult.CUDA_SUCCESS, f"{name}: {err}"
+    return values
+
+
+def path_calls(before: dict, after: dict) -> dict:
+    """Calls per native replay path between two ``internals.counters()`` snapshots.
+
+    One key per :class:`jaxgraph.ReplayPath` that the extension counts, so a test asserts
+    exactly which path ran: ``path_calls(b, a) == {"launch": 4, "splice_nodes": 0, ...}``;
+    ``before={}`` reads ``after`` as a change already taken.
+    """
+    paths = [p.value for p in jaxgraph.ReplayPath if p is not jaxgraph.ReplayPath.HOST_CALLBACK]
+    return {p: after[p] - before.get(p, 0) for p in paths}
+
+
+def launched(calls: int) -> dict:
+    """``path_calls`` of ``calls`` calls that each launched the graph on XLA's stream (no command buffer)."""
+    return {"launch": calls, "splice_nodes": 0, "splice_whole": 0, "uncaptured_launch": 0}
 
 
 MiB = 1 << 20
@@ -106,6 +117,7 @@ MiB = 1 << 20
 # ---------------------------------------------------------------------------
 # Philox-4x32-10 in numpy: the reference for jaxgraph.Generator
 # ---------------------------------------------------------------------------
+
 
 _MASK = np.uint64(0xFFFFFFFF)
 
@@ -164,6 +176,7 @@ def ref_normal(seed, offset, n):
 XLA_MODES = {
     "off": "--xla_gpu_enable_command_buffer=",
     "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
+    "defaults": None,  # XLA_FLAGS unset: JAX's own command-buffer settings
 }
 
 
@@ -172,7 +185,11 @@ def run_xla_worker(worker, src, tmp_path, mode, seed):
     the array it saved and the JSON it printed after ``REPORT ``."""
     (tmp_path / "src.cu").write_text(src)
     out = tmp_path / f"{mode}.npy"
-    env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    if XLA_MODES[mode] is not None:
+        env["XLA_FLAGS"] = XLA_MODES[mode]
     proc = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "src.cu"), str(seed), str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"

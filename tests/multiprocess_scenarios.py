@@ -15,6 +15,10 @@ check of ``ShardedGraph.check_devices`` on graph-less specs and stand-in GPU
 devices. ``gpu``: graphs captured on each process's GPU, replayed inside one
 jitted ``shard_map`` over the global mesh; ``--errors`` adds the failures
 that must be caught before anything runs, with real captures.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``,
+``internals.spec_sharded``; the CPU scenario lowers and checks sharded specs in every process,
+with no GPU.
 """
 
 import hashlib
@@ -31,17 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.launc
 
 from benchmarks.launch import initialize  # noqa: E402
 
+from kernels import INC, SCALE  # noqa: E402  (tests/, the script's own directory)
+
 N = 4096  # floats per process (one shard)
-SOURCE = r"""
-extern "C" __global__ void scale(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i];
-}
-extern "C" __global__ void add_one(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-"""
+SOURCE = SCALE + INC
 
 
 def reference(x):
@@ -83,9 +80,7 @@ def cpu_scenarios(rank, world, seed):
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from jaxgraph._replay_args import ReplaySpec
-    from jaxgraph._replayable import Replayable
-    from jaxgraph._sharded import DeviceCapture, ShardedGraph
+    from internals import spec_replayable, spec_sharded
 
     f32 = jax.ShapeDtypeStruct
     mesh = Mesh(np.array(jax.devices()), ("x",))
@@ -95,9 +90,8 @@ def cpu_scenarios(rank, world, seed):
     gpu_mesh = types.SimpleNamespace(devices=np.array(gpus), axis_names=("x",))
 
     def spec(graph_id, n=N, devices=(0,)):
-        step = Replayable._create(ReplaySpec((f32((n,), jnp.float32),), (f32((n,), jnp.float32),), graph_id),
-                                  via="ffi")
-        return ShardedGraph._create(step, {d: DeviceCapture(None, (), ()) for d in devices})
+        return spec_sharded(spec_replayable((f32((n,), jnp.float32),), (f32((n,), jnp.float32),), graph_id),
+                            devices)
 
     def lowered(sg):
         def body(x):
@@ -174,19 +168,19 @@ def gpu_scenarios(rank, world, seed, errors):
     f32 = jax.ShapeDtypeStruct((N,), jnp.float32)
     blocks = (N + 255) // 256
     scale = jaxgraph.Kernel(SOURCE, "scale")
-    add_one = jaxgraph.Kernel(SOURCE, "add_one")
+    inc = jaxgraph.Kernel(SOURCE, "inc")
 
     def step(x):  # y = 0.5 x + 9, ten launches
         y = jaxgraph.empty(x.shape)
         scale[blocks, 256](y, x, 0.5, N)
         for _ in range(9):
-            add_one[blocks, 256](y, N)
+            inc[blocks, 256](y, N)
         return y
 
     def triple(x):  # for make_graphed_callables: z = 3 x + 1
         z = jaxgraph.empty(x.shape)
         scale[blocks, 256](z, x, 3.0, N)
-        add_one[blocks, 256](z, N)
+        inc[blocks, 256](z, N)
         return z
 
     local = jax.local_devices()

@@ -4,6 +4,10 @@ An eager launch (``kernel[grid, block](...)``) and a call inside ``jax.jit``
 (``Kernel.jax_call``) check and encode arguments with the same code
 (``jaxgraph/_signature.py``), so the same mistake must give the same message on
 both, before anything reaches a GPU (these tests need none).
+
+Tests internals (listed in tests/README.md): ``Kernel._packer.values``, ``_signature.scalar_word``;
+eager launches and `jax_call` must encode each scalar to the same bytes; the encoder has no
+public face.
 """
 
 import jax
@@ -12,15 +16,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._array import _INTERNAL, DeviceArray
+from graph_support import null_array
+from kernels import AXPY
 
-SOURCE = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
 
 # Placeholders each path turns into its own kind of array.
 Y, X, XI = "output float32[8]", "input float32[8]", "input int32[8]"
@@ -46,15 +44,12 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def axpy(tmp_path_factory):
-    return jaxgraph.Kernel(SOURCE, "axpy<float>", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
+    return jaxgraph.Kernel(AXPY, "axpy<float>", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
 
 
 def eager_args(args):
     """DeviceArrays at address 0 for the placeholders: the checks run, nothing launches."""
-    def array(dtype):
-        return DeviceArray(0, (8,), np.dtype(dtype), 0, None, _token=_INTERNAL)
-
-    table = {Y: array(np.float32), X: array(np.float32), XI: array(np.int32)}
+    table = {Y: null_array((8,), np.float32), X: null_array((8,), np.float32), XI: null_array((8,), np.int32)}
     return tuple(table.get(a, a) if isinstance(a, str) else a for a in args)
 
 

@@ -1,4 +1,8 @@
-"""Device arrays: allocation, host copies, and zero-copy exchange with JAX, CuPy and torch."""
+"""Device arrays: allocation, host copies, and zero-copy exchange with JAX, CuPy and torch.
+
+Tests internals (listed in tests/README.md): ``_memory.hold_frees``, ``when_no_capture``,
+``release_frees``; frees deferred while captures are underway.
+"""
 
 import gc
 

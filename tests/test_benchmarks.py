@@ -82,6 +82,11 @@ def test_driver_quick_and_overrides():
     assert cfg.quick and cfg.ns == (1, 100) and cfg.repeats == 2
     assert cfg.target_ms == config.QUICK.target_ms and args.timeout_s == 120.0
     assert args.settings == ("on", "nojax") and args.out == Path("/tmp/x")
+    assert cfg.capture_policy is None
+    whole = run.build_config(run.parse_args(["--quick", "--capture-policy", "whole"]))
+    assert whole.capture_policy == "whole" and config.RunConfig.from_json(whole.to_json()) == whole
+    with pytest.raises(SystemExit):
+        run.parse_args(["--capture-policy", "sometimes"])
 
 
 def test_driver_runs_a_subset_of_the_modes_and_always_the_floor(tmp_path):
@@ -252,6 +257,83 @@ def test_prepare_records_skips_and_errors_without_raising():
     assert mode.key == "ok" and record["calls"] == mode.calls and record["per_call"] == 10
 
 
+class FakeCounters:
+    """Counters that grow by ``per_call[k]`` each call while ``settle_after`` calls have not yet been made
+    (then by ``later[k]``): a handler that re-records XLA's graph for a while, then stops."""
+
+    def __init__(self, per_call, later, settle_after):
+        self.values = dict.fromkeys(per_call, 0)
+        self.per_call, self.later, self.settle_after, self.calls = per_call, later, settle_after, 0
+
+    def __call__(self):
+        return dict(self.values)
+
+    def mode(self, key, seconds_per_call):
+        def run_calls(calls):
+            for _ in range(calls):
+                rates = self.per_call if self.calls < self.settle_after else self.later
+                for k, v in rates.items():
+                    self.values[k] += v
+                self.calls += 1
+            return calls * seconds_per_call
+
+        return harness.Mode(key, run_calls, per_call=10)
+
+
+def test_counters_per_call_and_settling():
+    counters = FakeCounters({"handler_calls": 3, "splice_nodes": 3, "handler_ns": 9000},
+                            {"handler_calls": 3, "splice_nodes": 0, "handler_ns": 2000}, settle_after=50)
+    mode = counters.mode("mixed", 1e-4)
+    mode.counters = counters
+    mode.calls = 40
+    # 40 calls a run: run 2 re-records on 10 of its calls, runs 3 and 4 on none;
+    # then calls per sample from the last run (40 calls of 0.1 ms) for a 10 ms target
+    assert harness.settle(mode, 0.01, 1000) == {"settle_runs": 4, "settled": True}
+    assert mode.calls == 100
+    mode.calls = 40
+    mode.sample()
+    assert mode.counter_samples == [{"handler_calls": 3.0, "splice_nodes": 0.0, "handler_ns": 2000.0}]
+    rebinds, runs = [0], [0]
+
+    def more_each_run(calls):  # 1, then 4, then 9 rebinds per call: never settles
+        runs[0] += 1
+        rebinds[0] += calls * runs[0] ** 2
+        return 1e-3
+
+    growing = harness.Mode("x", more_each_run, calls=40, counters=lambda: {"rebind": rebinds[0]})
+    assert harness.settle(growing, 0.01, 1000, rounds=3) == {"settle_runs": 3, "settled": False}
+    plain = fake_mode("no_counters", 1e-3)
+    assert harness.settle(plain, 0.025, 1000) == {} and plain.calls_seen == [1] and plain.calls == 25
+    # an event every other call, over an odd number of calls, still reads as settled
+    assert harness._same_events({"rebind": 100 * 2 / 5}, {"rebind": 100 * 3 / 5}, 5)
+    assert not harness._same_events({"rebind": 0.0}, {"rebind": 100.0}, 5)
+    assert harness._same_events({"copy": 1.0, "launch_ns": 10.0}, {"copy": 1.0, "launch_ns": 99.0}, 5)  # times
+    assert harness.counter_deltas({"a": 1, "b": 5}, {"a": 7, "b": 5}, 3) == {"a": 2.0, "b": 0.0}
+
+
+def test_measure_group_records_median_counters_per_call():
+    counters = FakeCounters({"handler_calls": 1, "launch": 1, "handler_ns": 5000}, {}, settle_after=10 ** 9)
+    factories = [("jit_loop", lambda: counters.mode("jit_loop", 1e-4))]
+    records = harness.measure_group("[t] N=1", factories, 3, 0.002, 1000, lambda line: None, counters)
+    record = records["jit_loop"]
+    assert record["counters"] == {"handler_calls": 1.0, "launch": 1.0, "handler_ns": 5000.0}
+    assert record["settled"] and record["settle_runs"] == 2 and len(record["samples"]) == 3
+    assert record["warm_up_calls"] == harness.WARM_UP_CALLS  # 64 calls of 0.1 ms: within WARM_UP_S
+
+
+def test_warm_up_makes_the_first_calls_before_calibration_within_a_bound():
+    fast = fake_mode("fast", 1e-4)
+    assert harness.warm_up(fast) == {"warm_up_calls": 64, "warm_up_us": [100.0] * 7}
+    assert fast.calls_seen == [1, 2, 4, 8, 16, 32, 1]
+    slow = fake_mode("slow", 0.1)  # 0.1 s per call: stops once 0.25 s have gone
+    assert harness.warm_up(slow)["warm_up_calls"] == 3 and slow.calls_seen == [1, 2]
+    # A mode whose first calls are slow (XLA recording) is calibrated on its steady calls.
+    first = iter([0.05] + [1e-4] * 1000)
+    recording = harness.Mode("jit_loop", lambda calls: sum(next(first) for _ in range(calls)), per_call=100)
+    harness.warm_up(recording)
+    assert harness.calibrate(recording, 0.025, 20_000) == 250
+
+
 def test_measure_group_returns_samples_per_mode():
     lines = []
     factories = [("a", lambda: fake_mode("a", 1e-4)), ("b", lambda: (_ for _ in ()).throw(harness.Skip("no")))]
@@ -282,6 +364,39 @@ def test_jit_modes_check_and_time_on_cpu(n):
     for mode in modes:
         mode.calls = 3
         assert mode.sample() > 0
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_mixed_modes_check_and_time_on_cpu(n):
+    from benchmarks import jax_modes
+
+    rng = np.random.default_rng()
+    step = lambda x: x + np.float32(n)
+    one_kernel = lambda x: x + np.float32(1)
+    modes = [jax_modes.mixed(step, n, rng), jax_modes.mixed(step, n, rng, changing=True),
+             jax_modes.mixed_calls(one_kernel, n, rng), jax_modes.mixed_calls(one_kernel, n, rng, changing=True)]
+    assert [m.key for m in modes] == list(config.MIXED_MODES)
+    assert all(m.per_call == n * config.MIXED_REPLAYS for m in modes)
+    assert all(f"{config.MIXED_REPLAYS} stages of x + {n} with x * 2 - 3 between them" in m.check for m in modes)
+    assert "each of 8 inputs" in modes[1].check and "each of" not in modes[0].check
+    for mode in modes:
+        mode.calls = 2
+        assert mode.sample() > 0
+    x = np.array([1.0, -7.0], np.float32)
+    want, _ = jax_modes.mixed_reference(x, n)  # ((x + n) * 2 - 3 + n) * 2 - 3 + n
+    np.testing.assert_array_equal(want, ((x + n) * 2 - 3 + n) * 2 - 3 + n)
+
+
+def test_mixed_modes_refuse_a_wrong_answer_and_honour_skips():
+    from benchmarks import jax_modes
+
+    rng = np.random.default_rng()
+    with pytest.raises(AssertionError, match="wrong result: expected 3 stages of x \\+ 4"):
+        jax_modes.mixed(lambda x: x + np.float32(3), 4, rng)  # one kernel short per replay
+    with pytest.raises(AssertionError, match="wrong result"):
+        jax_modes.mixed_calls(lambda x: x * np.float32(1), 2, rng, changing=True)  # kernels that do nothing
+    with pytest.raises(harness.Skip, match="budget"):
+        jax_modes.mixed_calls(lambda x: x + 1, 1000, rng, skip="over the budget")
 
 
 def test_jit_modes_refuse_a_wrong_answer_and_honour_skips():
@@ -320,6 +435,34 @@ def test_markdown_tables_from_synthetic_results():
     assert "## off: XLA command buffers off" in text and "Failed: exit code 1" in text
     assert "- on jax_calls N=100: skipped: too slow to compile" in text
     assert "580.159.04" in text and "jax 0.11.2" in text
+
+
+def test_markdown_mixed_headline_and_counters():
+    on = worker_record("on", 1.0, {"mixed": 1.05, "mixed_calls": 1.5, "mixed_changing": 1.1,
+                                   "mixed_calls_changing": 1.6, "jit_loop": 1.02}, ns=("10", "100"))
+    for mode in config.MIXED_MODES:
+        for n in ("10", "100"):
+            on["modes"][mode]["by_n"][n]["per_call"] = int(n) * config.MIXED_REPLAYS
+    on["modes"]["jit_loop"]["by_n"]["100"].update(
+        counters={"handler_calls": 1.0, "launch": 0.0, "splice_nodes": 0.5, "splice_whole": 0.0,
+                  "uncaptured_launch": 0.0, "instantiate": 0.0, "rebind": 0.0, "copy": 0.5,
+                  "handler_ns": 12345.0}, settled=True, settle_runs=3)
+    on["modes"]["mixed"]["by_n"]["100"].update(counters={"handler_calls": 3.0, "launch": 3.0, "handler_ns": 3000.0},
+                                               settled=False, settle_runs=8)
+    on["modes"]["raw"]["by_n"]["100"]["counters"] = {"handler_calls": 0.0}  # never listed
+    meta = {"schema": 1, "date": "2026-11-23", "quick": True, "config": {"repeats": 3}, "versions": {}, "device": {}}
+    text = report.markdown(stats.merge(meta, {"on": on}))
+    assert "## Replays between XLA ops (3 stages of N kernels" in text
+    # per call: 1.05 us x 300 kernels; ahead: 1.5 / 1.05
+    assert "| on | 100 | 315.0 (1.05x) | 450.0 (1.50x) | 1.43x | 330.0 (1.10x) | 480.0 (1.60x) | 1.45x |" in text
+    assert "| on | 10 | 31.50 (1.05x) |" in text
+    assert text.index("## Replays between XLA ops") < text.index("## on:")
+    assert "| N | raw | jit_loop | jit_changing | jit_fori | jit_unrolled | jax_calls |" in text  # no mixed there
+    assert ("| setting | N | mode | handler_calls | launch | splice_nodes | splice_whole | uncaptured_launch "
+            "| instantiate | rebind | copy | to_copy | handler us |") in text
+    assert "| on | 100 | jit_loop | 1 | 0 | 0.50 | 0 | 0 | 0 | 0 | 0.50 | 0 | 12.35 |" in text
+    assert "| on | 100 | mixed (not settled) | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 3.000 |" in text
+    assert "| on | 100 | raw |" not in text
 
 
 def test_fmt_keeps_significant_digits_without_exponents():

@@ -4,6 +4,10 @@ The set-conditional kernel must compile with the toolkit hidden as ``.ci/run``
 hides it, and with no CUDA headers at all (NVIDIA's runtime wheel lacks the
 ``crt/`` headers that ``<cuda_device_runtime_api.h>`` needs). Tests of internals (the version
 check, made-up device arrays and node lists) say so in their names.
+
+Tests internals (listed in tests/README.md): ``_compile``, ``_predicates``, ``_graph_views``,
+``_introspect``; the set-conditional kernel compiled with the toolkit hidden, version checks
+with NVRTC's version patched, views of made-up node data.
 """
 
 import os
@@ -15,12 +19,12 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _graph_views, _predicates
-from jaxgraph._array import _INTERNAL, DeviceArray
+from graph_support import null_array
 
 
 def fake_array(shape=(1,), dtype=np.int32):
     """A DeviceArray at address 0 (never launched): enough for checks that need no device."""
-    return DeviceArray(0, shape, np.dtype(dtype), 0, None, _token=_INTERNAL)
+    return null_array(shape, dtype)
 
 
 # ----------------------------------------------------------------------------

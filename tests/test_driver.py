@@ -1,4 +1,8 @@
-"""The CUDA layer and the native library: what works with and without a driver."""
+"""The CUDA layer and the native library: what works with and without a driver.
+
+Tests internals (listed in tests/README.md): ``_driver``, the extensions ``_launch`` and
+``_replay``; the checked driver layer and the native library, with and without a driver.
+"""
 
 import importlib
 

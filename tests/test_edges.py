@@ -3,6 +3,9 @@
 Each case here is something a new user hits: a template named without its
 arguments, a non-string source, a missing CUDA header, a non-bool flag, JAX
 without CUDA. The message must name the cause and the fix.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable`` (one test); a replay
+compiled for JAX's CPU backend names the fix; no GPU to capture a graph on.
 """
 
 import os
@@ -16,32 +19,18 @@ import numpy as np
 import pytest
 
 import jaxgraph
-
-TEMPLATE = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
-
-ADD_ONE = r"""
-extern "C" __global__ void add_one(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] + 1.0f;
-}
-"""
+from kernels import ADD_ONE, AXPY
 
 
 def test_template_named_without_arguments_says_to_instantiate_it(tmp_path):
     with pytest.raises(ValueError, match=r"kernel 'axpy' is a template: name an instance of it, such as 'axpy<float>'"):
-        jaxgraph.Kernel(TEMPLATE, "axpy", arch="sm_90", cache_dir=tmp_path)
+        jaxgraph.Kernel(AXPY, "axpy", arch="sm_90", cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("source, name, message", [
     (123, "axpy", "source must be a non-empty string of CUDA C\\+\\+, got int"),
     ("  ", "axpy", "source must be a non-empty string"),
-    (TEMPLATE, 5, "name must be the kernel's name as a string, got 5"),
+    (AXPY, 5, "name must be the kernel's name as a string, got 5"),
 ])
 def test_kernel_arguments_are_type_checked(source, name, message):
     with pytest.raises(TypeError, match=message):
@@ -82,11 +71,10 @@ def test_jax_call_compiled_for_the_cpu_says_jaxgraph_needs_cuda():
 
 
 def test_replayable_compiled_for_the_cpu_suggests_the_callback_path():
-    from jaxgraph._replay_args import ReplaySpec
-    from jaxgraph._replayable import Replayable
+    from internals import spec_replayable
 
     sds = jax.ShapeDtypeStruct((8,), jnp.float32)
-    step = Replayable._create(ReplaySpec((sds,), (sds,), graph_id=123456), via="ffi")
+    step = spec_replayable((sds,), (sds,), graph_id=123456)
     cpu = jax.devices("cpu")[0]
     x = jax.device_put(np.arange(8, dtype=np.float32), cpu)
     with jax.default_device(cpu):

@@ -44,10 +44,30 @@ def node_types(g):
 def busy_then_write(cp, x_cp, values):
     """Queue slow work on CuPy's current stream, then write ``values`` into ``x_cp`` there:
     a replay not ordered after that stream would read ``x_cp`` before the write."""
-    big = cp.ones(1 << 26, cp.float32)  # ~10 ms of work on an H100
+    big = cp.ones(1 << 26, cp.float32)  # 40 passes over 256 MiB: the stream stays busy a while
     for _ in range(40):
         cp.multiply(big, 1.0001, out=big)
     x_cp[...] = values
+
+
+def pending_producer(cp, producer, rng):
+    """``(values, x_cp, stream)``: CuPy's legacy stream or a new non-blocking one, on which
+    :func:`busy_then_write` is to write ``values`` into the zeroed ``x_cp``."""
+    values = cp.asarray(rng.standard_normal(N).astype(np.float32))
+    x_cp = cp.zeros(N, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True) if producer == "side" else cp.cuda.Stream.null
+    cp.cuda.Device().synchronize()
+    return values, x_cp, stream
+
+
+def check_later_replays(g, y_s, set_input, want, rng):
+    """Two replays on fresh host values: each reads the input's current contents."""
+    for _ in range(2):
+        host = rng.standard_normal(N).astype(np.float32)
+        set_input(host)
+        poison(y_s)
+        g.replay()
+        np.testing.assert_allclose(y_s.numpy(), want(host), rtol=1e-6, atol=1e-6)
 
 
 def capture(axpb, x, y_s, *, cupy_stream=None, keep_graph=True):
@@ -66,11 +86,8 @@ def capture(axpb, x, y_s, *, cupy_stream=None, keep_graph=True):
 @pytest.mark.parametrize("producer", ["legacy", "side"])
 def test_cupy_array_from_a_non_capturing_stream_is_ordered_by_a_wait_in_the_graph(axpb, cupy, producer, rng):
     cp = cupy
-    values = cp.asarray(rng.standard_normal(N).astype(np.float32))
-    x_cp = cp.zeros(N, cp.float32)
+    values, x_cp, side = pending_producer(cp, producer, rng)
     y_s = jaxgraph.empty(N)
-    side = cp.cuda.Stream(non_blocking=True) if producer == "side" else cp.cuda.Stream.null
-    cp.cuda.Device().synchronize()
     with side:  # the producer's pending work, then the launch that hands x_cp over (CAI stream: side)
         busy_then_write(cp, x_cp, values)
         g = capture(axpb, x_cp, y_s)
@@ -83,13 +100,7 @@ def test_cupy_array_from_a_non_capturing_stream_is_ordered_by_a_wait_in_the_grap
         g.replay()
     replay_stream.synchronize()
     np.testing.assert_allclose(y_s.numpy(), ref(cp.asnumpy(values)), rtol=1e-6, atol=1e-6)
-    for _ in range(2):  # later replays read the array's current contents
-        host = rng.standard_normal(N).astype(np.float32)
-        x_cp.set(host)
-        cp.cuda.Device().synchronize()
-        poison(y_s)
-        g.replay()
-        np.testing.assert_allclose(y_s.numpy(), ref(host), rtol=1e-6, atol=1e-6)
+    check_later_replays(g, y_s, lambda host: (x_cp.set(host), cp.cuda.Device().synchronize()), ref, rng)
 
 
 def test_cupy_array_on_the_capture_stream_needs_no_wait(axpb, cupy, rng):
@@ -124,13 +135,8 @@ def test_cupy_work_forked_into_the_capture_joins_the_launch(axpb, cupy, rng):
     types = node_types(g)
     print(f"fork: graph nodes {types}")
     assert "wait_event" not in types and types.count("kernel") == 2
-    for _ in range(2):
-        host = rng.standard_normal(N).astype(np.float32)
-        src.set(host)
-        cp.cuda.Device().synchronize()
-        poison(y_s)
-        g.replay()
-        np.testing.assert_allclose(y_s.numpy(), ref(2 * host), rtol=1e-6, atol=1e-6)
+    check_later_replays(g, y_s, lambda host: (src.set(host), cp.cuda.Device().synchronize()),
+                        lambda host: ref(2 * host), rng)
 
 
 def test_a_graph_with_a_cupy_input_replays_inside_jit(axpb, cupy, rng):
@@ -153,23 +159,15 @@ def test_torch_tensor_in_a_capture(axpb, producer, rng):
         x_t = torch.zeros(N, device="cuda")
         y_s = jaxgraph.empty(N)
         g = capture(axpb, x_t, y_s, keep_graph=False)
-    for _ in range(2):
-        host = rng.standard_normal(N).astype(np.float32)
-        x_t.copy_(torch.from_numpy(host))
-        torch.cuda.synchronize()  # torch's interface names no stream: order by hand
-        poison(y_s)
-        g.replay()
-        np.testing.assert_allclose(y_s.numpy(), ref(host), rtol=1e-6, atol=1e-6)
+    # torch's interface names no stream: order by hand.
+    check_later_replays(g, y_s, lambda host: (x_t.copy_(torch.from_numpy(host)), torch.cuda.synchronize()), ref, rng)
 
 
 @pytest.mark.parametrize("producer", ["legacy", "side"])
 def test_eager_launch_waits_for_the_producer_as_before(axpb, cupy, producer, rng):
     cp = cupy
-    values = cp.asarray(rng.standard_normal(N).astype(np.float32))
-    x_cp = cp.zeros(N, cp.float32)
+    values, x_cp, side = pending_producer(cp, producer, rng)
     y = jaxgraph.empty(N)
-    side = cp.cuda.Stream(non_blocking=True) if producer == "side" else cp.cuda.Stream.null
-    cp.cuda.Device().synchronize()
     with side:
         busy_then_write(cp, x_cp, values)
         launch_stream = jaxgraph.Stream()  # not ordered with CuPy's stream except by the host's wait

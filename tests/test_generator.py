@@ -1,4 +1,8 @@
-"""jaxgraph.Generator: Philox-4x32-10 on the device, eager and across graph replays."""
+"""jaxgraph.Generator: Philox-4x32-10 on the device, eager and across graph replays.
+
+Tests internals (listed in tests/README.md): ``_generator._KERNELS_SOURCE``; the generator's own
+CUDA source compiles to a cubin on a CPU.
+"""
 
 import gc
 import weakref
@@ -7,6 +11,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from kernels import MY_NOISE
 from graph_support import philox4x32_10, poison, ref_normal, ref_uniform
 
 N = 1001  # not a multiple of 4: the last Philox block is partly used
@@ -44,17 +49,9 @@ def test_draw_kernels_and_header_compile_without_a_device(tmp_path):
     for name in ("jaxgraph_philox_fill_uniform", "jaxgraph_philox_fill_normal", "jaxgraph_philox_advance"):
         kernel = jaxgraph.Kernel(_KERNELS_SOURCE, name, arch="sm_90", cache_dir=tmp_path)
         assert kernel.cubin.startswith(b"\x7fELF")
-    user = jaxgraph.Kernel(jaxgraph.Generator.CUDA_HEADER + _USER_KERNEL, "my_noise", arch="sm_90",
+    user = jaxgraph.Kernel(jaxgraph.Generator.CUDA_HEADER + MY_NOISE, "my_noise", arch="sm_90",
                            cache_dir=tmp_path)
     assert [p.name for p in user.params] == ["out", "state", "n"]
-
-
-_USER_KERNEL = r"""
-extern "C" __global__ void my_noise(float* out, const unsigned long long* state, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = jaxgraph_philox_uniform(state, i);
-}
-"""
 
 
 # ---------------------------------------------------------------------------
@@ -121,7 +118,7 @@ def test_seeding_offsets_and_state_round_trip(rng):
 def test_user_kernel_with_the_header_draws_the_same_numbers(rng):
     seed = _seed(rng)
     gen = jaxgraph.Generator(seed=seed)
-    mine = jaxgraph.Kernel(jaxgraph.Generator.CUDA_HEADER + _USER_KERNEL, "my_noise")
+    mine = jaxgraph.Kernel(jaxgraph.Generator.CUDA_HEADER + MY_NOISE, "my_noise")
     ours = jaxgraph.empty(N)
     theirs = jaxgraph.empty(N)
     mine[(N + 255) // 256, 256](ours, gen.state, N)

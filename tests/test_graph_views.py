@@ -3,6 +3,9 @@
 Neither Graphviz's ``dot`` nor the ``graphviz`` package is installed on CI or
 the GPU machine, so the tests check the DOT text itself and the error that
 names what to install; the one test that draws an SVG skips without ``dot``.
+
+Tests internals (listed in tests/README.md): ``_graph_views``; summaries and DOT text of made-up
+node lists, with no graph behind them.
 """
 
 import shutil
@@ -12,6 +15,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _graph_views
+from kernels import AXPY
 from graph_support import BLOCK, blocks, load_kernels
 
 
@@ -126,14 +130,6 @@ def test_an_uncaptured_graph_summarizes_without_a_device():
 # ---------------------------------------------------------------------------
 
 N = 3000
-
-AXPY = r"""
-template <typename T>
-__global__ void axpy(T* y, const T* x, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
 
 
 @pytest.mark.gpu

@@ -6,6 +6,11 @@ private ``_create``s), so everything JAX sees (pytrees, duplicate outputs,
 ``jit``, the ``custom_vjp`` backward with its input pruning and float0
 cotangents) is the real code. The GPU tests capture real kernels and compare
 with the same callable run eagerly and with numpy, on fresh random inputs.
+
+Tests internals (listed in tests/README.md): ``GraphedCallable._create``,
+``_graphed._vjp_backward``, ``internals.spec_replayable``, ``GraphedCallable._keep``; the JAX
+plumbing of graphed callables on a CPU, over host-callback stand-ins; which inputs the backward
+replay keeps.
 """
 
 import jax
@@ -15,8 +20,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphed import GraphedCallable, _vjp_backward
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replayable import Replayable
+from internals import spec_replayable
+from kernels import ACCUMULATE, ADD, AXPB, COUNT_POSITIVE, MUL, SQUARE_MUL
 
 X = np.zeros(8, np.float32)
 
@@ -110,8 +115,8 @@ def jax_on_cpu(request):
 def stand_in(args, outputs, forward, backward=None, out_slots=None):
     """A GraphedCallable over a callback replayable whose host function is ``forward``."""
     leaves, in_tree = jax.tree_util.tree_flatten(args)
-    spec = ReplaySpec(tuple(sds(np.shape(a), np.asarray(a).dtype) for a in leaves), tuple(outputs[1]))
-    step = Replayable._create(spec, via="callback", host=forward, backward=backward)
+    step = spec_replayable([sds(np.shape(a), np.asarray(a).dtype) for a in leaves], outputs[1], via="callback",
+                           host=forward, backward=backward)
     slots = out_slots if out_slots is not None else range(len(outputs[1]))
     return GraphedCallable._create("step", in_tree, outputs[0], slots, step)
 
@@ -153,8 +158,8 @@ def test_grad_through_the_backward_stand_in_prunes_unused_inputs_and_handles_int
         seen.append((ct_y.copy(), ct_count.copy()))
         return ct_y * w, ct_y * x
 
-    bwd = Replayable._create(ReplaySpec((sds((8,)),) * 3 + (sds((), np.int32),), (sds((8,)), sds((8,)))),
-                             via="callback", host=backward_host)
+    bwd = spec_replayable((sds((8,)),) * 3 + (sds((), np.int32),), (sds((8,)), sds((8,))), via="callback",
+                          host=backward_host)
     # Inputs of the backward's call: x, w, n | y, count | ct_y, ct_count; n, y are not read.
     used = [True, True, False, False, False, True, True]
     vjp = _vjp_backward(bwd, used, 3, [sds((8,)), sds((), np.int32)], [0, 1, None])
@@ -177,39 +182,7 @@ def test_grad_through_the_backward_stand_in_prunes_unused_inputs_and_handles_int
 # GPU: real captures
 # ---------------------------------------------------------------------------
 
-SRC = r"""
-extern "C" __global__ void mul(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] * y[i];
-}
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void add_into(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += x[i];
-}
-// y = x * x * w and its backward.
-extern "C" __global__ void square_mul(float* y, const float* x, const float* w, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] * x[i] * w[i];
-}
-extern "C" __global__ void square_mul_bwd(float* gx, float* gw, const float* x, const float* w,
-                                          const float* g, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) { gx[i] = 2.0f * x[i] * w[i] * g[i]; gw[i] = x[i] * x[i] * g[i]; }
-}
-// count[0] = number of x[i] > 0 (count zeroed first).
-extern "C" __global__ void count_positive(int* count, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n && x[i] > 0.0f) atomicAdd(count, 1);
-}
-"""
+SRC = MUL + ADD + AXPB + ACCUMULATE + SQUARE_MUL + COUNT_POSITIVE
 
 SHAPE = (48, 65)  # 3120 elements: not a multiple of the block
 N = SHAPE[0] * SHAPE[1]
@@ -220,7 +193,7 @@ BLOCKS = (N + 255) // 256
 def k():
     import types
 
-    names = ("mul", "add", "axpb", "add_into", "square_mul", "square_mul_bwd", "count_positive")
+    names = ("mul", "add", "axpb", "accumulate", "square_mul", "square_mul_bwd", "count_positive")
     return types.SimpleNamespace(**{name: jaxgraph.Kernel(SRC, name) for name in names})
 
 
@@ -235,6 +208,21 @@ def poison(tree):
 
 def host(tree):
     return jax.tree_util.tree_map(lambda a: a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a), tree)
+
+
+def square_mul_layer(k):
+    """``(forward, backward)`` of y = x * x * w, each launching its kernel on fresh pool arrays."""
+    def forward(x, w):
+        y = jaxgraph.empty(x.shape)
+        k.square_mul[BLOCKS, 256](y, x, w, N)
+        return y
+
+    def backward(x, w, y, g):
+        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
+        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
+        return gx, gw
+
+    return forward, backward
 
 
 @pytest.mark.gpu
@@ -278,16 +266,7 @@ def test_graphed_matches_eager_inside_and_outside_jit_on_fresh_inputs(k, rng):
 
 @pytest.mark.gpu
 def test_grad_through_a_graphed_callable_matches_jax_and_numpy(k, rng):
-    def forward(x, w):
-        y = jaxgraph.empty(x.shape)
-        k.square_mul[BLOCKS, 256](y, x, w, N)
-        return y
-
-    def backward(x, w, y, g):
-        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
-        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
-        return gx, gw
-
+    forward, backward = square_mul_layer(k)
     graphed = jaxgraph.make_graphed_callables(forward, (randn(rng), randn(rng)), backward=backward)
     assert graphed.backward_graph is not None
     # The backward never reads y: it is not among the backward replay's inputs (x, w, g).
@@ -309,15 +288,7 @@ def test_grad_through_a_graphed_callable_matches_jax_and_numpy(k, rng):
 @pytest.mark.gpu
 def test_two_layers_share_one_pool_and_differentiate_together(k, rng):
     """torch's pattern: several callables with their backwards, captured into one pool."""
-    def layer1(x, w):
-        h = jaxgraph.empty(x.shape)
-        k.square_mul[BLOCKS, 256](h, x, w, N)
-        return h
-
-    def layer1_bwd(x, w, h, g):
-        gx, gw = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
-        k.square_mul_bwd[BLOCKS, 256](gx, gw, x, w, g, N)
-        return gx, gw
+    layer1, layer1_bwd = square_mul_layer(k)
 
     def layer2(h, v):
         y = jaxgraph.empty(h.shape)
@@ -350,7 +321,7 @@ def test_two_layers_share_one_pool_and_differentiate_together(k, rng):
 @pytest.mark.gpu
 def test_in_place_update_returned_and_a_scan_of_replays(k, rng):
     def accumulate(acc, x):  # acc += x, in place; returns acc
-        k.add_into[BLOCKS, 256](acc, x, N)
+        k.accumulate[BLOCKS, 256](acc, x, N)
         return acc
 
     graphed = jaxgraph.make_graphed_callables(accumulate, (randn(rng), randn(rng)))

@@ -3,6 +3,11 @@
 In the spirit of PyTorch's graph tests: every replay runs on fresh random
 data, outputs are poisoned with NaN first, and results are checked against
 numpy.
+
+Tests internals (listed in tests/README.md): ``_captures.any_underway``, ``_memory._pools``,
+``_memory.pool_from_token``, ``_replay_args.source_of``, ``_graphs._native_graph_launch``
+(patched); no capture or pool left behind, a pool's reserved bytes, the template kept for
+splicing, a failing launch.
 """
 
 import gc
@@ -13,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, poison, replay_and_check
+from graph_support import BLOCK, MiB, blocks, driver_call, free_device_bytes, load_kernels, poison, replay_and_check
 from jaxgraph import _captures, _memory
 from jaxgraph._replay_args import source_of
 
@@ -300,7 +305,9 @@ def test_replay_end_hook_fires_when_the_launch_fails(k, rng, monkeypatch):
     events = []
     g.register_replay_start_hook(lambda gr: events.append("start"))
     g.register_replay_end_hook(lambda gr: events.append("end"))
-    invalid_value = int(jaxgraph._driver.driver().CUresult.CUDA_ERROR_INVALID_VALUE)
+    from cuda.bindings import driver
+
+    invalid_value = int(driver.CUresult.CUDA_ERROR_INVALID_VALUE)
     # replay() launches through the native cuGraphLaunch: make that one fail.
     monkeypatch.setattr(jaxgraph._graphs, "_native_graph_launch", lambda graph_exec, stream: invalid_value)
     with pytest.raises(jaxgraph.CudaError, match="cuGraphLaunch failed with CUDA_ERROR_INVALID_VALUE"):
@@ -546,9 +553,10 @@ def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
     assert jaxgraph.current_stream() == before
     assert not jaxgraph.is_current_stream_capturing()
     assert not _captures.any_underway()
-    drv = jaxgraph._driver.driver()
-    status = jaxgraph._driver.check(drv.cuStreamIsCapturing(capture_stream.handle), "cuStreamIsCapturing")
-    assert status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    from cuda.bindings import driver
+
+    (status,) = driver_call("cuStreamIsCapturing", capture_stream.handle)
+    assert status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
     with jaxgraph.graph(g):                          # recapturable
@@ -561,8 +569,10 @@ def _alloc_in_other_thread(device):
     result = {}
 
     def work():
-        jaxgraph._driver.ensure_context(device)
-        err, ptr = jaxgraph._driver.driver().cuMemAlloc(1 << 20)
+        from cuda.bindings import driver
+
+        jaxgraph.set_device(device)  # the device's primary context, current on this thread
+        err, ptr = driver.cuMemAlloc(1 << 20)
         result["err"], result["ptr"] = err, ptr
 
     t = threading.Thread(target=work)
@@ -603,7 +613,7 @@ def test_unsafe_call_from_another_thread_passes_under_relaxed_modes(k, rng, mode
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
         result = _alloc_in_other_thread(jaxgraph.current_device())
     assert result["err"] == 0, result["err"]
-    jaxgraph._driver.check(jaxgraph._driver.driver().cuMemFree(result["ptr"]), "cuMemFree")
+    driver_call("cuMemFree", result["ptr"])
     replay_and_check(g, y, 2.0 * data)
 
 

@@ -3,6 +3,9 @@
 The first half needs no device: signatures, argument validation (which
 happens before any driver call) and errors before capture. The second half
 checks PyTorch's error situations on the GPU.
+
+Tests internals (listed in tests/README.md): ``_captures.any_underway``, ``_memory._pools``,
+``_replay_args.source_of``; no capture or pool left behind after an error.
 """
 
 import functools
@@ -248,6 +251,15 @@ def _inputs(rng):
     return jaxgraph.asarray(rng.standard_normal(N, dtype=np.float32)), jaxgraph.empty(N)
 
 
+def _scale_graph(k, rng, **options):
+    """A CUDAGraph(**options) of one kernel, y = 2x, on fresh arrays."""
+    x, y = _inputs(rng)
+    g = jaxgraph.CUDAGraph(**options)
+    with jaxgraph.graph(g):
+        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    return g
+
+
 @pytest.mark.gpu
 def test_capture_on_the_legacy_default_stream_is_refused(k):
     g = jaxgraph.CUDAGraph()
@@ -261,10 +273,7 @@ def test_capture_on_the_legacy_default_stream_is_refused(k):
 
 @pytest.mark.gpu
 def test_recapture_without_reset_is_refused_and_restores_the_stream(k, rng):
-    x, y = _inputs(rng)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    g = _scale_graph(k, rng)
     before = jaxgraph.current_stream()
     with pytest.raises(RuntimeError, match="already holds a capture .* call reset"):
         with jaxgraph.graph(g):
@@ -276,10 +285,7 @@ def test_recapture_without_reset_is_refused_and_restores_the_stream(k, rng):
 
 @pytest.mark.gpu
 def test_template_gone_with_keep_graph_false(k, rng, tmp_path):
-    x, y = _inputs(rng)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    g = _scale_graph(k, rng)
     for call in (g.raw_cuda_graph, lambda: g.debug_dump(tmp_path / "g.dot"), g.get_graph_data):
         with pytest.raises(RuntimeError, match="cudaGraph_t is not live.*keep_graph=True"):
             call()
@@ -290,20 +296,14 @@ def test_template_gone_with_keep_graph_false(k, rng, tmp_path):
 
 @pytest.mark.gpu
 def test_get_graph_data_needs_instantiation(k, rng):
-    x, y = _inputs(rng)
-    g = jaxgraph.CUDAGraph(keep_graph=True)
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    g = _scale_graph(k, rng, keep_graph=True)
     with pytest.raises(RuntimeError, match="not instantiated yet; call instantiate"):
         g.get_graph_data()
 
 
 @pytest.mark.gpu
 def test_replay_after_reset_is_refused(k, rng):
-    x, y = _inputs(rng)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    g = _scale_graph(k, rng)
     g.reset()
     for call, message in ((g.replay, "nothing has been captured yet"),
                           (g.raw_cuda_graph_exec, "the graph is not instantiated"),

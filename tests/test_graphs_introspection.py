@@ -1,4 +1,8 @@
-"""Looking inside captured graphs: raw handles with cuda.bindings, get_graph_data, debug_dump."""
+"""Looking inside captured graphs: raw handles with cuda.bindings, get_graph_data, debug_dump.
+
+Tests internals (listed in tests/README.md): ``_replay_args.source_of``; the private template
+outlives `keep_graph=False`.
+"""
 
 import numpy as np
 import pytest

@@ -4,6 +4,10 @@ A stream that waits on work of a capture (``s2.wait_stream(s1)``) joins it:
 its work is recorded into the same graph, and jaxgraph treats it as it treats
 the capture stream (inputs kept alive or watched, allocations from the graph's
 pool). Every replay runs on fresh random data with outputs poisoned first.
+
+Tests internals (listed in tests/README.md): ``_captures.any_underway``,
+``_memory.pool_from_token``, ``DeviceArray(..., _token=_INTERNAL)``; a view over memory only the
+graph still holds; pool accounting of forked streams.
 """
 
 import gc
@@ -13,22 +17,14 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, replay_and_check
+from graph_support import BLOCK, MiB, blocks, driver_call, free_device_bytes, load_kernels, replay_and_check
 from jaxgraph import _captures, _memory
 from jaxgraph._array import _INTERNAL, DeviceArray
+from kernels import SPIN_COPY
 
 pytestmark = pytest.mark.gpu
 
 N = 4096
-
-SPIN_COPY = r"""
-extern "C" __global__ void spin_copy(float* out, const float* in, long long cycles, int n) {
-  long long start = clock64();
-  while (clock64() - start < cycles) { }
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = in[i];
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +49,10 @@ def _view(allocation, n=N):
 
 
 def _capturing(stream) -> bool:
-    drv = jaxgraph._driver.driver()
-    status = jaxgraph._driver.check(drv.cuStreamIsCapturing(stream.handle), "cuStreamIsCapturing")
-    return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    from cuda.bindings import driver
+
+    (status,) = driver_call("cuStreamIsCapturing", stream.handle)
+    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def test_input_read_only_on_a_forked_stream_is_kept_alive(k, rng, s2):

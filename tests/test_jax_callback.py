@@ -1,9 +1,12 @@
 """The host path of graph replay (``via="callback"``): argument handling, errors, transformations.
 
 The CPU tests drive a replayable whose host function is a numpy stand-in for
-the graph (built with the private ``Replayable._create``): everything JAX
+the graph (``internals.spec_replayable``): everything JAX
 sees (``pure_callback`` plumbing, checks, vmap, grad, destroy callbacks) is
 the real code. The GPU tests replay a real captured graph.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable(via="callback")``,
+``ReplaySource``; the host-callback path on a CPU, with numpy stand-ins for graphs.
 """
 
 import threading
@@ -15,15 +18,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph._replay_source import ReplaySource
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replayable import Replayable
-
-AFFINE = r"""
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-"""
+from internals import spec_replayable
+from kernels import AXPB
 
 
 def sds(shape, dtype=np.float32):
@@ -31,8 +27,7 @@ def sds(shape, dtype=np.float32):
 
 
 def host_step(inputs, outputs, host, **kwargs):
-    spec = ReplaySpec(tuple(inputs), tuple(outputs))
-    return Replayable._create(spec, via="callback", host=host, **kwargs)
+    return spec_replayable(inputs, outputs, via="callback", host=host, **kwargs)
 
 
 class FakeGraph:
@@ -238,7 +233,7 @@ def test_repr_names_shapes_and_path():
 def affine_graph():
     """A graph of 10 launches: y = 2 x + 1, then y = 2 y + 1 nine times (exact for small ints)."""
     n = 1000
-    k = jaxgraph.Kernel(AFFINE, "affine")
+    k = jaxgraph.Kernel(AXPB, "axpb")
     x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):

@@ -3,6 +3,10 @@
 Every test draws fresh random inputs. Command buffers on and off are compared
 in subprocesses (XLA_FLAGS must be set before JAX starts), which also prove
 that the replay is spliced into XLA's own CUDA graph when it records one.
+
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_native`` tables,
+``_jax_launch.kernel_id``; calls per replay path in each XLA setting; kernels and graphs leave
+the native tables.
 """
 
 import gc
@@ -19,68 +23,21 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
+from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF  # noqa: E402
 from conftest import enable_x64  # noqa: E402
-from graph_support import run_xla_worker  # noqa: E402
+from graph_support import launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-SRC = r"""
-#include <cuda_fp16.h>
-template <typename T>
-__global__ void axpy_out(T* out, const T* x, const T* y, T a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = a * x[i] + y[i];
-}
-extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-extern "C" __global__ void sum_diff(float* s, float* d, const float* a, const float* b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) { s[i] = a[i] + b[i]; d[i] = a[i] - b[i]; }
-}
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void square(float* y, const float* x, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = x[i] * x[i];
-}
-extern "C" __global__ void square_bwd(float* dx, const float* x, const float* y, const float* g, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dx[i] = 2.0f * x[i] * g[i];
-}
-extern "C" __global__ void scalars(double* out, signed char a, unsigned short b, long long c,
-                                   unsigned int d, float e, double f, __half g, bool h) {
-  out[0] = a; out[1] = b; out[2] = (double)c; out[3] = d; out[4] = e; out[5] = f;
-  out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
-}
-extern "C" __global__ void block_sum(float* out, const float* x, int n) {
-  extern __shared__ float partial[];
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int t = 0; t < blockDim.x; ++t) total += partial[t];
-    out[0] = total;
-  }
-}
-"""
+SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
 
 N = 4096
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "affine",
-             "inc", "square", "square_bwd", "scalars", "block_sum"]
+    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
+             "inc", "square", "square_bwd", "scalars", "block_sum_dynamic"]
     return {name: jaxgraph.Kernel(SRC, name) for name in names}
 
 
@@ -90,7 +47,7 @@ def capture_chain(kernels, a=2.0, b=0.0, launches=100, n=N):
     blocks = (n + 255) // 256
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        kernels["affine"][blocks, 256](y_s, x_s, a, b, n)
+        kernels["axpb"][blocks, 256](y_s, x_s, a, b, n)
         for _ in range(launches - 1):
             kernels["inc"][blocks, 256](y_s, n)
     return g, x_s, y_s
@@ -176,7 +133,7 @@ def test_kernel_call_scalar_types_reach_the_kernel(kernels):
 
 @pytest.mark.parametrize("shared_mem", [1024 * 4, 64 * 1024])  # above 48 KiB needs the raised limit
 def test_kernel_call_with_dynamic_shared_memory(kernels, rng, shared_mem):
-    k = kernels["block_sum"]
+    k = kernels["block_sum_dynamic"]
     n, block = 10_000, 1024
     x = rng.standard_normal(n).astype(np.float32)
     out = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), x, n, grid=1, block=block,
@@ -310,7 +267,7 @@ def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
 
 
 def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph import _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=3)
@@ -331,7 +288,7 @@ def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
 
 
 def test_collected_replayable_unregisters_its_graph(kernels):
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph import _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=2)
@@ -370,15 +327,15 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from jaxgraph import _jax_launch, _native
+    from internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
-    affine, inc, saxpy = (jaxgraph.Kernel(open(src).read(), k) for k in ("affine", "inc", "saxpy"))
+    axpb, inc, saxpy = (jaxgraph.Kernel(open(src).read(), k) for k in ("axpb", "inc", "saxpy"))
     x_s, y_s = jaxgraph.zeros(n, np.float32), jaxgraph.zeros(n, np.float32)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        affine[16, 256](y_s, x_s, 2.0, 0.0, n)
+        axpb[16, 256](y_s, x_s, 2.0, 0.0, n)
         for _ in range(99):
             inc[16, 256](y_s, n)
     step = jaxgraph.replayable(g, [x_s], [y_s])
@@ -391,11 +348,13 @@ WORKER = textwrap.dedent(r'''
 
     rng = np.random.default_rng(seed)
     results = []
+    seen = [counters()]  # the counters after each phase: f, direct, copied
     for _ in range(4):  # fresh input buffers each call
         x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         results.append(np.asarray(f(jnp.asarray(x), jnp.asarray(z))))
     # The replay bound straight to the function's parameter, rotating over inputs:
     # XLA re-records its command buffer with each new address.
+    seen.append(counters())
     direct = jax.jit(step)
     inputs = [jnp.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(3)]
     for i in range(6):
@@ -405,14 +364,14 @@ WORKER = textwrap.dedent(r'''
             raise SystemExit(f"direct replay {i} wrong: got {got[:3]}, want {want[:3]}")
     # bind="copy": no kernel argument is read, so the graph goes in whole (a child
     # graph) with every buffer copied; it must agree too.
+    seen.append(counters())
     copied = jax.jit(jaxgraph.replayable(g, [x_s], [y_s], bind="copy"))
     for i in range(6):
         got = np.asarray(copied(inputs[i % 3]))
         if not np.allclose(got, 2 * np.asarray(inputs[i % 3]) + 99, rtol=1e-5, atol=1e-4):
             raise SystemExit(f"bind='copy' replay {i} wrong: got {got[:3]}")
-    replay = _native.native("replay")
-    counters = replay.counters()
-    report = {"splices": counters["splice_nodes"], "whole": counters["splice_whole"], "launches": counters["launch"]}
+    seen.append(counters())
+    report = {"phases": dict(zip(("f", "direct", "copied"), ({p: b[p] - a[p] for p in b} for a, b in zip(seen, seen[1:]))))}
     g.reset()
     try:
         jax.block_until_ready(f(jnp.asarray(x + 1), jnp.asarray(z)))
@@ -441,9 +400,14 @@ def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rn
         data = np.random.default_rng(seed)
     np.testing.assert_array_equal(on, off)
 
-    # Off: every call launches the graph on XLA's stream; nothing is spliced.
-    assert off_report["splices"] == off_report["whole"] == 0 and off_report["launches"] >= 4
+    # Off: every call (4 of f, 6 direct, 6 copied) launches the graph on XLA's stream; nothing is spliced.
+    off_phases = {name: path_calls({}, change) for name, change in off_report["phases"].items()}
+    assert off_phases == {"f": launched(4), "direct": launched(6), "copied": launched(6)}, off_report
+    assert off_report["phases"]["copied"]["copy"] > 0 and off_report["phases"]["f"]["copy"] == 0, off_report
     assert "was reset or destroyed" in off_report["after_reset"]
-    # On: XLA recorded the replay into its command buffer as a child-graph node.
-    assert on_report["splices"] > 0, on_report
-    assert on_report["whole"] > 0, on_report  # bind="copy": spliced as one child graph
+    # On: XLA recorded the replay into its command buffer, bound node by node; bind="copy" reads no
+    # kernel argument, so that graph goes in whole, as one child graph.
+    on = {name: path_calls({}, change) for name, change in on_report["phases"].items()}
+    for name, path in (("f", "splice_nodes"), ("direct", "splice_nodes"), ("copied", "splice_whole")):
+        other = "splice_whole" if path == "splice_nodes" else "splice_nodes"
+        assert on[name][path] > 0 and on[name][other] == on[name]["uncaptured_launch"] == 0, (name, on_report)

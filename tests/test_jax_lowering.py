@@ -3,6 +3,10 @@
 ``jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))`` lowers for CUDA
 on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``ReplaySpec``,
+``_jax_launch.kernel_id``, ``_native``; replay lowering without a graph; kernel ids; target
+registration.
 """
 
 import pathlib
@@ -15,41 +19,11 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _jax_launch, _native
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replayable import Replayable
+from internals import ReplaySpec, spec_replayable
+from kernels import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
 from conftest import enable_x64
 
 ARCH = None if jaxgraph.device_count() else "sm_90"  # loading a kernel needs the device's arch
-
-SAXPY = r"""
-extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
-
-SUM_DIFF = r"""
-extern "C" __global__ void sum_diff(float* s, const float* a, float* d, const float* b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) { s[i] = a[i] + b[i]; d[i] = a[i] - b[i]; }
-}
-"""
-
-SCALARS = r"""
-#include <cuda_fp16.h>
-extern "C" __global__ void scalars(double* out, signed char a, unsigned short b, long long c,
-                                   unsigned int d, float e, double f, __half g, bool h) {
-  out[0] = a; out[1] = b; out[2] = (double)c; out[3] = d; out[4] = e; out[5] = f;
-  out[6] = __half2float(g); out[7] = h ? 1.0 : 0.0;
-}
-"""
-
-VOID_PTR = r"""
-extern "C" __global__ void copy_bytes(void* dst, const void* src, long long nbytes) {
-  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i < nbytes) ((char*)dst)[i] = ((const char*)src)[i];
-}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +33,7 @@ def saxpy():
 
 @pytest.fixture(scope="module")
 def sum_diff():
-    return jaxgraph.Kernel(SUM_DIFF, "sum_diff", arch=ARCH)
+    return jaxgraph.Kernel(SUM_DIFF_INTERLEAVED, "sum_diff_interleaved", arch=ARCH)
 
 
 def lower(f, *args, **jit_kwargs) -> str:
@@ -130,7 +104,7 @@ def test_donated_inout_argument_aliases_the_output(saxpy):
 
 
 def test_scalars_are_little_endian_words_of_their_c_type():
-    k = jaxgraph.Kernel(SCALARS, "scalars", arch=ARCH)
+    k = jaxgraph.Kernel(SCALAR_TYPES, "scalars", arch=ARCH)
     f = lambda: k.jax_call(jax.ShapeDtypeStruct((8,), np.float64), -3, 65535, -(2**40), 2**32 - 1,
                            1.5, -0.25, 0.5, True, grid=1, block=1)
     with enable_x64(True):
@@ -146,7 +120,7 @@ def test_scalars_are_little_endian_words_of_their_c_type():
 
 
 def test_untyped_pointers_take_any_dtype():
-    k = jaxgraph.Kernel(VOID_PTR, "copy_bytes", arch=ARCH)
+    k = jaxgraph.Kernel(COPY_BYTES, "copy_bytes", arch=ARCH)
     f = lambda src: k.jax_call(jax.ShapeDtypeStruct((16,), jnp.int32), src, 64)
     (line,) = custom_calls(lower(f, jax.ShapeDtypeStruct((16,), jnp.int32)), "jaxgraph_launch")
     assert "(tensor<16xi32>) -> tensor<16xi32>" in line
@@ -199,7 +173,7 @@ def test_traced_scalar_is_a_clear_error(saxpy):
 
 
 def make_step(inputs, outputs, graph_id=7, **kwargs):
-    return Replayable._create(ReplaySpec(tuple(inputs), tuple(outputs), graph_id), via="ffi", **kwargs)
+    return spec_replayable(inputs, outputs, graph_id, **kwargs)
 
 
 def test_replay_lowers_to_one_call_between_xla_ops():

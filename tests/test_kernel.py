@@ -1,4 +1,8 @@
-"""Kernels: NVRTC compilation, the disk cache, argument checking and launches vs numpy."""
+"""Kernels: NVRTC compilation, the disk cache, argument checking and launches vs numpy.
+
+Tests internals (listed in tests/README.md): ``_signature.find_signature``, ``parse_signature``,
+``Kernel._packer.values``; signature parsing and scalar range checks on a CPU.
+"""
 
 import numpy as np
 import pytest
@@ -132,9 +136,9 @@ def test_launch_config_is_checked(axpy_f32):
 
 def _DA():
     """A DeviceArray for the checker only: address 0, never launched."""
-    from jaxgraph._array import _INTERNAL, DeviceArray
+    from graph_support import null_array
 
-    return DeviceArray(0, (4,), np.dtype(np.float32), 0, None, _token=_INTERNAL)
+    return null_array((4,), np.float32)
 
 
 # ---------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 Targets (``arch``), template arguments, ``signature=``, calling a kernel
 without a launch configuration, a CPU ``jax.Array`` as an operand, NVRTC's
 failures, and the rule that nothing but a cubin is ever cached.
+
+Tests internals (listed in tests/README.md): ``_compile`` (NVRTC patched), ``_cubin``,
+``_array.HOST_JAX_ARRAY_FIX``; compile failures and the cubin cache on a CPU.
 """
 
 import re

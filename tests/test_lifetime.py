@@ -6,6 +6,9 @@ executable, memory and kernels until it is closed or collected, so nothing
 is retired when the graph object goes out of scope. An explicit ``reset()``
 still retires it. Collecting the replayable frees all of it: the native
 table's entry and the graph's memory.
+
+Tests internals (listed in tests/README.md): ``_native`` live graphs, ``_memory._pools``; what a
+replayable frees when it goes.
 """
 
 import gc

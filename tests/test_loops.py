@@ -3,6 +3,9 @@
 Every GPU test checks the state against numpy applying the step the same
 number of times, on fresh random inputs with the outputs poisoned, and the
 number of steps run against a device counter the step's own kernel bumps.
+
+Tests internals (listed in tests/README.md): ``_loops._check_*``, ``_loop_build``;
+graphed_loop's argument checks on a CPU (the public call needs a captured graph).
 """
 
 import os
@@ -15,27 +18,10 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _loop_build, _loops
+from kernels import LOOP_STEP
 
 N = 1000
 BLOCK = 256
-
-# One step: y = 0.5 x + b; thread 0 counts the step and raises the flag at the stop_at-th step.
-STEP = r"""
-extern "C" __global__ void lstep(float* y, const float* x, const float* b, int* counter, int* flag,
-                                 const int* stop_at, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = 0.5f * x[i] + b[i];
-  if (i == 0) {
-    int c = atomicAdd(counter, 1) + 1;
-    if (c >= *stop_at) *flag = 1;
-  }
-}
-extern "C" __global__ void lstep_inplace(float* x, const float* b, int* counter, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = 0.5f * x[i] + b[i];
-  if (i == 0) atomicAdd(counter, 1);
-}
-"""
 
 
 def ref(x, b, steps):
@@ -51,7 +37,7 @@ def blocks(n):
 
 @pytest.fixture(scope="module")
 def k():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
     ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
     return ks
 
@@ -71,14 +57,22 @@ def make_step(k, rng, stop_at=1 << 30):
     return s
 
 
-def run(loop, s, x0, steps=None):
-    """Poison, set the state and counter, replay; return (x, y, counter, steps_run) on the host."""
+def run_and_check(loop, s, rng, want_steps, steps=None, both_halves=True):
+    """Replay ``loop`` (``steps=``) from a fresh random x, y poisoned and the counter zeroed;
+    check that ``want_steps`` steps were counted and run and that y matches numpy (and x,
+    the other half of the ping-pong pair, holds the result too when ``both_halves``)."""
+    x0 = rng.standard_normal(N).astype(np.float32)
     s.x.copy_(x0)
     s.y.fill_(np.float32(np.nan))
     s.counter.fill_(0)
     loop.steps_run.fill_(-7)
     loop.replay(steps=steps)
-    return s.x.numpy(), s.y.numpy(), int(s.counter.numpy()[0]), int(loop.steps_run.numpy()[0])
+    counter, ran = int(s.counter.numpy()[0]), int(loop.steps_run.numpy()[0])
+    assert (counter, ran) == (want_steps, want_steps), (steps, want_steps)
+    y = s.y.numpy()
+    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), want_steps), rtol=1e-5, atol=1e-6)
+    if both_halves:
+        np.testing.assert_allclose(s.x.numpy(), y)
 
 
 # ----------------------------------------------------------------------------
@@ -92,12 +86,7 @@ def test_fixed_steps_not_a_multiple_of_unroll(k, rng, steps):
     s = make_step(k, rng)
     loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, unroll=4, inputs=[s.x, s.b], outputs=[s.y])
     assert loop.ping_pong == "swap" and loop.unroll == 4 and loop.steps == steps
-    x0 = rng.standard_normal(N).astype(np.float32)
-    x, y, counter, ran = run(loop, s, x0)
-    want = ref(x0, s.b.numpy(), steps)
-    assert (counter, ran) == (steps, steps)
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-6)   # both halves of the pair hold the result
+    run_and_check(loop, s, rng, steps)   # both halves of the pair hold the result
 
 
 @pytest.mark.gpu
@@ -108,11 +97,7 @@ def test_steps_from_a_device_array_change_between_launches(k, rng):
     assert loop.steps is None and loop.count is count
     for steps in (13, 0, 8, 1, 30, 7):
         count.copy_(np.array([steps], np.int32))
-        x0 = rng.standard_normal(N).astype(np.float32)
-        x, y, counter, ran = run(loop, s, x0)
-        assert (counter, ran) == (steps, steps), steps
-        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(x, y)
+        run_and_check(loop, s, rng, steps)
 
 
 @pytest.mark.gpu
@@ -120,10 +105,7 @@ def test_own_count_filled_by_replay(k, rng):
     s = make_step(k, rng)
     loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=6, inputs=[s.x, s.b], outputs=[s.y])
     for steps in (17, 5, 2):
-        x0 = rng.standard_normal(N).astype(np.float32)
-        x, y, counter, ran = run(loop, s, x0, steps=steps)
-        assert (counter, ran) == (steps, steps)
-        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
+        run_and_check(loop, s, rng, steps, steps=steps, both_halves=False)
     with pytest.raises(ValueError, match="fixed"):
         jaxgraph.graphed_loop(s.g, 3, inputs=[s.x, s.b], outputs=[s.y]).replay(steps=2)
 
@@ -135,13 +117,8 @@ def test_until_flag_stops_exactly(k, rng, stop_at, steps):
     loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b],
                                  outputs=[s.y])
     s.flag.fill_(1)  # a stale flag from an earlier run: the loop clears it at launch
-    x0 = rng.standard_normal(N).astype(np.float32)
-    x, y, counter, ran = run(loop, s, x0)
+    run_and_check(loop, s, rng, min(stop_at, steps))
     assert "IF" in loop.summary() and "WHILE" in loop.summary()
-    want_steps = min(stop_at, steps)
-    assert (counter, ran) == (want_steps, want_steps)
-    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), want_steps), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(x, y)
 
 
 @pytest.mark.gpu
@@ -150,10 +127,7 @@ def test_until_with_count_from_device(k, rng):
     loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
     for stop_at, steps in ((7, 100), (100, 9), (4, 4)):
         s.stop.copy_(np.array([stop_at], np.int32))
-        x0 = rng.standard_normal(N).astype(np.float32)
-        x, y, counter, ran = run(loop, s, x0, steps=steps)
-        assert (counter, ran) == (min(stop_at, steps),) * 2
-        np.testing.assert_allclose(y, ref(x0, s.b.numpy(), min(stop_at, steps)), rtol=1e-5, atol=1e-6)
+        run_and_check(loop, s, rng, min(stop_at, steps), steps=steps, both_halves=False)
 
 
 @pytest.mark.gpu
@@ -185,11 +159,7 @@ def test_copy_fallback_where_swapping_is_unsafe(k, rng, steps):
         s.y.copy_(tmp)
     loop = jaxgraph.graphed_loop(g, steps, feed={0: 0}, unroll=2, inputs=[s.x, s.b], outputs=[s.y])
     assert loop.ping_pong.startswith("copy: ") and "memcpy" in loop.ping_pong
-    x0 = rng.standard_normal(N).astype(np.float32)
-    x, y, counter, ran = run(loop, s, x0)
-    assert (counter, ran) == (steps, steps)
-    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), steps), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(x, y)
+    run_and_check(loop, s, rng, steps)
 
 
 @pytest.mark.gpu
@@ -198,11 +168,7 @@ def test_copy_asked_for(k, rng):
     loop = jaxgraph.graphed_loop(s.g, 7, feed={0: 0}, unroll=3, ping_pong="copy", inputs=[s.x, s.b],
                                  outputs=[s.y])
     assert loop.ping_pong == "copy: asked for (ping_pong='copy')"
-    x0 = rng.standard_normal(N).astype(np.float32)
-    x, y, counter, ran = run(loop, s, x0)
-    assert (counter, ran) == (7, 7)
-    np.testing.assert_allclose(y, ref(x0, s.b.numpy(), 7), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(x, y)
+    run_and_check(loop, s, rng, 7)
 
 
 @pytest.mark.gpu
@@ -279,7 +245,7 @@ _XLA = {
 
 
 def _kernels():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(STEP, "lstep"), inplace=jaxgraph.Kernel(STEP, "lstep_inplace"))
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
     ks.step.handle, ks.inplace.handle  # noqa: B018
     return ks
 

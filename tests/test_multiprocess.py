@@ -9,6 +9,9 @@ processes, the jitted step lowered for CUDA on every process, and every
 cross-process check. On a GPU machine with one GPU, the processes share it
 (each with a fraction of its memory), which proves the logic; it is no
 scaling figure (benchmarks/scaling_processes.py needs one GPU per process).
+
+Tests internals (listed in tests/README.md): ``_processes``, ``_sharded.device_ordinals``,
+``internals.spec_sharded``; the cross-process agreement and device lookup.
 """
 
 import os
@@ -26,9 +29,8 @@ import jax  # noqa: E402
 import jaxgraph  # noqa: E402
 from graph_support import XLA_MODES  # noqa: E402
 from jaxgraph import _processes  # noqa: E402
-from jaxgraph._replay_args import ReplaySpec  # noqa: E402
-from jaxgraph._replayable import Replayable  # noqa: E402
-from jaxgraph._sharded import DeviceCapture, ShardedGraph, device_ordinals  # noqa: E402
+from jaxgraph._sharded import device_ordinals  # noqa: E402
+from internals import spec_replayable, spec_sharded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -93,8 +95,7 @@ def test_a_global_mesh_stands_for_this_process_s_devices():
 
 
 def test_checking_a_global_mesh_needs_jax_distributed():
-    step = Replayable._create(ReplaySpec((F32,), (F32,), 3), via="ffi")
-    sg = ShardedGraph._create(step, {0: DeviceCapture(None, (), ())})
+    sg = spec_sharded(spec_replayable((F32,), (F32,), 3), [0])
     assert sg.check_devices(fake_mesh(fake_gpu(0, 0))) == (0,)  # one process: no exchange
     with pytest.raises(RuntimeError, match="span several processes but jax.distributed is not initialized"):
         sg.check_devices(fake_mesh(fake_gpu(0, 0), fake_gpu(0, 1)))

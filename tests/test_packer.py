@@ -6,6 +6,12 @@ kind runs the reference checks first, and a wrong call raises the same error
 on either path. The GPU tests launch through the public API with jax, CuPy,
 torch and jaxgraph arrays and several kinds of scalars, alternating, and check
 every result against numpy on fresh random inputs.
+
+Tests internals (listed in tests/README.md): ``_packer`` (``ArgumentPacker``, ``_specialize``
+counted), ``Kernel._packer``, a Kernel's loaded state and ``_native_launch`` stubbed,
+``_driver._primary_context_addresses``, ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``;
+which path packed a launch (specialized or reference) has no public face, and the stubbed launch
+lets a CPU see exactly what reaches the driver.
 """
 
 import gc
@@ -21,15 +27,8 @@ from jaxgraph._array import _INTERNAL, DeviceArray
 from jaxgraph._packer import ArgumentPacker, geometry
 from jaxgraph._signature import parse_signature
 from jaxgraph._stream import Stream
+from kernels import MIXED_PARAMS, REVERSE_BLOCK
 
-MIXED = r"""
-#include <cuda_fp16.h>
-extern "C" __global__ void mixed(float* y, const float* x, const double* w, float a, int n,
-                                 long long shift, __half h, bool flag) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + (float)w[i] + (float)shift + __half2float(h) + (flag ? 1.0f : 0.0f);
-}
-"""
 SIGNATURE = "float* y, const float* x, const double* w, float a, int n, long long shift, __half h, bool flag"
 
 
@@ -165,7 +164,7 @@ def test_geometry_checks_and_packs():
 
 @pytest.fixture(scope="module")
 def mixed_kernel(tmp_path_factory):
-    return jaxgraph.Kernel(MIXED, "mixed", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
+    return jaxgraph.Kernel(MIXED_PARAMS, "mixed", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
 
 
 @pytest.fixture
@@ -209,7 +208,7 @@ def test_launch_configurations_are_checked_then_kept(stubbed):
 
 def test_a_kernel_that_launched_is_freed_when_dropped(tmp_path):
     """Nothing the launch path keeps refers back to the kernel: it goes without a garbage collection."""
-    kernel = jaxgraph.Kernel(MIXED, "mixed", arch="sm_90", cache_dir=tmp_path)
+    kernel = jaxgraph.Kernel(MIXED_PARAMS, "mixed", arch="sm_90", cache_dir=tmp_path)
     kernel[4, 32]
     kernel._packer.pack(good_args())
     kernel._packer.pack(good_args()[:3] + (np.float32(1.0),) + good_args()[4:])
@@ -290,7 +289,7 @@ def test_alternating_kinds_match_numpy(rng):
     """Arrays of four libraries and scalars of three kinds, alternating launch to launch: each exact."""
     pytest.importorskip("cupy")
     pytest.importorskip("torch")
-    kernel = jaxgraph.Kernel(MIXED, "mixed")
+    kernel = jaxgraph.Kernel(MIXED_PARAMS, "mixed")
     reference_calls = []
     reference = kernel._packer.values
     kernel._packer.values = lambda *a, **k: reference_calls.append(1) or reference(*a, **k)
@@ -322,7 +321,7 @@ def test_alternating_kinds_match_numpy(rng):
 def test_a_capture_through_specialized_packers_replays_right(rng):
     """Kinds learned eagerly, then a capture with a CuPy input written on CuPy's stream: exact replays."""
     cupy = pytest.importorskip("cupy")
-    kernel = jaxgraph.Kernel(MIXED, "mixed")
+    kernel = jaxgraph.Kernel(MIXED_PARAMS, "mixed")
     x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
     grid = (N + 255) // 256
     kernel[grid, 256](y_s, x_s, cupy.zeros(N, cupy.float64), 2.0, N, 3, 0.5, False)  # learns these kinds
@@ -348,7 +347,7 @@ def test_the_launch_switches_a_strangers_context_back(rng):
     """Another library left its own context current: the native launch runs in the primary context again."""
     from cuda.bindings import driver as cu
 
-    kernel = jaxgraph.Kernel(MIXED, "mixed")
+    kernel = jaxgraph.Kernel(MIXED_PARAMS, "mixed")
     stream = jaxgraph.Stream()
     x = rng.integers(-1000, 1000, N).astype(np.float32)
     x_d, w_d, y = jaxgraph.asarray(x), jaxgraph.zeros(N, np.float64), jaxgraph.empty(N)
@@ -372,29 +371,10 @@ def test_the_launch_switches_a_strangers_context_back(rng):
         _driver.ensure_context()
 
 
-SHARED = r"""
-extern "C" __global__ void reverse_block(float* y, const float* x, int n) {
-  extern __shared__ float tile[];   // 16 floats per thread: 64 KiB for a block of 1024
-  int base = blockIdx.x * blockDim.x * 16;
-  for (int k = 0; k < 16; ++k) {
-    int i = base + k * blockDim.x + threadIdx.x;
-    tile[k * blockDim.x + threadIdx.x] = i < n ? x[i] : 0.0f;
-  }
-  __syncthreads();
-  int last = blockDim.x * 16 - 1;
-  for (int k = 0; k < 16; ++k) {
-    int j = k * blockDim.x + threadIdx.x;
-    int i = base + j;
-    if (i < n) y[i] = tile[last - j];
-  }
-}
-"""
-
-
 @pytest.mark.gpu
 def test_dynamic_shared_memory_over_48k_is_raised_and_used(rng):
     """64 KiB of dynamic shared memory per block: over the default limit, raised on first use, then used."""
-    kernel = jaxgraph.Kernel(SHARED, "reverse_block")
+    kernel = jaxgraph.Kernel(REVERSE_BLOCK, "reverse_block")
     block, per_block = 1024, 1024 * 16
     n = per_block * 3
     x = rng.standard_normal(n).astype(np.float32)

@@ -1,7 +1,10 @@
 """The public API: ``jaxgraph.__all__`` lists it, ``help(jaxgraph)`` shows it, and every part of it has a docstring."""
 
+import ast
 import inspect
+import pathlib
 import pydoc
+import re
 import types
 
 import jaxgraph
@@ -52,3 +55,23 @@ def test_every_public_function_class_method_and_property_has_a_docstring():
         if inspect.isclass(obj):
             missing += [f"{name}.{m}" for m, f in members(obj) if not (f.__doc__ or "").strip()]
     assert missing == [], f"public API without a docstring: {missing}"
+
+
+# What counts as reaching into jaxgraph's internals from a test file.
+PRIVATE_USE = re.compile(r"jaxgraph\._[a-z]|from jaxgraph import [\w, ]*\b_[a-z]|from internals import|import internals\b"
+                         r"|\._create\(")
+
+
+def test_tests_of_internals_are_listed():
+    """A test file that reaches into jaxgraph's private modules says so, in its docstring and in
+    tests/README.md's table (so that moving a private name shows which tests to edit)."""
+    tests = pathlib.Path(__file__).parent
+    listed = set(re.findall(r"^\| `([\w.]+\.py)` \|", (tests / "README.md").read_text(), re.M))
+    users = {p.name for p in tests.glob("*.py") if PRIVATE_USE.search(p.read_text())} - {pathlib.Path(__file__).name}
+    assert "internals.py" in users and "test_jax_lowering.py" in users  # the pattern finds what it must
+    missing = sorted(users - listed)
+    assert not missing, f"list these in tests/README.md's table of tests of internals: {missing}"
+    assert listed <= {p.name for p in tests.glob("*.py")}, "tests/README.md lists a file that is gone"
+    for name in sorted(users - {"internals.py"}):
+        doc = ast.get_docstring(ast.parse((tests / name).read_text())) or ""
+        assert "Tests internals" in doc, f"{name}: say in the module docstring which internals it tests and why"

@@ -5,6 +5,10 @@ function: the exception must be of a type listed in that function's
 ``Raises`` section (or a subclass of one). Argument errors come before state
 errors: a wrong call on a graph that captured nothing says what is wrong with
 the call.
+
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``,
+``internals.spec_sharded``, ``Stream._setup``; documented exceptions of replayables and sharded
+graphs raised on a CPU.
 """
 
 import re
@@ -16,16 +20,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._array import _INTERNAL, DeviceArray
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._sharded import DeviceCapture, ShardedGraph
-
-SOURCE = r"""
-extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
+from graph_support import null_array
+from internals import spec_replayable, spec_sharded
+from kernels import SAXPY
 
 
 def documented(fn) -> set[str]:
@@ -53,7 +50,7 @@ def sds(*shape):
 
 def ffi_step():
     """A replayable with no graph behind it (``via="ffi"``, float32[4] -> float32[4])."""
-    return jaxgraph.Replayable._create(ReplaySpec((sds(4),), (sds(4),), 7), via="ffi")
+    return spec_replayable((sds(4),), (sds(4),), 7)
 
 
 def closed_step():
@@ -63,7 +60,7 @@ def closed_step():
 
 
 def sharded():
-    return ShardedGraph._create(ffi_step(), {0: DeviceCapture(None, (), ())})
+    return spec_sharded(ffi_step(), [0])
 
 
 def never_called(*args):
@@ -71,7 +68,7 @@ def never_called(*args):
 
 
 def foreign_array():
-    return DeviceArray(0, (4,), np.dtype(np.float32), 0, object(), _token=_INTERNAL)
+    return null_array((4,), np.float32)
 
 
 def fake_stream():
@@ -81,8 +78,8 @@ def fake_stream():
 
 
 @pytest.fixture(scope="module")
-def axpy(tmp_path_factory):
-    return jaxgraph.Kernel(SOURCE, "axpy", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
+def saxpy(tmp_path_factory):
+    return jaxgraph.Kernel(SAXPY, "saxpy", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
 
 
 X = np.zeros(8, np.float32)
@@ -137,8 +134,8 @@ CASES = [
     (CPD, lambda: CPD(never_called, [sds(4)], devices=[0, 0]), ValueError, "given more than once"),
     (CPD, lambda: CPD(never_called, [sds(4)], devices=[-1]), ValueError, "ordinal is >= 0"),
     # ShardedGraph
-    (ShardedGraph.check_devices, lambda: sharded().check_devices(object()), TypeError, "devices must be a Mesh"),
-    (ShardedGraph.check_devices, lambda: sharded().check_devices([1]), ValueError, "no graph for device 1"),
+    (jaxgraph.ShardedGraph.check_devices, lambda: sharded().check_devices(object()), TypeError, "devices must be a Mesh"),
+    (jaxgraph.ShardedGraph.check_devices, lambda: sharded().check_devices([1]), ValueError, "no graph for device 1"),
     # CUDAGraph.capture_begin: arguments before the driver
     (jaxgraph.CUDAGraph.capture_begin, lambda: jaxgraph.CUDAGraph().capture_begin(pool="mine"), TypeError,
      "pool must be a token"),
@@ -147,15 +144,15 @@ CASES = [
     (jaxgraph.CUDAGraph.capture_begin, lambda: jaxgraph.CUDAGraph().capture_begin(capture_error_mode="x"),
      ValueError, "capture_error_mode"),
     # DeviceArray.record_stream
-    (DeviceArray.record_stream, lambda: foreign_array().record_stream(0), TypeError, "expects a jaxgraph.Stream"),
-    (DeviceArray.record_stream, lambda: foreign_array().record_stream(fake_stream()), ValueError,
+    (jaxgraph.DeviceArray.record_stream, lambda: foreign_array().record_stream(0), TypeError, "expects a jaxgraph.Stream"),
+    (jaxgraph.DeviceArray.record_stream, lambda: foreign_array().record_stream(fake_stream()), ValueError,
      "applies to memory jaxgraph allocated"),
     # Kernel
     (jaxgraph.Kernel, lambda: jaxgraph.Kernel(123, "axpy", arch="sm_90"), TypeError, "source must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "", arch="sm_90"), TypeError, "name must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "axpy", options=5, signature="float* y", arch="sm_90"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "", arch="sm_90"), TypeError, "name must be"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "saxpy", options=5, signature="float* y", arch="sm_90"),
      TypeError, "options must be"),
-    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SOURCE, "nothing", arch="sm_90"), ValueError, "no __global__"),
+    (jaxgraph.Kernel, lambda: jaxgraph.Kernel(SAXPY, "nothing", arch="sm_90"), ValueError, "no __global__"),
 ]
 
 
@@ -181,10 +178,10 @@ JAX_CALL_CASES = [
 
 
 @pytest.mark.parametrize("options, exc, match", JAX_CALL_CASES)
-def test_jax_call_errors_are_documented(axpy, options, exc, match):
+def test_jax_call_errors_are_documented(saxpy, options, exc, match):
     x = jnp.zeros(8, jnp.float32)
     with pytest.raises(exc, match=match) as info:
-        jax.jit(lambda x: axpy.jax_call(sds(8), x, 1.0, 8, **options)).trace(x)
+        jax.jit(lambda x: saxpy.jax_call(sds(8), x, 1.0, 8, **options)).trace(x)
     assert type(info.value).__name__ in documented(jaxgraph.Kernel.jax_call)
 
 

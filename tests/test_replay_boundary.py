@@ -4,6 +4,10 @@ Binding modes and replay paths cross from ``ffi/replay.cc`` as codes (never
 sentences); a replayable of a graph with conditional nodes lowers to
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 Lowering needs no device: the replayables here are built from a spec.
+
+Tests internals (listed in tests/README.md): ``_native`` code and counter tables,
+``_replay_codes.binding_from_row``, ``paths_from_codes``, ``set_capture_policy``,
+``internals.spec_replayable``, ``ReplaySpec``; the typed native boundary itself.
 """
 
 import re
@@ -15,7 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import BindingMode, BufferBinding, ReplayPath, Replayable, _native
-from jaxgraph._replay_args import ReplaySpec
+from internals import ReplaySpec, spec_replayable
 
 
 def f32(*shape):
@@ -31,8 +35,7 @@ def calls_to(text: str, target: str) -> list[str]:
 
 
 def spec_step(uncaptured: bool, graph_id: int = 5) -> Replayable:
-    spec = ReplaySpec((f32(256),), (f32(256),), graph_id, uncaptured=uncaptured)
-    return Replayable._create(spec, via="ffi")
+    return spec_replayable((f32(256),), (f32(256),), graph_id, uncaptured=uncaptured)
 
 
 # ---------------------------------------------------------------------------
@@ -45,7 +48,7 @@ def test_native_codes_name_every_binding_mode_and_replay_path():
     assert {BindingMode(name) for name in codes["binding"]} == set(BindingMode)
     native_paths = {ReplayPath(name) for name in codes["path"]}
     assert native_paths == set(ReplayPath) - {ReplayPath.HOST_CALLBACK}  # the host path never reaches C++
-    assert len(set(codes["binding"].values())) == 3 and len(set(codes["path"].values())) == 4
+    assert len(set(codes["binding"].values())) == 4 and len(set(codes["path"].values())) == 4
 
 
 def test_each_native_replay_path_has_its_own_counter():
@@ -53,7 +56,25 @@ def test_each_native_replay_path_has_its_own_counter():
     for path in set(ReplayPath) - {ReplayPath.HOST_CALLBACK}:
         assert counters[path.value] >= 0
     assert "splice" not in counters  # the lumped counter is gone: tests name the path
-    assert {"instantiate", "rebind", "copy", "handler_calls", "handler_ns"} <= set(counters)
+    assert {"instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns"} <= set(counters)
+
+
+def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
+    from jaxgraph._replay_codes import CapturePolicy, set_capture_policy
+
+    codes = _native.native("replay").codes()["capture"]
+    assert set(codes) == {p.value for p in CapturePolicy} and len(set(codes.values())) == 4
+    previous = set_capture_policy("whole")
+    try:
+        assert previous is CapturePolicy.BIND  # the default
+        assert set_capture_policy(CapturePolicy.AUTO) is CapturePolicy.WHOLE
+        with pytest.raises(ValueError, match="'sometimes' is not a valid CapturePolicy"):
+            set_capture_policy("sometimes")
+        with pytest.raises(ValueError, match="capture policy must be a code"):
+            _native.native("replay").set_capture_policy(7)
+    finally:
+        set_capture_policy(previous)
+    assert set_capture_policy(previous) is CapturePolicy.BIND
 
 
 def test_binding_rows_are_typed_and_read_as_before():
@@ -66,6 +87,9 @@ def test_binding_rows_are_typed_and_read_as_before():
     assert str(bound) == "output 0 bound (3 sites)"
     assert unused.mode is BindingMode.UNUSED and str(unused) == "input 1 unused (no kernel argument points at it)"
     assert isinstance(bound, BufferBinding)
+    by_cost = binding_from_row(("output", 0, codes["copied_by_cost"], 2000, "copying it ~2.5 us per call: copied"))
+    assert by_cost.mode is BindingMode.COPIED_BY_COST and by_cost.sites == 2000
+    assert str(by_cost) == "output 0 copied_by_cost (copying it ~2.5 us per call: copied)"
 
 
 def test_unknown_code_is_an_error_not_a_guess():
@@ -124,8 +148,7 @@ def test_spec_names_its_target():
 
 
 def test_callback_replayable_names_its_path():
-    spec = ReplaySpec((f32(4),), (f32(4),))
-    step = Replayable._create(spec, via="callback", host=lambda x: x)
+    step = spec_replayable((f32(4),), (f32(4),), via="callback", host=lambda x: x)
     assert step.replay_paths == (ReplayPath.HOST_CALLBACK,)
     assert "paths=host_callback" in repr(step)
 

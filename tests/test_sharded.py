@@ -1,8 +1,12 @@
 """ShardedGraph on the CPU: device lookup, argument errors and lifetime, with no device needed.
 
-The graphs here are specs (``ShardedGraph._create``), never captured; shard_map
+The graphs here are specs (``internals.spec_sharded``), never captured; shard_map
 and pmap lowering over several devices is in test_sharded_lowering.py, and the
 replays on two GPUs in test_sharded_gpu.py.
+
+Tests internals (listed in tests/README.md): ``internals.spec_sharded``,
+``_sharded.cuda_ordinal``, ``device_ordinals``, ``_jax_replay.varying_axes``, ``result_shapes``;
+sharded specs on a CPU.
 """
 
 import types
@@ -14,9 +18,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph import _jax_replay
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replayable import Replayable
-from jaxgraph._sharded import DeviceCapture, ShardedGraph, cuda_ordinal, device_ordinals
+from jaxgraph._sharded import cuda_ordinal, device_ordinals
+from internals import ShardedGraph, spec_replayable, spec_sharded
 
 HAS_GPU = jaxgraph.device_count() > 0
 
@@ -26,8 +29,7 @@ def f32(*shape):
 
 
 def make_sharded(devices=(0, 1), graph_id=5):
-    step = Replayable._create(ReplaySpec((f32(64),), (f32(64),), graph_id), via="ffi")
-    return ShardedGraph._create(step, {d: DeviceCapture(None, (), ()) for d in devices})
+    return spec_sharded(spec_replayable((f32(64),), (f32(64),), graph_id), devices)
 
 
 def gpu(ordinal, process=0):
@@ -95,7 +97,7 @@ def test_introspection_and_repr():
     sg = make_sharded(devices=(1, 0), graph_id=9)
     assert sg.devices == (1, 0) and sg.graph_id == 9 and sg.alive
     assert sg.in_shapes == (f32(64),) and sg.out_shapes == (f32(64),)
-    assert isinstance(sg.replayable, Replayable) and sg.outputs(0) == ()
+    assert isinstance(sg.replayable, jaxgraph.Replayable) and sg.outputs(0) == ()
     assert repr(sg) == "<jaxgraph.ShardedGraph (float32[64]) -> (float32[64]) on devices 1, 0 graph=9 alive>"
 
 

@@ -7,6 +7,9 @@ random integers stored as float32 (exact arithmetic, exact comparisons), in new
 buffers on every call, and static outputs are poisoned (NaN) before each run.
 Command buffers on and off are compared in subprocesses (XLA_FLAGS must be set
 before JAX starts).
+
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_native`` live graphs,
+``_memory.pool_from_token``; calls per replay path on each device; what is freed.
 """
 
 import gc
@@ -25,28 +28,17 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph import _driver, _memory, _native  # noqa: E402
-from graph_support import jax_gpus, run_xla_worker  # noqa: E402
+from jaxgraph import _memory, _native  # noqa: E402
+from internals import counters  # noqa: E402
+from kernels import ADD, AXPB, INC  # noqa: E402
+from graph_support import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 MiB = 1 << 20
 N = 4096
 
-SRC = r"""
-extern "C" __global__ void affine(float* y, const float* x, float a, float b, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + b;
-}
-extern "C" __global__ void inc(float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += 1.0f;
-}
-extern "C" __global__ void add(float* z, const float* x, const float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) z[i] = x[i] + y[i];
-}
-"""
+SRC = AXPB + INC + ADD
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +61,7 @@ def mesh(gpus):
 
 @pytest.fixture(scope="module")
 def k():
-    kernels = {name: jaxgraph.Kernel(SRC, name) for name in ("affine", "inc", "add")}
+    kernels = {name: jaxgraph.Kernel(SRC, name) for name in ("axpb", "inc", "add")}
     for kernel in kernels.values():
         kernel.handle  # noqa: B018 - load before capture
     return kernels
@@ -84,7 +76,7 @@ def chain(k, n=N, launches=10):
     def fn(x):
         device = jaxgraph.current_device()
         y = jaxgraph.empty(x.shape)
-        k["affine"][(n + 255) // 256, 256](y, x, 2.0, 1000.0 * device, n)
+        k["axpb"][(n + 255) // 256, 256](y, x, 2.0, 1000.0 * device, n)
         for _ in range(launches - 1):
             k["inc"][(n + 255) // 256, 256](y, n)
         return y
@@ -118,16 +110,10 @@ def check_shards(out, x, launches=10):
     return seen
 
 
-def counters():
-    return _native.native("replay").counters()
-
-
 def free_bytes(device):
     """Free memory on ``device`` once its work has finished (cuMemGetInfo in its context)."""
-    jaxgraph.synchronize(device)
-    _driver.ensure_context(device)
-    free, _total = _driver.check(_driver.driver().cuMemGetInfo(), "cuMemGetInfo")
-    return int(free)
+    jaxgraph.synchronize(device)  # also makes the device's primary context current on this thread
+    return int(driver_call("cuMemGetInfo")[0])
 
 
 def live_graphs():
@@ -211,9 +197,8 @@ def test_each_device_binds_xla_buffers_without_copies(k, gpus, mesh, rng):
         check_shards(f(jax.device_put(x, NamedSharding(mesh, P("x")))), x)
     after = counters()
     assert after["copy"] == before["copy"]
-    # Launched on both devices per call, or (XLA recording a command buffer) spliced node by node.
-    launched = after["launch"] - before["launch"] == 2 * calls
-    assert launched or after["splice_nodes"] > before["splice_nodes"], (before, after)
+    # JAX's defaults leave a lone custom call out of command buffers: launched on both devices, every call.
+    assert path_calls(before, after) == launched(2 * calls), (before, after)
     for d in sg.devices:
         assert np.isnan(sg.inputs(d)[0].numpy()).all() and np.isnan(sg.outputs(d)[0].numpy()).all()
 
@@ -243,11 +228,11 @@ def test_a_device_without_a_graph_is_a_clear_error(k, gpus, mesh, rng):
 
 def test_outputs_on_another_device_are_refused_and_nothing_leaks(k, gpus):
     d0, d1 = (d.local_hardware_id for d in gpus)
-    _driver.set_device(d0)
+    jaxgraph.set_device(d0)
     stray = jaxgraph.zeros(N)  # on device 0, returned as device 1's output too
 
     def fn(x):
-        k["affine"][N // 256, 256](stray, x, 1.0, 0.0, N)
+        k["axpb"][N // 256, 256](stray, x, 1.0, 0.0, N)
         return stray
 
     live = live_graphs()
@@ -275,7 +260,7 @@ def test_destroying_the_sharded_graph_frees_every_devices_memory(k, gpus, rng):
     def fn(x):
         tmp = jaxgraph.empty(x.shape)  # the graph's pool on this device
         y = jaxgraph.empty(x.shape)
-        k["affine"][blocks, 256](tmp, x, 2.0, 1.0, m)
+        k["axpb"][blocks, 256](tmp, x, 2.0, 1.0, m)
         k["add"][blocks, 256](y, tmp, x, m)
         return y
 
@@ -339,17 +324,17 @@ WORKER = textwrap.dedent(r'''
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jaxgraph
-    from jaxgraph import _native
+    from internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096
-    affine, inc = (jaxgraph.Kernel(open(src).read(), name) for name in ("affine", "inc"))
+    axpb, inc = (jaxgraph.Kernel(open(src).read(), name) for name in ("axpb", "inc"))
     gpus = jax.local_devices(backend="gpu")[:2]
     mesh = Mesh(np.array(gpus), ("x",))
 
     def fn(x):  # y = 2 x + 1000 * device + 99 on each device
         y = jaxgraph.empty(x.shape)
-        affine[16, 256](y, x, 2.0, 1000.0 * jaxgraph.current_device(), n)
+        axpb[16, 256](y, x, 2.0, 1000.0 * jaxgraph.current_device(), n)
         for _ in range(99):
             inc[16, 256](y, n)
         return y
@@ -377,10 +362,8 @@ WORKER = textwrap.dedent(r'''
         got, want = np.asarray(direct(placed[i % 3])), 2 * inputs[i % 3] + offsets + 99
         if not np.array_equal(got, want):
             raise SystemExit(f"direct replay {i} wrong: got {got[n - 2:n + 2]}, want {want[n - 2:n + 2]}")
-    counters = _native.native("replay").counters()
     np.save(out_path, np.stack(results))
-    print("REPORT " + json.dumps({"splices": counters["splice_nodes"], "launches": counters["launch"],
-                                  "devices": [d.local_hardware_id for d in gpus]}))
+    print("REPORT " + json.dumps({"calls": counters(), "devices": [d.local_hardware_id for d in gpus]}))
 ''')
 
 def run_worker(tmp_path, mode, seed):
@@ -401,7 +384,8 @@ def test_command_buffers_on_and_off_agree_on_every_device(gpus, tmp_path, rng):
         for got in (off, on):
             np.testing.assert_allclose(got[i], h * z + 3, rtol=1e-5, atol=1e-3)
     np.testing.assert_array_equal(on, off)
-    # Off: both devices launch their graph on every call; nothing is spliced.
-    assert off_report["splices"] == 0 and off_report["launches"] >= 2 * 10, off_report
-    # On: each device's XLA command buffer recorded its own graph as nodes.
-    assert on_report["splices"] >= 2, on_report
+    # Off: both devices launch their graph on every one of the 10 calls; nothing is spliced.
+    assert path_calls({}, off_report["calls"]) == launched(2 * 10), off_report
+    # On: each device's XLA command buffer recorded its own graph node by node, never whole.
+    on_paths = path_calls({}, on_report["calls"])
+    assert on_paths["splice_nodes"] >= 2 and on_paths["splice_whole"] == on_paths["uncaptured_launch"] == 0, on_report

@@ -4,7 +4,10 @@ JAX reads ``--xla_force_host_platform_device_count`` once, when its CPU backend
 starts, so the scenarios run in one fresh process with four CPU devices and
 report back as JSON; each test checks one scenario. The replays are lowered
 for CUDA (``lower(lowering_platforms=("cuda",))``), which needs no GPU; the
-graphs are specs only (``ShardedGraph._create``), never captured.
+graphs are specs only (``internals.spec_sharded``), never captured.
+
+Tests internals (listed in tests/README.md): ``internals.spec_sharded``; shard_map and pmap
+lowering over four CPU devices.
 """
 
 import json
@@ -20,16 +23,13 @@ SCENARIOS = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from jaxgraph._replay_args import ReplaySpec
-    from jaxgraph._replayable import Replayable
-    from jaxgraph._sharded import DeviceCapture, ShardedGraph
+    from internals import spec_replayable, spec_sharded
 
     N = 4096
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
 
     def sharded(graph_id, n_in=1, devices=(0, 1)):
-        step = Replayable._create(ReplaySpec((f32(N),) * n_in, (f32(N),), graph_id), via="ffi")
-        return ShardedGraph._create(step, {d: DeviceCapture(None, (), ()) for d in devices})
+        return spec_sharded(spec_replayable((f32(N),) * n_in, (f32(N),), graph_id), devices)
 
     def lower(f, *args):
         return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -153,7 +153,8 @@ SCENARIOS = textwrap.dedent(r'''
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SCENARIOS], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"scenarios failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]

@@ -1,0 +1,218 @@
+"""Bind or copy by cost, the executable cache, and what a graph's executables take (ffi/bind_policy.h).
+
+Tests internals: the native policy functions (``internals.native_replay``), the
+replay counters and ``describe_graph`` (``internals``): which decision the
+policy takes on given figures, and how many executables, instantiations,
+rewrites and copies a call cost, are not in the public API.
+
+The CPU tests check the policy's decisions on given figures (the native
+functions the handler itself calls); the GPU tests check what the handler does
+with real graphs: an in-place state touched by every kernel, whose address
+keeps changing, switches to copying and stays exact; XLA alternating between
+two buffers hits cached executables (no instantiation, no rewrite); the
+bindings and ``describe_graph`` report the reason and the memory.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxgraph  # noqa: E402
+from jaxgraph import BindingMode  # noqa: E402
+from internals import counters, describe_graph, native_replay  # noqa: E402
+from kernels import ADD_ONE, INC  # noqa: E402
+
+N = 1024
+B = N // 256
+SITES_MANY = 64  # kernels updating the state in place: 64 sites of one buffer
+
+SRC = INC + ADD_ONE
+
+
+def policy():
+    return native_replay()
+
+
+# ---------------------------------------------------------------------------
+# The decisions, on the CPU
+# ---------------------------------------------------------------------------
+
+
+def test_large_executables_leave_room_for_fewer():
+    p = policy()
+    assert p.policy_exec_budget(2 << 20, 1000) == 4          # small: the most the cache keeps
+    assert p.policy_exec_budget(200 << 20, 100_000) == 1     # one 200 MB executable: no second
+    assert p.policy_exec_budget(50 << 20, 25_000) == 2
+    assert p.policy_exec_budget(-1, 100_000) == 1            # unmeasured: estimated from the nodes
+    assert p.policy_exec_budget(-1, 1000) == 4
+
+
+def test_registration_copies_an_in_place_state_only_when_one_executable_is_kept():
+    p = policy()
+    in_place = (200_000, [4096, 4096])      # 2N sites; copied in and out
+    assert p.policy_copy_at_registration(*in_place, 1)
+    assert not p.policy_copy_at_registration(*in_place, 4)    # a few address sets get an executable each
+    assert not p.policy_copy_at_registration(1, [4096], 1)    # one site: a rewrite is cheaper than copies
+    assert not p.policy_copy_at_registration(2000, [1 << 30], 1)  # a 1 GB buffer: copying costs more
+
+
+def test_misses_switch_a_buffer_to_copying_by_measured_cost():
+    p = policy()
+    assert p.policy_copy_after_misses(8, 8, 20_000, -1.0, [4096, 4096])    # new every call, many sites
+    assert not p.policy_copy_after_misses(2, 100, 20_000, -1.0, [4096])   # A/B: cached, rarely missed
+    assert not p.policy_copy_after_misses(3, 3, 20_000, -1.0, [4096])     # too early to judge
+    assert not p.policy_copy_after_misses(8, 8, 1, 500.0, [4096])         # one cheap site: stays bound
+    assert p.policy_copy_after_misses(8, 8, 1, 700_000.0, [4096])         # measured: a rewrite costs more
+
+
+def test_cost_copies_are_a_binding_mode_of_their_own():
+    codes = policy().codes()["binding"]
+    assert BindingMode.COPIED_BY_COST.value in codes
+    assert codes["copied_by_cost"] not in (codes["bound"], codes["copied"], codes["unused"])
+
+
+# ---------------------------------------------------------------------------
+# The handler, on the GPU
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def k():
+    kernels = {name: jaxgraph.Kernel(SRC, name) for name in ("inc", "add_one")}
+    for kernel in kernels.values():
+        kernel.handle  # noqa: B018 - load before capture
+    return kernels
+
+
+def ints(rng):
+    """Fresh random integers as float32: adding a few hundred stays exact."""
+    return rng.integers(-1000, 1000, N).astype(np.float32)
+
+
+def in_place(k, kernels=SITES_MANY):
+    s = jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        for _ in range(kernels):
+            k["inc"][B, 256](s, N)                   # s += kernels, every kernel in place
+    return g, s
+
+
+@pytest.mark.gpu
+def test_in_place_state_whose_address_keeps_changing_is_copied_and_exact(k, rng):
+    g, s = in_place(k)
+    step = jaxgraph.replayable(g, [s], [s])
+    rows = step.bindings[g.device]
+    assert rows[1].mode is BindingMode.BOUND and rows[1].sites == SITES_MANY, rows
+    s.fill_(np.float32(np.nan))
+    f = jax.jit(step)
+    before = counters()
+    outs = []
+    for call in range(16):                           # a new operand and result buffer on every call
+        x = ints(rng)
+        out = f(jnp.asarray(x))
+        outs.append(out)                             # alive: the next result gets another address
+        np.testing.assert_array_equal(np.asarray(out), x + SITES_MANY, err_msg=f"call {call}")
+    rows = step.bindings[g.device]
+    assert [r.mode for r in rows] == [BindingMode.COPIED_BY_COST] * 2, rows
+    assert "address was new on" in rows[1].reason and "copying it" in rows[1].reason, rows[1].reason
+    assert str(rows[1]).startswith("output 0 copied_by_cost (")
+    assert counters()["to_copy"] - before["to_copy"] == 1
+    settled = counters()
+    for _ in range(6):                               # copied now: one executable, nothing rewritten
+        x = ints(rng)
+        out = f(jnp.asarray(x))
+        outs.append(out)
+        np.testing.assert_array_equal(np.asarray(out), x + SITES_MANY)
+    after = counters()
+    change = {key: after[key] - settled[key] for key in after}
+    assert change["instantiate"] == 0 and change["rebind"] == 0, change
+    assert change["copy"] == 2 * 6, change           # in and out on every call
+    info = describe_graph(step.graph_id, g.device)
+    assert info.executables == 1 and info.rewrite_ns_per_site > 0, info
+
+
+def _alternate(f, xj, calls=12, settle=6):
+    """``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (A/B result
+    addresses); the last result, the addresses seen, the counters' change after ``settle``."""
+    out, seen, before = None, set(), None
+    for i in range(calls):
+        if i == settle:
+            before = counters()
+        out = f(xj)
+        seen.add(out.unsafe_buffer_pointer())
+    after = counters()
+    return out, seen, {key: after[key] - before[key] for key in after}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["one_site", "in_place"])
+def test_alternating_buffers_hit_cached_executables(k, rng, pattern):
+    if pattern == "in_place":
+        g, s = in_place(k)
+        step, steps = jaxgraph.replayable(g, [s], [s]), SITES_MANY
+        s.fill_(np.float32(np.nan))
+    else:
+        x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+        g = jaxgraph.CUDAGraph()
+        with jaxgraph.graph(g):
+            k["add_one"][B, 256](y_s, x_s, N)            # one site each
+        step, steps = jaxgraph.replayable(g, [x_s], [y_s]), 1
+        x_s.fill_(np.float32(np.nan))
+        y_s.fill_(np.float32(np.nan))
+    x = ints(rng)
+    out, seen, change = _alternate(jax.jit(step), jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(out), x + steps)
+    assert 2 <= len(seen) <= 4, seen                  # the case under test: XLA alternates its results
+    assert change["instantiate"] == 0 and change["rebind"] == 0 and change["copy"] == 0, change
+    assert change["launch"] == 6, change
+    assert all(r.mode is BindingMode.BOUND for r in step.bindings[g.device])
+    info = describe_graph(step.graph_id, g.device)
+    assert 2 <= info.executables <= info.max_executables, info
+
+
+@pytest.mark.gpu
+def test_describe_graph_weighs_the_executables(k):
+    g, s = in_place(k, kernels=2000)
+    step = jaxgraph.replayable(g, [s], [s])
+    info = describe_graph(step.graph_id, g.device)
+    assert info.kernel_nodes == 2000 and info.executables == 1, info
+    assert info.exec_device_bytes > 0, info          # measured at registration (the upload included)
+    assert info.max_executables == policy().policy_exec_budget(info.exec_device_bytes, 2000)
+    assert info.device_bytes == info.exec_device_bytes
+    # Host figures are the process's resident size around each step: measured (>= 0) on Linux.
+    assert min(info.exec_host_bytes, info.clone_host_bytes, info.binding_host_bytes) >= 0, info
+
+
+@pytest.mark.gpu
+def test_one_site_buffers_switched_to_copying_keep_their_executables(k, rng):
+    # New addresses on every call: the cache fills (at most max_executables - 1 new executables),
+    # then each call rewrites a site in place. Should the measured rewrites cost more than copies,
+    # the buffers switch, and their executables are rewritten back, not instantiated again.
+    x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k["add_one"][B, 256](y_s, x_s, N)
+    step = jaxgraph.replayable(g, [x_s], [y_s])
+    f = jax.jit(step)
+    before, outs = counters(), []
+    for call in range(16):
+        x = ints(rng)
+        outs.append(f(jnp.asarray(x)))
+        np.testing.assert_array_equal(np.asarray(outs[-1]), x + 1, err_msg=f"call {call}")
+    change = {key: value - before[key] for key, value in counters().items()}
+    info = describe_graph(step.graph_id, g.device)
+    assert change["instantiate"] <= info.max_executables - 1, (change, info)
+    rows = step.bindings[g.device]
+    for row in rows:
+        assert row.mode in (BindingMode.BOUND, BindingMode.COPIED_BY_COST), rows
+        if row.mode is BindingMode.COPIED_BY_COST:
+            assert "address was new on" in row.reason, row
+    assert change["to_copy"] == sum(r.mode is BindingMode.COPIED_BY_COST for r in rows), (change, rows)
+    assert info.executables >= 1, info
