@@ -303,10 +303,9 @@ class _BoundLaunch(tuple):
     geometry checked and packed as the native launch takes it, the stream's
     address and device read once (``stream`` ``None``: the current stream, read
     at each launch). One is made on every ``kernel[grid, block]``, and making a
-    tuple runs no Python ``__init__``. Every argument
-    check runs before the driver is touched; the kernel's
-    :class:`~jaxgraph._packer.ArgumentPacker` runs them, specialized for the
-    kinds of arguments the last launch had.
+    tuple runs no Python ``__init__``. Every argument check runs before the
+    driver is touched; the kernel's :class:`~jaxgraph._packer.ArgumentPacker`
+    runs them, specialized for the kinds of arguments the last launch had.
     """
 
     __slots__ = ()
