@@ -86,6 +86,7 @@ MODE_INFO = {
 SCALAR_INFO = {
     "capture_1000": "capture + instantiate of 1000 launches with `jaxgraph.graph` (ms)",
     "eager.jaxgraph_bound": "`kernel[grid, block, 0, s](y, x, n)`",
+    "eager.jaxgraph_index": "`kernel[grid, block, 0, s](y, x, n)`, indexed on every launch",
     "eager.jaxgraph_launch": "`kernel.launch(y, x, n, grid=..., block=..., stream=s)`",
     "eager.torch_add": "torch eager `torch.add(x, 1, out=y)`",
     "eager.cuda_core": "cuda.core `launch(stream, config, kernel, y.ptr, x.ptr, n32)`, pre-typed",

@@ -4,6 +4,7 @@
   launches, instantiation included (``capture_end`` instantiates), in ms.
 - ``eager.*``: host time per eager launch of the same kernel, back to back
   on a warm queue, in us: jaxgraph ``kernel[grid, block, 0, s](...)``,
+  ``kernel[grid, block, 0, s](...)`` indexed every launch,
   jaxgraph ``kernel.launch(...)``, torch eager ``torch.add``, cuda.core
   ``launch`` with pre-typed arguments (no checks: the cheapest Python launch),
   and jaxgraph's checks followed by cuda.core's launch (would jaxgraph be
@@ -54,6 +55,12 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         bound = kernel[GRID, BLOCK, 0, stream]
         return _jaxgraph_mode("eager.jaxgraph_bound", lambda y, x: bound(y, x, ELEMENTS), stream, rng)
 
+    def jaxgraph_index() -> Mode:
+        # As most programs write it, indexed on every launch (on the same stream
+        # as the other ways: the legacy default stream may cost the driver more).
+        return _jaxgraph_mode("eager.jaxgraph_index", lambda y, x: kernel[GRID, BLOCK, 0, stream](y, x, ELEMENTS),
+                              stream, rng)
+
     def jaxgraph_launch() -> Mode:
         def launch(y, x):
             kernel.launch(y, x, ELEMENTS, grid=GRID, block=BLOCK, stream=stream)
@@ -89,7 +96,7 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         scalar_types = [p.dtype.type for p in kernel.params]
 
         def launch_checked(y, x, _module=code):
-            values, _ = kernel._values((y, x, ELEMENTS))
+            values, _ = kernel._packer.values((y, x, ELEMENTS))
             launch(core_stream, config, core_kernel, values[0], values[1], scalar_types[2](values[2]))
 
         return _jaxgraph_mode("eager.jaxgraph_checks_cuda_core", launch_checked, stream, rng)
@@ -105,7 +112,8 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         return Mode("eager.torch_add", _host_timer(lambda: torch.add(x_t, 1, out=y_t), torch.cuda.synchronize),
                     unit="us_per_launch", clock="wall", check=check)
 
-    return [("eager.jaxgraph_bound", jaxgraph_bound), ("eager.jaxgraph_launch", jaxgraph_launch),
+    return [("eager.jaxgraph_bound", jaxgraph_bound), ("eager.jaxgraph_index", jaxgraph_index),
+            ("eager.jaxgraph_launch", jaxgraph_launch),
             ("eager.torch_add", torch_add), ("eager.cuda_core", cuda_core),
             ("eager.jaxgraph_checks_cuda_core", jaxgraph_checks_cuda_core)]
 

@@ -106,6 +106,7 @@ class DriverApi {
   // Contexts.
   DriverFn<CUresult (*)(CUcontext*)> current_ctx{&symbols_, "cuCtxGetCurrent",
                                                  kSplicing | kLoops | kLaunching};
+  DriverFn<CUresult (*)(CUcontext)> set_current_ctx{&symbols_, "cuCtxSetCurrent", kLaunching};
 
   // Reading a graph.
   DriverFn<CUresult (*)(CUgraph, CUgraphNode*, size_t*)> get_nodes{&symbols_, "cuGraphGetNodes",

@@ -6,6 +6,7 @@
 // only the small integer id, never a raw pointer. Python side: jaxgraph/_jax_launch.py.
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -170,18 +171,44 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LaunchOnCpu, jaxgraph::LaunchOnCpuImpl,
 namespace jaxgraph {
 namespace {
 
-// Kernel.launch's last step: the same driver entry point, without a Python
-// binding's per-call argument marshalling (measured: the cost of an eager
-// launch from Python). Returns the CUresult; Python raises on failure.
-int LaunchFromPython(uintptr_t function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                     unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_mem,
-                     uintptr_t stream, uintptr_t params) {
+// Kernel.launch's last step, with what is cheapest to pass from Python: the
+// launch geometry and the packed arguments as bytes (Python packs each with
+// one precompiled struct; one 8-byte slot per parameter, the geometry 7
+// uint32: grid xyz, block xyz, dynamic shared memory). Makes `context` (the
+// device's primary context) current first if another library switched it.
+// Returns 0, a CUresult from cuLaunchKernel, or minus cuCtxSetCurrent's.
+int LaunchFromPython(uintptr_t function, uintptr_t context, uintptr_t stream,
+                     const nb::bytes& geometry, const nb::bytes& params) {
   const DriverApi& d = DriverApi::Get();
-  if (!d.launch_kernel) return static_cast<int>(CUDA_ERROR_NOT_FOUND);
-  return static_cast<int>(d.launch_kernel(reinterpret_cast<CUfunction>(function), grid_x, grid_y, grid_z,
-                                 block_x, block_y, block_z, shared_mem,
-                                 reinterpret_cast<CUstream>(stream),
-                                 reinterpret_cast<void**>(params), nullptr));
+  if (!d.launch_kernel || !d.current_ctx || !d.set_current_ctx) {
+    return static_cast<int>(CUDA_ERROR_NOT_FOUND);
+  }
+  constexpr size_t kGeometryBytes = 7 * sizeof(uint32_t);
+  if (geometry.size() != kGeometryBytes || params.size() % 8 != 0) {
+    return static_cast<int>(CUDA_ERROR_INVALID_VALUE);
+  }
+  uint32_t g[7];
+  std::memcpy(g, geometry.c_str(), kGeometryBytes);
+  // The driver reads each parameter through its pointer during the call: the
+  // slots point into the (immutable, 8-byte aligned) bytes Python passed.
+  const size_t count = params.size() / 8;
+  void* inline_slots[32];
+  std::vector<void*> heap_slots;
+  void** slots = inline_slots;
+  if (count > 32) {
+    heap_slots.resize(count);
+    slots = heap_slots.data();
+  }
+  char* data = const_cast<char*>(params.c_str());
+  for (size_t i = 0; i < count; ++i) slots[i] = data + 8 * i;
+  CUcontext current = nullptr;
+  CUcontext wanted = reinterpret_cast<CUcontext>(context);
+  if (wanted != nullptr && (d.current_ctx(&current) != CUDA_SUCCESS || current != wanted)) {
+    if (CUresult r = d.set_current_ctx(wanted); r != CUDA_SUCCESS) return -static_cast<int>(r);
+  }
+  return static_cast<int>(d.launch_kernel(reinterpret_cast<CUfunction>(function), g[0], g[1], g[2],
+                                          g[3], g[4], g[5], g[6], reinterpret_cast<CUstream>(stream),
+                                          slots, nullptr));
 }
 
 // CUDAGraph.replay's launch: as LaunchFromPython, one driver call with no
@@ -225,10 +252,11 @@ NB_MODULE(_launch, m) {
         "Mark kernel `id` destroyed: the handler then fails with a clear error.");
   m.def("live_kernels", []() { return kernel_table.Live(); },
         "Number of kernels the handler can launch.");
-  m.def("launch", &LaunchFromPython, nb::arg("function"), nb::arg("grid_x"), nb::arg("grid_y"),
-        nb::arg("grid_z"), nb::arg("block_x"), nb::arg("block_y"), nb::arg("block_z"),
-        nb::arg("shared_mem"), nb::arg("stream"), nb::arg("params"),
-        "cuLaunchKernel(function, grid, block, shared_mem, stream, params); returns the CUresult.");
+  m.def("launch", &LaunchFromPython, nb::arg("function"), nb::arg("context"), nb::arg("stream"),
+        nb::arg("geometry"), nb::arg("params"),
+        "cuLaunchKernel(function, grid, block, shared_mem, stream, params) in `context`; geometry is 7 "
+        "uint32 (grid xyz, block xyz, shared_mem), params one 8-byte slot per parameter. Returns 0, the "
+        "launch's CUresult, or minus cuCtxSetCurrent's.");
   m.def("current_context", &CurrentContext, "cuCtxGetCurrent() as an integer (0: none or failure).");
   m.def("graph_launch", &GraphLaunchFromPython, nb::arg("graph_exec"), nb::arg("stream"),
         "cuGraphLaunch(graph_exec, stream); returns the CUresult.");

@@ -20,6 +20,7 @@ __all__ = [
     "call",
     "check",
     "compute_capability",
+    "context_address",
     "current_device",
     "device_count",
     "driver",
@@ -128,7 +129,15 @@ _NO_DRIVER = "no CUDA driver found: CUDA work needs an NVIDIA GPU and its driver
 _device_count = 0
 _primary_contexts: dict[int, Any] = {}
 _primary_context_addresses: dict[int, int] = {}  # int(context), compared with the thread's current one
-_local = threading.local()
+
+
+class _ThreadState(threading.local):
+    """Per-thread driver state."""
+
+    device = 0  # the thread's current device until set_device (a class default: no failed lookup per call)
+
+
+_local = _ThreadState()
 
 
 def _init() -> None:
@@ -180,7 +189,7 @@ def device_count() -> int:
 
 def current_device() -> int:
     """The calling thread's current device ordinal (0 unless :func:`set_device` changed it)."""
-    return getattr(_local, "device", 0)
+    return _local.device
 
 
 def set_device(device: int) -> None:
@@ -199,7 +208,7 @@ def ensure_context(device: int | None = None) -> int:
     launch into another device's context reads memory it cannot reach.
     """
     if device is None:
-        device = getattr(_local, "device", 0)
+        device = _local.device
     address = _primary_context_addresses.get(device)
     if address is not None and _current_context() == address:
         return device
@@ -217,6 +226,19 @@ def ensure_context(device: int | None = None) -> int:
                 _primary_context_addresses[device] = int(ctx)
     check(_driver_module.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return device
+
+
+def context_address(device: int) -> int:
+    """``device``'s primary context as an integer, retained (and made current) on first use.
+
+    What the native eager launch compares with the thread's current context,
+    making it current when another library switched it (as :func:`ensure_context`).
+    """
+    address = _primary_context_addresses.get(device)
+    if address is None:
+        ensure_context(device)
+        address = _primary_context_addresses[device]
+    return address
 
 
 def _current_context() -> int:

@@ -12,26 +12,22 @@ A wrong call is a ``TypeError``, never a launch with garbage.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import struct
 import threading
 from typing import Any, Sequence
 
-import numpy as np
-
 from . import _captures, _driver
-from ._array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
+from ._array import asarray
 from ._compile import CompiledKernel, compile_kernel
 from ._cubin import check_param_sizes, param_sizes
 from ._kernel_load import DEFAULT_SHARED_LIMIT, KernelLoading
-from ._signature import (Param, access_flags, check_against_source, check_count, check_pointer_dtype, dim3,
-                         find_signature, not_an_array, pack_error, parse_signature, scalar_value)
+from ._packer import ArgumentPacker, geometry, plain_ints
+from ._signature import Param, access_flags, check_against_source, find_signature, parse_signature
 from ._stream import Stream, current_stream
 
 __all__ = ["Kernel"]
 
-_SLOT = 8  # bytes per parameter slot in the packed argument buffer
+_MAX_CONFIGS = 32  # launch configurations (kernel[grid, block]) kept per kernel
 
 
 # ----------------------------------------------------------------------------
@@ -101,7 +97,10 @@ class Kernel(KernelLoading):
             check_param_sizes(name, params, sizes, self._signature_origin)
         if signature is not None:  # same sizes, other types (int for float) only the source can tell
             check_against_source(name, params, source, name)
-        self._fmt = "<" + "".join(p.pack_format for p in params)
+        self._packer = ArgumentPacker(name, params)
+        # (grid, block, shared_mem) in plain ints -> their checked geometry (not a
+        # _BoundLaunch: it refers back to the kernel, and a cycle would delay its unloading)
+        self._configs: dict[tuple, bytes] = {}
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._core = None             # the cuda.core Kernel (parameter info, attributes)
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
@@ -110,14 +109,7 @@ class Kernel(KernelLoading):
         self._shared_limit = DEFAULT_SHARED_LIMIT
         self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
         self._flags = access_flags(params)  # per parameter: r (only read), w (other pointer), s (scalar)
-        self._lock = threading.Lock()
-        nslots = max(len(params), 1)
-        # One persistent argument buffer and the void* array pointing into it:
-        # a launch packs its arguments with a single struct.pack_into call.
-        self._args_buffer = ctypes.create_string_buffer(nslots * _SLOT)
-        base = ctypes.addressof(self._args_buffer)
-        self._param_ptrs = (ctypes.c_void_p * nslots)(*[base + i * _SLOT for i in range(nslots)])
-        self._param_ptrs_addr = ctypes.addressof(self._param_ptrs)
+        self._lock = threading.Lock()  # loading
 
     # -- introspection ----------------------------------------------------------
 
@@ -152,8 +144,7 @@ class Kernel(KernelLoading):
 
         .. caution:: A raw handle: valid while this Kernel lives.
         """
-        with self._lock:
-            return self._h_kernel if self._h_kernel is not None else self._load_locked()
+        return self._h_kernel if self._h_kernel is not None else self._load()
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
@@ -169,10 +160,10 @@ class Kernel(KernelLoading):
 
     def __getitem__(self, config: tuple) -> "_BoundLaunch":
         """``kernel[grid, block]``, ``[grid, block, shared_mem]`` or ``[grid, block, shared_mem, stream]``."""
-        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+        if type(config) is not tuple or not 2 <= len(config) <= 4:
             raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] "
                             "or kernel[grid, block, shared_mem, stream]")
-        return _BoundLaunch(self, *config)
+        return self._configured(*config)
 
     def launch(self, *args: Any, grid: int | Sequence[int], block: int | Sequence[int],
                shared_mem: int = 0, stream: Stream | None = None) -> None:
@@ -187,33 +178,38 @@ class Kernel(KernelLoading):
         shared_mem : int
             Dynamic shared memory in bytes.
         stream : Stream, optional
-        """
-        self._launch(dim3(grid, "grid"), dim3(block, "block"), int(shared_mem), stream, args)
 
-    def _launch(self, grid: tuple, block: tuple, shared_mem: int, stream: Stream | None, args: tuple) -> None:
-        # Every argument check happens before the driver is touched; foreign
-        # arrays come back wrapped, ordered after their producer's stream.
-        values, args = self._values(args, stream)
-        with self._lock:  # the argument buffer is shared; cuLaunchKernel copies it
-            try:
-                struct.pack_into(self._fmt, self._args_buffer, 0, *values)
-            except (struct.error, OverflowError) as exc:
-                raise self._pack_error(values, exc) from None
-            if stream is None:
-                stream = current_stream()
-            device = _driver.ensure_context(stream.device)
-            if self._h_kernel is None:
-                self._load_locked()
-            if _captures.any_underway():  # tell a capture on this stream what the launch uses
-                self._note_operands(stream, args)
-            if shared_mem > self._shared_limit:
-                self._raise_shared_limit(shared_mem, device)
-            err = self._native_launch(self._function_address, grid[0], grid[1], grid[2], block[0],
-                                      block[1], block[2], shared_mem, int(stream),
-                                      self._param_ptrs_addr)
-        if err != 0:
-            drv = _driver.driver()
-            raise _driver.CudaError("cuLaunchKernel", drv.CUresult(err), f"kernel {self.name}")
+        Raises
+        ------
+        TypeError
+            A wrong argument (see :class:`Kernel`), a ``grid``, ``block`` or
+            ``shared_mem`` of the wrong type, or a ``stream`` that is not a
+            :class:`~jaxgraph.Stream`.
+        ValueError
+            A dimension below 1, a negative ``shared_mem``, or a value over 32 bits.
+        jaxgraph.CudaError
+            The driver refused the launch.
+        """
+        self._configured(grid, block, shared_mem, stream)(*args)
+
+    def _configured(self, grid: Any, block: Any, shared_mem: Any = 0, stream: Any = None) -> "_BoundLaunch":
+        """The checked launch configuration; kept per kernel when given as plain ints (most programs reuse a few)."""
+        key = (grid, block, shared_mem)
+        # Plain ints only: 16.0 == 16 must not find 16's checked entry (the common case tested inline).
+        cacheable = (type(grid) is int and type(block) is int and type(shared_mem) is int) or plain_ints(key)
+        geo = self._configs.get(key) if cacheable else None
+        if geo is None:
+            geo = geometry(grid, block, shared_mem)
+            if cacheable:
+                if len(self._configs) >= _MAX_CONFIGS:  # a program launching with ever new grids starts over
+                    self._configs.clear()
+                self._configs[key] = geo
+        shared_mem = shared_mem if cacheable else int(shared_mem)
+        if stream is None:  # the current stream, looked up at each launch
+            return _BoundLaunch((self, geo, shared_mem, None, 0, 0))
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
+        return _BoundLaunch((self, geo, shared_mem, stream, int(stream), stream.device))
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
@@ -226,34 +222,11 @@ class Kernel(KernelLoading):
                 capture.note(p.name, where, asarray(a))
         capture.note_kernel(self._handles_on(stream.device), self._flags, self)
 
-    def _values(self, args: tuple, stream: Stream | None = None) -> tuple[list, tuple]:
-        """The launch's values, checked (addresses for pointers, Python scalars for the rest),
-        and ``args`` with foreign arrays wrapped once, for :meth:`_note_operands`."""
-        params = self.params
-        if len(args) != len(params):
-            check_count(self.name, params, args)
-        values = []
-        wrapped = None
-        for i, (p, a) in enumerate(zip(params, args)):
-            if p.is_pointer:
-                if type(a) is not DeviceArray:
-                    a = _device_operand(a, p, self.name, stream)
-                    wrapped = wrapped if wrapped is not None else list(args)
-                    wrapped[i] = a
-                if p.dtype is not None and a.dtype != p.dtype:
-                    check_pointer_dtype(self.name, p, a.dtype)
-                values.append(a.ptr)
-            else:
-                values.append(scalar_value(self.name, p, a))
-        return values, (args if wrapped is None else tuple(wrapped))
-
-    def _pack_error(self, values: list, exc: Exception) -> TypeError:
-        for p, v in zip(self.params, values):
-            try:
-                struct.pack("<" + p.pack_format, v)
-            except (struct.error, OverflowError) as param_exc:
-                return pack_error(self.name, p, v, param_exc)
-        return TypeError(f"kernel {self.name}: could not pack arguments: {exc}")
+    def _raise_launch_error(self, err: int) -> None:
+        """A failed native launch: a negative code is ``cuCtxSetCurrent``'s CUresult, a positive one the launch's."""
+        drv = _driver.driver()
+        call = "cuCtxSetCurrent" if err < 0 else "cuLaunchKernel"
+        raise _driver.CudaError(call, drv.CUresult(abs(err)), f"kernel {self.name}")
 
     # -- inside jax.jit -----------------------------------------------------------
 
@@ -323,33 +296,39 @@ class Kernel(KernelLoading):
         return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
 
 
-class _BoundLaunch:
-    """``kernel[grid, block, ...]``: a launch configuration waiting for its arguments."""
+class _BoundLaunch(tuple):
+    """``kernel[grid, block, ...]``: a checked launch configuration; calling it launches.
 
-    __slots__ = ("_kernel", "_grid", "_block", "_shared_mem", "_stream")
+    A tuple ``(kernel, geometry, shared_mem, stream, address, device)``: the
+    geometry checked and packed as the native launch takes it, the stream's
+    address and device read once (``stream`` ``None``: the current stream, read
+    at each launch). One is made on every ``kernel[grid, block]``, and making a
+    tuple runs no Python ``__init__``. Every argument check runs before the
+    driver is touched; the kernel's :class:`~jaxgraph._packer.ArgumentPacker`
+    runs them, specialized for the kinds of arguments the last launch had.
+    """
 
-    def __init__(self, kernel: Kernel, grid: Any, block: Any, shared_mem: int = 0, stream: Stream | None = None):
-        if stream is not None and not isinstance(stream, Stream):
-            raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        self._kernel = kernel
-        self._grid = dim3(grid, "grid")
-        self._block = dim3(block, "block")
-        self._shared_mem = int(shared_mem)
-        self._stream = stream
+    __slots__ = ()
 
     def __call__(self, *args: Any) -> None:
-        self._kernel._launch(self._grid, self._block, self._shared_mem, self._stream, args)
-
-
-# ----------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------
-
-def _device_operand(value: Any, p: Param, kernel: str, stream: Stream | None) -> DeviceArray:
-    if isinstance(value, np.ndarray):
-        raise not_an_array(kernel, p, value, " (host memory); copy it with jaxgraph.asarray(x) first")
-    if not hasattr(value, "__cuda_array_interface__"):
-        if is_host_jax_array(value):
-            raise not_an_array(kernel, p, value, f" (a jax.Array on the CPU): {HOST_JAX_ARRAY_FIX}")
-        raise not_an_array(kernel, p, value)
-    return asarray(value, stream=stream)  # the launch's stream waits for the array's producer
+        kernel, geo, shared_mem, stream, address, device = self
+        # Foreign arrays come back wrapped in `operands`, ordered after their producer's stream.
+        packed = kernel._packer.current(args, stream)
+        if packed is None:  # other kinds of arguments than last time
+            packed = kernel._packer.pack(args, stream)
+        data, operands = packed
+        if stream is None:
+            stream = current_stream()
+            address, device = int(stream), stream.device
+        if kernel._h_kernel is None:
+            kernel._load()
+        if _captures.any_underway():  # tell a capture on this stream what the launch uses
+            _driver.ensure_context(device)  # the kernel's CUfunction is looked up in it
+            kernel._note_operands(stream, operands)
+        if shared_mem > kernel._shared_limit:
+            kernel._raise_shared_limit(shared_mem, device)
+        # The native call makes the device's primary context current if another
+        # library switched it, then launches; cuLaunchKernel copies `data`.
+        err = kernel._native_launch(kernel._function_address, _driver.context_address(device), address, geo, data)
+        if err != 0:
+            kernel._raise_launch_error(err)

@@ -48,6 +48,11 @@ class KernelLoading:
     _shared_limit: int
     _functions: dict[int, int]
 
+    def _load(self) -> Any:
+        """Load the cubin unless another thread did; return the handle."""
+        with self._lock:
+            return self._h_kernel if self._h_kernel is not None else self._load_locked()
+
     def _load_locked(self) -> Any:
         """Load the cubin (once per process); the caller holds ``self._lock``."""
         from cuda.core import ObjectCode

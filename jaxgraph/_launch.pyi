@@ -18,9 +18,9 @@ def unregister_kernel(id: int) -> None:
 def live_kernels() -> int:
     """Number of kernels the handler can launch."""
 
-def launch(function: int, grid_x: int, grid_y: int, grid_z: int, block_x: int, block_y: int, block_z: int, shared_mem: int, stream: int, params: int) -> int:
+def launch(function: int, context: int, stream: int, geometry: bytes, params: bytes) -> int:
     """
-    cuLaunchKernel(function, grid, block, shared_mem, stream, params); returns the CUresult.
+    cuLaunchKernel(function, grid, block, shared_mem, stream, params) in `context`; geometry is 7 uint32 (grid xyz, block xyz, shared_mem), params one 8-byte slot per parameter. Returns 0, the launch's CUresult, or minus cuCtxSetCurrent's.
     """
 
 def current_context() -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "check_pointer_dtype",
     "dim3",
     "find_signature",
+    "int_range",
     "not_an_array",
     "pack_error",
     "parse_signature",
@@ -247,7 +248,7 @@ def scalar_value(kernel: str, p: Param, value: Any) -> Any:
     kind = p.dtype.kind
     t = type(value)
     if t is int and kind in "iu":          # the common cases first: no further checks
-        lo, hi = _int_range(p.dtype)
+        lo, hi = int_range(p.dtype)
         if lo <= value <= hi:
             return value
         raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, "
@@ -317,7 +318,8 @@ def _bits(value: Any) -> int:
 _INT_RANGES: dict[np.dtype, tuple[int, int]] = {}
 
 
-def _int_range(dtype: np.dtype) -> tuple[int, int]:
+def int_range(dtype: np.dtype) -> tuple[int, int]:
+    """The smallest and largest values of integer ``dtype``, as Python ints (cached)."""
     bounds = _INT_RANGES.get(dtype)
     if bounds is None:
         info = np.iinfo(dtype)

@@ -216,7 +216,15 @@ class Event:
 # The current stream
 # ----------------------------------------------------------------------------
 
-_local = threading.local()
+
+class _ThreadStreams(threading.local):
+    """Per-thread current streams."""
+
+    def __init__(self) -> None:  # runs once in each thread that looks
+        self.streams: dict[int, Stream] = {}  # device -> the thread's current stream
+
+
+_local = _ThreadStreams()
 
 
 def current_stream(device: int | None = None) -> Stream:
@@ -227,9 +235,7 @@ def current_stream(device: int | None = None) -> Stream:
     """
     if device is None:
         device = _driver.current_device()
-    streams = getattr(_local, "streams", None)
-    if streams is None:
-        streams = _local.streams = {}
+    streams = _local.streams
     s = streams.get(device)
     if s is None:
         s = streams[device] = Stream.legacy_default(device)

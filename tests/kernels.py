@@ -223,6 +223,35 @@ extern "C" __global__ void scalars(double* out, signed char a, unsigned short b,
 }
 """
 
+# Every kind of argument at once: pointers of two element types and scalars of five C types.
+MIXED_PARAMS = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void mixed(float* y, const float* x, const double* w, float a, int n,
+                                 long long shift, __half h, bool flag) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i] + (float)w[i] + (float)shift + __half2float(h) + (flag ? 1.0f : 0.0f);
+}
+"""
+
+# Reverses each block's 16 * blockDim.x elements through 64 KiB of dynamic shared memory (1024 threads).
+REVERSE_BLOCK = r"""
+extern "C" __global__ void reverse_block(float* y, const float* x, int n) {
+  extern __shared__ float tile[];   // 16 floats per thread: 64 KiB for a block of 1024
+  int base = blockIdx.x * blockDim.x * 16;
+  for (int k = 0; k < 16; ++k) {
+    int i = base + k * blockDim.x + threadIdx.x;
+    tile[k * blockDim.x + threadIdx.x] = i < n ? x[i] : 0.0f;
+  }
+  __syncthreads();
+  int last = blockDim.x * 16 - 1;
+  for (int k = 0; k < 16; ++k) {
+    int j = k * blockDim.x + threadIdx.x;
+    int i = base + j;
+    if (i < n) y[i] = tile[last - j];
+  }
+}
+"""
+
 # ---------------------------------------------------------------------------
 # Timing: kernels that spin, to show stream ordering
 # ---------------------------------------------------------------------------

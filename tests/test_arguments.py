@@ -5,7 +5,7 @@ An eager launch (``kernel[grid, block](...)``) and a call inside ``jax.jit``
 (``jaxgraph/_signature.py``), so the same mistake must give the same message on
 both, before anything reaches a GPU (these tests need none).
 
-Tests internals (listed in tests/README.md): ``Kernel._values``, ``_signature.scalar_word``;
+Tests internals (listed in tests/README.md): ``Kernel._packer.values``, ``_signature.scalar_word``;
 eager launches and `jax_call` must encode each scalar to the same bytes; the encoder has no
 public face.
 """
@@ -81,7 +81,7 @@ def test_both_paths_encode_scalars_alike(axpy):
 
     a, n = axpy.params[2], axpy.params[3]
     for value, param in ((2.5, a), (np.float32(-0.125), a), (7, n), (-3, n), (np.int32(5), n)):
-        values, _ = axpy._values(eager_args((Y, X, value if param is a else 1.0, value if param is n else 8)))
+        values, _ = axpy._packer.values(eager_args((Y, X, value if param is a else 1.0, value if param is n else 8)))
         index = 2 if param is a else 3
         eager_word = struct.unpack("<q", struct.pack("<" + param.pack_format, values[index]))[0]
         assert eager_word == scalar_word("axpy<float>", param, value)

@@ -1,7 +1,7 @@
 """Kernels: NVRTC compilation, the disk cache, argument checking and launches vs numpy.
 
 Tests internals (listed in tests/README.md): ``_signature.find_signature``, ``parse_signature``,
-``Kernel._values``, ``Kernel._launch``; signature parsing and scalar range checks on a CPU.
+``Kernel._packer.values``; signature parsing and scalar range checks on a CPU.
 """
 
 import numpy as np
@@ -113,14 +113,14 @@ def test_wrong_calls_are_type_errors(axpy_f32, args, message):
 
 def test_scalar_checks(axpy_f32):
     k = axpy_f32
-    values = k._values  # the checker used by every launch
+    values = k._packer.values  # the reference checks every launch's fast path defers to
     ptr = object()
     with pytest.raises(TypeError, match="numpy float64 scalar"):
-        k._values.__func__(k, (_DA(), _DA(), np.float64(1.0), 4))
+        values((_DA(), _DA(), np.float64(1.0), 4))
     with pytest.raises(TypeError, match="parameter n is int"):
-        k._launch((1, 1, 1), (32, 1, 1), 0, None, (_DA(), _DA(), 1.0, 2.5))
+        k[1, 32](_DA(), _DA(), 1.0, 2.5)
     with pytest.raises(TypeError, match="parameter n is int"):
-        k._launch((1, 1, 1), (32, 1, 1), 0, None, (_DA(), _DA(), 1.0, 2**40))
+        k[1, 32](_DA(), _DA(), 1.0, 2**40)
     assert values((_DA(), _DA(), np.float32(2.0), np.int32(3)))[0][2:] == [2.0, 3]
     del ptr
 
