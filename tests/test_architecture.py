@@ -4,7 +4,8 @@
   no ``_x._name`` on a jaxgraph module another module imported. A module that
   needs something of another gets it under a name without an underscore
   (modules are private already, so their plain names are internal).
-- No module of ``jaxgraph/`` is over 400 lines: a room that grows splits by concept.
+- No module of ``jaxgraph/``, and no Python file of ``tests/``, ``benchmarks/`` or
+  ``examples/``, is over 400 lines: a room that grows splits by concept.
 - README's "What lives where" names every module of ``jaxgraph/`` and every
   file of ``ffi/``, and nothing that does not exist.
 """
@@ -56,6 +57,11 @@ def package_modules() -> list[pathlib.Path]:
     return sorted(PACKAGE.glob("*.py"))
 
 
+def sized_files() -> list[pathlib.Path]:
+    """Every Python file the line limit holds for: the package, the tests, the benchmarks, the examples."""
+    return package_modules() + [p for d in ("tests", "benchmarks", "examples") for p in sorted((ROOT / d).glob("*.py"))]
+
+
 def test_the_scanner_finds_both_kinds_of_crossing():
     source = ("from . import _stream, _driver\n"
               "from ._stream import _local, current_stream\n"
@@ -74,11 +80,16 @@ def test_no_private_name_crosses_a_module_boundary(path):
                              "give them a name without an underscore (or an accessor) in their own module")
 
 
-@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.name)
+def test_the_line_limit_covers_tests_benchmarks_and_examples():
+    covered = {p.relative_to(ROOT).as_posix() for p in sized_files()}
+    assert {"jaxgraph/_graphs.py", "tests/test_graphs.py", "benchmarks/run.py", "examples/gray_scott.py"} <= covered
+
+
+@pytest.mark.parametrize("path", sized_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_no_module_is_over_400_lines(path):
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, (f"{path.name} has {lines} lines (at most {MAX_LINES}): move a concept out "
-                                "into its own module")
+    assert lines <= MAX_LINES, (f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}): move a "
+                                "concept out into its own module (tests: a file per concept)")
 
 
 def test_readme_what_lives_where_matches_the_tree():

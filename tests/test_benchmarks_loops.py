@@ -1,0 +1,66 @@
+"""The benchmark harness's ``--loops`` on the CPU: the driver's loop modes, ``xla_fori``, their markdown."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
+
+from benchmarks import config, report, run, stats  # noqa: E402
+from benchmark_records import worker_record  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# --loops: the loop modes
+# ---------------------------------------------------------------------------
+
+
+def test_driver_loops_runs_only_the_loop_modes_in_every_setting():
+    args = run.parse_args(["--loops"])
+    assert args.settings == ("nojax", "off", "on", "defaults", "while")
+    cfg = run.build_config(args)
+    assert cfg.loops and cfg.ns == (1, 10, 100)
+    assert cfg.runs("loop_k8") and cfg.runs("xla_fori") and cfg.runs("jit_fori") and cfg.runs("raw")
+    assert not cfg.runs("jit_loop") and not cfg.runs("jax_calls") and not cfg.runs("capture_1000")
+    assert config.RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert run.build_config(run.parse_args(["--loops", "--ns", "10", "--modes", "loop_k2"])).modes == ("loop_k2",)
+    assert run.worker_env(config.SETTINGS["while"], {})["XLA_FLAGS"].startswith(
+        "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL")
+    with pytest.raises(SystemExit):
+        run.parse_args(["--loops", "--quick"])
+
+
+def test_xla_fori_mode_checks_and_times_on_cpu():
+    from benchmarks import loop_modes
+
+    mode = loop_modes.xla_fori(lambda x: x + np.float32(1), 3, np.random.default_rng())
+    assert mode.per_call == 3 * config.fori_trips(3) and mode.info["steps"] == config.fori_trips(3)
+    mode.calls = 2
+    assert mode.sample() > 0
+    with pytest.raises(AssertionError, match="expected x"):
+        loop_modes.xla_fori(lambda x: x + np.float32(2), 3, np.random.default_rng())
+
+
+def test_loop_markdown_per_step_and_same_process_ratios(tmp_path):
+    nojax = worker_record("nojax", 1.0, {"loop_k8": 1.05, "loop_unrolled": 1.0, "loop_until": 4.0},
+                          ns=("1", "10"))
+    nojax["modes"]["loop_k8"]["by_n"]["1"]["unroll"] = 8
+    on = worker_record("on", 2.0, {"loop_jit": 0.6, "xla_fori": 6.0, "jit_fori": 3.0}, ns=("1", "10"))
+    meta = {"schema": 1, "date": "2026-11-23T10:00:00+00:00", "quick": False, "device": {},
+            "config": {"repeats": 3, "loops": True}, "versions": {}}
+    results = stats.merge(meta, {"nojax": nojax, "on": on})
+    text = report.markdown(results)
+    assert "## Loops: us per step" in text
+    assert "| N | raw | loop_k8 | loop_until | loop_unrolled |" in text
+    assert "| 1 | 1.000 | 1.050 K=8 (1.05x) | 4.000 (4.00x) | 1.000 (1.00x) |" in text
+    assert "| 10 | 10.00 | 10.50 (1.05x) |" in text              # per step = per kernel x N
+    assert "| nojax | 1 | loop_k8 / loop_unrolled | 1.05x |" in text
+    assert "| on | 1 | xla_fori / loop_jit | 10.00x |" in text
+    assert "| on | 10 | jit_fori / loop_jit | 5.00x |" in text
+    written = run.write_outputs(results, tmp_path, plot=False)
+    assert sorted(p.suffix for p in written) == [".json", ".md"]
+    assert all(p.stem.endswith("-loops") for p in written)

@@ -1,0 +1,136 @@
+"""JAX interop on the GPU: ``Kernel.jax_call`` inside and outside jit, checked against numpy.
+
+Every test draws fresh random inputs. Graph replay in jit is in test_jax_gpu.py.
+
+Tests internals (listed in tests/README.md): ``_native`` launch table,
+``_jax_launch.kernel_id``; a collected kernel leaves the native launch table.
+"""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+# Leave device memory to jaxgraph's allocations too (set before JAX's backend starts).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxgraph  # noqa: E402
+from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF  # noqa: E402
+from conftest import enable_x64  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
+
+N = 4096
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
+             "inc", "square", "square_bwd", "scalars", "block_sum_dynamic"]
+    return {name: jaxgraph.Kernel(SRC, name) for name in names}
+
+
+# ---------------------------------------------------------------------------
+# Kernel.jax_call
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, name", [(np.float32, "axpy_out<float>"), (np.float64, "axpy_out<double>"),
+                                         (np.int32, "axpy_out<int>")])
+@pytest.mark.parametrize("n", [1, 255, 4099, 100_003])
+def test_kernel_call_in_jit_matches_numpy(kernels, rng, dtype, name, n):
+    k = kernels[name]
+    with enable_x64(dtype == np.float64):
+        if np.issubdtype(dtype, np.integer):
+            x, y, a = rng.integers(-1000, 1000, n).astype(dtype), rng.integers(-1000, 1000, n).astype(dtype), 3
+        else:
+            x, y, a = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype), -1.75
+        f = jax.jit(lambda x, y: k.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, y, a, n))
+        out = f(x, y)
+        assert out.dtype == dtype and out.shape == (n,)
+        expected = (dtype(a) * x + y).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            np.testing.assert_array_equal(np.asarray(out), expected)
+        else:  # the GPU may fuse a * x + y into one FMA
+            np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                       atol=1e-6 if dtype == np.float32 else 1e-14)
+
+
+def test_kernel_call_outside_jit_and_composed_with_xla_ops(kernels, rng):
+    k = kernels["sum_diff"]
+    n = 5000
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = jax.ShapeDtypeStruct((n,), jnp.float32)
+    s, d = k.jax_call(out, out, a, b, n)  # eager
+    np.testing.assert_allclose(np.asarray(s), a + b, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(d), a - b, rtol=1e-6)
+
+    @jax.jit
+    def f(a, b):
+        s, d = k.jax_call(out, out, a * 2.0, jnp.sin(b), n, grid=(n + 127) // 128, block=128)
+        return s * d + 1.0
+
+    a2, b2 = 2 * a, np.sin(b)
+    np.testing.assert_allclose(np.asarray(f(a, b)), (a2 + b2) * (a2 - b2) + 1, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_call_inout_aliases_and_donation_reuses_the_buffer(kernels, rng):
+    k = kernels["saxpy"]
+    x, y = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    expected = np.float32(2.5) * x + y
+    plain = jax.jit(lambda y, x: k.jax_call(y, x, 2.5, N, inout=("y",)))
+    y_dev = jnp.asarray(y)
+    out = plain(y_dev, x)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(y_dev), y)  # not donated: the input is untouched
+
+    donating = jax.jit(lambda y, x: k.jax_call(y, x, 2.5, N, inout=("y",)), donate_argnums=0)
+    y_dev = jnp.asarray(y)
+    before = y_dev.unsafe_buffer_pointer()
+    out = donating(y_dev, x)
+    assert out.unsafe_buffer_pointer() == before  # updated in place: no copy
+    assert y_dev.is_deleted()
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_call_scalar_types_reach_the_kernel(kernels):
+    k = kernels["scalars"]
+    with enable_x64(True):
+        out = jax.jit(lambda: k.jax_call(jax.ShapeDtypeStruct((8,), jnp.float64), -3, 65535, -(2**40),
+                                         2**32 - 1, 1.5, -0.25, 0.5, True, grid=1, block=1))()
+        np.testing.assert_array_equal(np.asarray(out), [-3, 65535, -(2**40), 2**32 - 1, 1.5, -0.25, 0.5, 1])
+
+
+@pytest.mark.parametrize("shared_mem", [1024 * 4, 64 * 1024])  # above 48 KiB needs the raised limit
+def test_kernel_call_with_dynamic_shared_memory(kernels, rng, shared_mem):
+    k = kernels["block_sum_dynamic"]
+    n, block = 10_000, 1024
+    x = rng.standard_normal(n).astype(np.float32)
+    out = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), x, n, grid=1, block=block,
+                                       shared_mem=shared_mem))(x)
+    np.testing.assert_allclose(np.asarray(out)[0], x.sum(dtype=np.float64), rtol=1e-4, atol=1e-3)
+
+
+def test_kernel_call_under_vmap(kernels, rng):
+    k = kernels["axpy_out<float>"]
+    xs, ys = rng.standard_normal((5, 300)).astype(np.float32), rng.standard_normal((5, 300)).astype(np.float32)
+    f = jax.jit(jax.vmap(lambda x, y: k.jax_call(jax.ShapeDtypeStruct((300,), jnp.float32), x, y, 0.5, 300)))
+    np.testing.assert_allclose(np.asarray(f(xs, ys)), np.float32(0.5) * xs + ys, rtol=1e-6, atol=1e-6)
+
+
+def test_collected_kernel_is_retired_from_the_launch_table():
+    from jaxgraph import _jax_launch, _native
+
+    launch = _native.native("launch")
+    k = jaxgraph.Kernel(SRC, "inc")
+    _jax_launch.kernel_id(k)
+    live = launch.live_kernels()
+    del k
+    gc.collect()
+    assert launch.live_kernels() == live - 1
