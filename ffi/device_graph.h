@@ -147,6 +147,7 @@ inline Survey SurveyGraph(CUgraph graph) {
   Survey out;
   size_t count = 0;
   std::vector<CUgraphNode> nodes;
+  if (!d.get_nodes || !d.node_type) return Survey{true, 0};  // a driver without them: the safe answer
   if (d.get_nodes(graph, nullptr, &count) == CUDA_SUCCESS) {
     nodes.resize(count);
     if (count == 0 || d.get_nodes(graph, nodes.data(), &count) == CUDA_SUCCESS) {
