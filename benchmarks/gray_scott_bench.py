@@ -40,7 +40,8 @@ paths, executables made, rebinds, copies and the handler's host time), the
 replayable's bindings, and the array copies XLA compiled outside the entry
 computation (the loop's). Writes
 ``<device>-gray-scott.json`` and ``.md`` (``-gray-scott-quick`` with
-``--quick``) into ``--out`` and prints the markdown.
+``--quick``) into ``--out`` and prints the markdown; a run without ``--quick``
+regenerates ``<device>-targets.md`` there (``targets.py``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, harness, stats  # noqa: E402
+from benchmarks import config, harness, stats, targets  # noqa: E402
 from benchmarks.gray_scott_report import MODES, markdown, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(text + "\n")
     print(f"\nwrote {args.out / stem}.json and .md in {results['wall_s']:.0f} s\n\n{text}")
+    if not args.quick:  # the targets file judges the full gray_scott run (benchmarks/targets.py)
+        print(f"wrote {targets.write(args.out, stats.device_slug(device))}")
     failed = any(p.get("failed") or any("error" in r for r in p.get("modes", {}).values())
                  for p in processes.values())
     return 1 if failed else 0

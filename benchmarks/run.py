@@ -11,8 +11,9 @@ environment and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``; each measures the
 raw ``cuGraphLaunch`` floor itself. Their JSON is merged into
 ``benchmarks/results/<device>.json`` (``<device>-quick.*`` with ``--quick``),
 rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
-<json>`` renders the PNG elsewhere), and the markdown is printed last. A full
-or ``--loops`` run also regenerates ``<device>-targets.md`` (``targets.py``).
+<json>`` renders the PNG elsewhere), and the markdown is printed last. Every
+run (full, ``--loops``, ``--quick``, ``--scale``) also regenerates
+``<device>-targets.md`` from the results JSON in ``--out`` (``targets.py``).
 Exit status 1 when a worker or a mode failed (the outputs are still written).
 """
 
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         from benchmarks import scale
 
-        return scale.main(["--out", str(args.out)])
+        return scale.main(["--out", str(args.out)])  # it regenerates the targets file too
     cfg = build_config(args)
     start = time.perf_counter()
     meta = collect_meta(cfg, argv)  # the date is the start of the run
@@ -198,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     meta["wall_s"] = round(time.perf_counter() - start, 1)
     results = stats.merge(meta, processes)
     written = write_outputs(results, args.out, plot=not args.no_plot)
-    if not cfg.quick:  # the targets file is judged on the full run and the loop run, never a smoke run
-        targets_path = targets.write(args.out, results["device"]["slug"])
-        written += [targets_path] if targets_path else []
+    # Issue 8's targets are judged on the full and loop runs, issue 19's on the quick run too.
+    targets_path = targets.write(args.out, results["device"]["slug"])
+    written += [targets_path] if targets_path else []
     print("\nwrote " + ", ".join(str(p) for p in written) + f" in {meta['wall_s']:.0f} s\n")
     print(report.markdown(results))
     failed = results["failures"] or any(p.get("errors") for p in results["processes"].values())

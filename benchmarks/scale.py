@@ -32,7 +32,8 @@ buffers off, so every call takes the launch path, and
   instantiations, executable rebinds and buffer copies;
 - ``step.bindings`` and the native ``describe_graph`` (its memory accounting).
 
-Writes ``<device>-scale.json`` and ``.md`` into ``--out`` and prints the markdown.
+Writes ``<device>-scale.json`` and ``.md`` into ``--out``, prints the markdown and
+regenerates ``<device>-targets.md`` there (``targets.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import harness, stats  # noqa: E402
+from benchmarks import harness, stats, targets  # noqa: E402
 from benchmarks.scale_report import markdown  # noqa: E402
 from benchmarks.workload import BLOCK, SOURCE  # noqa: E402
 
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
         (args.out / f"{stem}.md").write_text(text)
     print(f"\nwrote {args.out / stem}.json and .md in {results['wall_s']:.0f} s\n\n{text}")
+    print(f"wrote {targets.write(args.out, stem[:-len('-scale')])}")  # benchmarks/targets.py
     return 0 if all("error" not in p for p in results["points"]) else 1
 
 
