@@ -23,7 +23,7 @@ import statistics
 
 from benchmarks import verdicts
 
-__all__ = ["HARNESS_RUNS", "SOURCES", "TARGETS", "rows", "section"]
+__all__ = ["HARNESS_RUNS", "KINDS", "PATTERNS", "SOURCES", "TARGETS", "rows", "section"]
 
 TARGETS = (
     "`jit_loop` and `jit_changing` <= 1.05x the floor at N >= 100 under off, on and defaults",
@@ -38,6 +38,7 @@ TARGETS = (
 
 SOURCES = {"quick": "<device>-quick.json", "full": "<device>.json", "gray_scott": "<device>-gray-scott.json",
            "scale": "<device>-scale.json"}
+KINDS = {"quick": "quick run", "full": "full run", "gray_scott": "gray_scott bench", "scale": "scale run"}
 HARNESS_RUNS = ("quick", "full")  # the harness targets get a row for each, in this order
 SETTINGS = ("off", "on", "defaults")
 EAGER_FORMS = {"jaxgraph_bound": "`kernel[grid, block, 0, s]` bound", "jaxgraph_index": "indexed every launch",
@@ -50,20 +51,22 @@ NOTES = """\
 ### Notes
 
 - **Which run.** The harness targets (replay against the floor, mixed mode, eager launch) are
-  judged on each harness run separately (the `run` column): a quick run (`run.py --quick`) takes few, short samples (its rounds and sample length
-  are in the `run` column), so its ratios are rougher than a full run's; a full run taken before
-  a mode existed says *not measured* for it. The issue asks for each ratio to hold in three
-  consecutive runs: this file judges the one run of each kind that is committed.
+  judged on each harness run separately (the `run` column). A quick run (`run.py --quick`) takes
+  few, short samples (its rounds and sample length are in the `run` column), so its ratios are
+  rougher than a full run's; a full run taken before a mode existed says *not measured* for it.
+  The issue asks for each ratio to hold in three consecutive runs: this file judges the one
+  committed run of each kind.
 - **Mixed mode** compares `mixed` with `mixed_calls` (fixed input) and `mixed_changing` with
   `mixed_calls_changing` (8 inputs in turn): "ahead" is the `jax_call` program's time over the
   replay program's. N = 1 is below the target's range: its figures are shown, not judged.
 - **Eager launch** is each of jaxgraph's eager launch forms against cuda.core's `launch` with
   pre-typed arguments, medians of the same process (`nojax` scalars).
-- **Scale** runs with XLA's command buffers off (every jitted call launches the graph). The
-  handler's host time includes the `cudaGraphLaunch` of the whole graph and the buffer copies;
-  both shares are read from the same counters. Device memory is `cuMemGetInfo`'s growth over the
-  process's baseline after the first jitted call (the CUDAGraph captured and instantiated, the
-  graph registered and called once), per kernel, against `describe_graph`'s `exec_device_bytes`.
+- **Scale** runs with the `XLA_FLAGS` in its `run` column (command buffers off: every jitted call
+  launches the graph). The handler's host time includes the `cudaGraphLaunch` of the whole graph
+  and the buffer copies, both read from the same counters. Device memory is `cuMemGetInfo`'s
+  growth over the process's baseline after the first jitted call (the CUDAGraph captured and
+  instantiated, the graph registered and called once), per kernel, against `describe_graph`'s
+  `exec_device_bytes` (one executable).
 """
 
 
@@ -77,16 +80,16 @@ def section(results: dict[str, dict | None], names: dict[str, str]) -> str:
     names
         The same keys to the file names shown (and linked) in the section.
     """
-    labels = {"quick": "quick run", "full": "full run", "gray_scott": "gray_scott bench", "scale": "scale run"}
     lines = ["## Issue 19: never behind XLA", "", "Judged on:", ""]
-    lines += [verdicts.source_line(labels[k], names[k], results.get(k)) for k in SOURCES]
+    lines += [verdicts.source_line(KINDS[k], names[k], results.get(k)) for k in SOURCES]
     lines += ["", "| target | run | measured | verdict |", "| --- | --- | --- | --- |"]
     lines += [f"| {target} | {run} | {measured} | {verdict} |" for target, run, measured, verdict in rows(results)]
     return "\n".join(lines) + "\n\n" + NOTES
 
 
 def rows(results: dict[str, dict | None]) -> list[tuple[str, str, str, str]]:
-    """``(target, run, measured, verdict)``: a row per harness run for the first four targets, then one each."""
+    """``(target, run, measured, verdict)`` in :data:`TARGETS`' order: the harness targets (replay against
+    the floor, mixed mode, eager launch) get a row per :data:`HARNESS_RUNS`, the others one row each."""
     out = []
     for target, judge in zip(TARGETS[:3], (_floor_105, _floor_102, _mixed)):
         out += [(target, _run_label(k, results.get(k)), *(judge(results[k]) if results.get(k) else NOT_MEASURED))
@@ -246,24 +249,25 @@ def _with_missing(results: dict, prefix: str, parts: list[str], ok: dict, how: d
 
 
 def _tally(ok: dict, how: dict) -> str:
-    """``met``, ``missed at all: ...``, or ``missed at ...; met at the other k``."""
+    """``met``, ``missed at all: ...``, or ``missed at ...; met at ...`` (``the other k`` when more than 4)."""
     if not ok:
         return "not measured"
     missed = [f"{w} ({how[w]})" for w, good in ok.items() if not good]
+    met = [w for w, good in ok.items() if good]
     if not missed:
         return "met"
-    if len(missed) == len(ok):
+    if not met:
         return "missed at all: " + ", ".join(missed)
-    met = len(ok) - len(missed)
-    return f"missed at {', '.join(missed)}; met at the other {met}"
+    return f"missed at {', '.join(missed)}; met at " + (", ".join(met) if len(met) <= 4 else f"the other {len(met)}")
 
 
 def _run_label(key: str, results: dict | None) -> str:
-    """Which run a verdict uses: the kind, the commit and, for the harness runs, the sample budget."""
+    """Which run a verdict uses: its kind and commit, the sample budget, and the scale run's ``XLA_FLAGS``."""
+    kind = KINDS[key]
     if results is None:
-        return {"quick": "quick run", "full": "full run", "gray_scott": "gray_scott bench"}.get(key, f"{key} run")
+        return kind
     cfg = results.get("config", {})
-    samples = f", {cfg.get('repeats', '?')} rounds of {cfg.get('target_ms', '?'):g} ms samples" \
-        if key in HARNESS_RUNS and isinstance(cfg.get("target_ms"), (int, float)) else ""
-    kind = {"quick": "quick run", "full": "full run", "gray_scott": "gray_scott bench"}.get(key, f"{key} run")
-    return f"{kind} at {results.get('git') or '?'}{samples}"
+    label = f"{kind} at {results.get('git') or '?'}"
+    if isinstance(cfg.get("repeats"), int) and isinstance(cfg.get("target_ms"), (int, float)):
+        label += f", {cfg['repeats']} rounds of {cfg['target_ms']:g} ms samples"
+    return label + (f", `XLA_FLAGS={results['xla_flags']}`" if results.get("xla_flags") else "")

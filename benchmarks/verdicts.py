@@ -57,13 +57,15 @@ def verdict(ok: dict, how: dict, label: str = "N=") -> str:
 
 
 def source_line(label: str, name: str, results: dict | None) -> str:
-    """One bullet naming a results file: its command, date, commit, driver and jax version."""
+    """One bullet naming a results file: its command, date, commit, and the driver and jax version if recorded."""
     if results is None:
         return f"- {label}: `{name}` not found: its targets say *not measured*"
     device = results.get("device") if isinstance(results.get("device"), dict) else {}
     versions = results.get("versions") or {}
-    return (f"- {label}: [`{name}`]({name}), `{results.get('command', '?')}`, {results.get('date', '?')}, "
-            f"commit {results.get('git') or '?'}, driver {device.get('driver', '?')}, jax {versions.get('jax', '?')}")
+    known = [f"driver {device['driver']}"] if device.get("driver") else []  # not every run records them
+    known += [f"jax {versions['jax']}"] if versions.get("jax") else []
+    return ", ".join([f"- {label}: [`{name}`]({name}), `{results.get('command', '?')}`", str(results.get("date", "?")),
+                      f"commit {results.get('git') or '?'}", *known])
 
 
 def fmt(value: float) -> str:

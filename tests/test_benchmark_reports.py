@@ -231,9 +231,9 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
     assert verdict == "missed at on jit_loop N=100 (1.080x); met at the other 5"
     assert rows[t[0], full][1] == "met"  # 1.01x and 1.05x at N=100 and 1000
     assert rows[t[1], quick] == ("defaults: jit_loop N=100 1.010x, jit_changing N=100 1.030x",
-                                 "missed at defaults jit_changing N=100 (1.030x); met at the other 1")
+                                 "missed at defaults jit_changing N=100 (1.030x); met at defaults jit_loop N=100")
     assert rows[t[1], full][1] == ("missed at defaults jit_loop N=1000 (1.050x), defaults jit_changing N=1000 "
-                                   "(1.050x); met at the other 2")
+                                   "(1.050x); met at defaults jit_loop N=100, defaults jit_changing N=100")
     measured, verdict = rows[t[2], quick]
     assert "off N=100: fixed 1.50x, rotating 1.50x" in measured and "on N=10: fixed 0.67x" in measured
     assert "below the target's range, not judged: off N=1: fixed 0.80x, rotating 0.80x" in measured
@@ -241,19 +241,20 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
     assert rows[t[2], full] == ("not measured (no `mixed` modes in this run)", "not measured")
     measured, verdict = rows[t[3], "gray_scott bench at g123456"]
     assert measured.endswith("off 2.500x (2.50-2.50), defaults 0.980x (0.98-0.98), on: not measured")
-    assert verdict == "missed at defaults (0.980x); met at the other 1"
+    assert verdict == "missed at defaults (0.980x); met at off"
     assert rows[t[4], quick] == ("us per launch: cuda.core 4.00; `kernel[grid, block, 0, s]` bound 4.50 us (+0.50), "
                                  "`kernel.launch(...)` 5.50 us (+1.50)",
-                                 "missed at `kernel.launch(...)` (+1.50 us); met at the other 1")
+                                 "missed at `kernel.launch(...)` (+1.50 us); met at `kernel[grid, block, 0, s]` bound")
     assert rows[t[4], full] == ("not measured (no eager launch scalars in this run)", "not measured")
     scale = "scale run at s123456"
-    assert rows[t[5], scale][1] == "missed at one_site jit_rotating (1.060x); met at the other 3"
+    assert rows[t[5], scale][1] == ("missed at one_site jit_rotating (1.060x); met at one_site "
+                                          "jit_feedback, in_place jit_feedback, in_place jit_rotating")
     measured, verdict = rows[t[6], scale]
     assert "one_site: 15.00 us, of which cudaGraphLaunch 7.50 us (50%) and copies 1.00 us; the rest 6.50 us" in measured
-    assert verdict == "missed at in_place (30.00 us); met at the other 1"
+    assert verdict == "missed at in_place (30.00 us); met at one_site"
     measured, verdict = rows[t[7], scale]
     assert "N=100000 one_site: 0.02 KB per kernel = 1.50x one executable (0.01 KB per kernel)" in measured
-    assert verdict == "missed at N=100000 in_place (2.50x); met at the other 1"
+    assert verdict == "missed at N=100000 in_place (2.50x); met at N=100000 one_site"
 
 
 def test_issue_19_targets_met_where_every_figure_is_in_range():
