@@ -16,19 +16,19 @@
 // addresses changed.
 //
 // Measured by benchmarks/capture_policies.py on the H100 (N = 100 chain, the
-// output held by 199 kernel arguments, 16 KB): where every call records,
-// 1.82x the floor with every buffer bound, 1.36x with the output copied
-// (48 us per call, ~0.24 us per site), 1.69x with the template spliced whole
-// (one child-graph node, everything copied); where XLA's addresses recur,
-// all three within 1.07-1.12x, the copy's cost lost in the noise.
+// output held by 199 kernel arguments, 16 KB; benchmarks/results/
+// nvidia-h100-80gb-hbm3-capture-policies.md): where every call records, 2.06x
+// the floor with every buffer bound, 1.75x with the output copied, 1.67x with
+// every buffer copied, 1.66x with the template spliced whole; where XLA's
+// addresses recur, all four within 1.05-1.09x of the floor.
 //
 // kAuto weighs the two per bound buffer: the sites rewritten on a share of
-// calls (kRecordShare: the mixed benchmark recorded on 0.05 of its replays
-// once warm) against a memcpy node on every call. kBind is the default: in
-// the common case (a jitted loop, XLA's buffers alternating between a few
-// addresses it holds recordings for) nothing is re-recorded, so a copy would
-// be paid on every call for nothing; kAuto is for programs whose buffers
-// cycle through more addresses than XLA keeps.
+// calls that record again (kRecordShare, an assumption) against a memcpy
+// node on every call. kBind is the default: in the common case (a jitted
+// loop, XLA's buffers alternating between a few addresses it holds
+// recordings for) nothing is re-recorded, so a copy would be paid on every
+// call for nothing; kAuto is for programs whose buffers cycle through more
+// addresses than XLA keeps.
 
 #ifndef JAXGRAPH_FFI_CAPTURE_POLICY_H_
 #define JAXGRAPH_FFI_CAPTURE_POLICY_H_
@@ -57,7 +57,8 @@ enum class CapturePolicy : int {
 };
 inline std::atomic<int> capture_policy{static_cast<int>(CapturePolicy::kBind)};
 
-constexpr double kSiteUs = 0.24;              // a site rewritten by XLA's update, per recording
+constexpr double kSiteUs = 0.24;              // a site rewritten by XLA's update, per recording (estimated:
+                                              // jit_cycle, bind over auto, per site, 0.24-0.35 us)
 constexpr double kRecordShare = 1.0 / 16;     // calls that record again (assumed; see above)
 constexpr double kCopyUs = 1.5;               // a memcpy node per call (assumed: below the noise at 16 KB)
 constexpr double kCopyBytesPerUs = 1e6;       // its bytes at 1 TB/s (assumed: under a third of H100's peak)
