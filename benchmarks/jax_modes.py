@@ -61,12 +61,7 @@ def jit_unrolled(step: Callable, n: int, rng: np.random.Generator) -> Mode:
     """``UNROLL`` chained replays in one jit (distinct operands, so XLA cannot merge them)."""
     import jax
 
-    def unrolled(x):
-        for _ in range(UNROLL):
-            x = step(x)
-        return x
-
-    mode = _loop_mode("jit_unrolled", jax.jit(unrolled), n * UNROLL, rng, inputs=1)
+    mode = _loop_mode("jit_unrolled", jax.jit(_chained(step, UNROLL)), n * UNROLL, rng, inputs=1)
     mode.info["unroll"] = UNROLL
     return mode
 
@@ -77,13 +72,7 @@ def jax_calls(one_kernel: Callable, n: int, rng: np.random.Generator, skip: str 
 
     if skip:
         raise Skip(skip)
-
-    def chain(x):
-        for _ in range(n):
-            x = one_kernel(x)
-        return x
-
-    return _loop_mode("jax_calls", jax.jit(chain), n, rng, inputs=1)
+    return _loop_mode("jax_calls", jax.jit(_chained(one_kernel, n)), n, rng, inputs=1)
 
 
 def mixed(step: Callable, n: int, rng: np.random.Generator, changing: bool = False) -> Mode:
@@ -104,12 +93,7 @@ def mixed_calls(one_kernel: Callable, n: int, rng: np.random.Generator, changing
 
     if skip:
         raise Skip(skip)
-
-    def chain(x):
-        for _ in range(n):
-            x = one_kernel(x)
-        return x
-
+    chain = _chained(one_kernel, n)
     key = "mixed_calls_changing" if changing else "mixed_calls"
     f = jax.jit(lambda x: _mixed_program(chain, x))
     return _loop_mode(key, f, n * MIXED_REPLAYS, rng, inputs=CHANGING_INPUTS if changing else 1,
@@ -148,6 +132,17 @@ def kernel_step(kernel: Any) -> Callable:
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+def _chained(f: Callable, times: int) -> Callable:
+    """``x`` through ``times`` calls of ``f``, each output the next input (distinct operands, so
+    XLA cannot merge them when the result is jitted)."""
+    def chain(x):
+        for _ in range(times):
+            x = f(x)
+        return x
+
+    return chain
 
 
 def _mixed_program(stage: Callable, x: Any) -> Any:

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -296,45 +296,43 @@ def _eager_mode(graph: Any, n: int) -> harness.Mode:
 
 def _feedback_mode(f: Any, x0: Any, n: int) -> harness.Mode:
     """``x = f(x)``: XLA's output buffer becomes the next input, so addresses alternate."""
-    import jax
-
-    mode = harness.Mode("jit_feedback", lambda calls: 0.0, per_call=n)
-
-    def run(calls: int) -> float:
-        from jaxgraph._replay_codes import counters
-
-        x = jax.block_until_ready(x0)
-        before = counters()
-        start = time.perf_counter()
+    def calls_of(calls: int) -> Any:
+        x = x0
         for _ in range(calls):
             x = f(x)
-        jax.block_until_ready(x)
-        seconds = time.perf_counter() - start
-        _accumulate(mode, before, counters(), calls)
-        return seconds
+        return x
 
-    mode.run = run
-    return mode
+    return _counted_mode("jit_feedback", n, x0, calls_of)
 
 
 def _rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
     """``f(xs[i % 8])``, the last 8 results kept: a different input and output address on every call."""
-    import jax
-
-    mode = harness.Mode("jit_rotating", lambda calls: 0.0, per_call=n)
     ys = [None] * len(xs)  # the last 8 results alive: each call's result lands at a new address too
     turn = [0]             # the rotation goes on across samples, whatever their calls
+
+    def calls_of(calls: int) -> Any:
+        for _ in range(calls):
+            i = turn[0] = (turn[0] + 1) % len(xs)
+            ys[i] = f(xs[i])
+        return ys
+
+    return _counted_mode("jit_rotating", n, xs, calls_of)
+
+
+def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any]) -> harness.Mode:
+    """A jit mode timing ``calls_of(calls)`` (it returns what to wait for), from ``inputs`` ready to
+    its results ready; each run adds the native counters' change to ``mode.info`` (:func:`_accumulate`)."""
+    import jax
+
+    mode = harness.Mode(key, lambda calls: 0.0, per_call=n)
 
     def run(calls: int) -> float:
         from jaxgraph._replay_codes import counters
 
-        jax.block_until_ready(xs)
+        jax.block_until_ready(inputs)
         before = counters()
         start = time.perf_counter()
-        for _ in range(calls):
-            i = turn[0] = (turn[0] + 1) % len(xs)
-            ys[i] = f(xs[i])
-        jax.block_until_ready(ys)
+        jax.block_until_ready(calls_of(calls))
         seconds = time.perf_counter() - start
         _accumulate(mode, before, counters(), calls)
         return seconds

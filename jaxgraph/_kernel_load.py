@@ -74,6 +74,7 @@ class KernelLoading:
         """The loaded kernel's handle and its CUfunction in ``device``'s context: what a captured node may name."""
         function = self._functions.get(device)
         if function is None:
+            _driver.ensure_context(device)  # the CUfunction belongs to the context current now
             drv = _driver.driver()
             err, handle = drv.cuKernelGetFunction(drv.CUkernel(self._function_address))
             # A handle that is already a CUfunction (a module-loaded kernel) has no other name.

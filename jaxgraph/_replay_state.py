@@ -48,6 +48,17 @@ class ReplayState:
             raise RuntimeError("the graph of this replayable was reset or destroyed; capture it again "
                                "and build a new function with jaxgraph.replayable(...)")
 
+    def add(self, device: int) -> None:
+        """Count ``device``'s graph as live (under the lock a destroy callback takes)."""
+        with self._lock:
+            self.devices[device] = True
+
+    def drop(self, device: int) -> None:
+        """Retire ``device``'s graph and forget it, so the device can be added again; never raises."""
+        self.retire(device)
+        with self._lock:
+            self.devices.pop(device, None)
+
     def retire(self, device: int = -1) -> None:
         """Retire ``device`` (every device when -1, which also closes); never raises."""
         with self._lock:

@@ -183,11 +183,14 @@ class Replayable:
         state = "alive" if self.alive else "retired"
         text = (f"<jaxgraph.Replayable ({fmt_all(self._spec.inputs)}) -> ({fmt_all(self._spec.outputs)}) "
                 f"via={self._via} graph={self.graph_id} {state}")
-        if self.alive:
-            text += " paths=" + "|".join(p.value for p in self.replay_paths)
-        if self._via == "ffi" and self.alive and self._state.devices:
-            device, rows = next(iter(self.bindings.items()))
-            text += f"; device {device}: " + "; ".join(str(r) for r in rows)
+        try:
+            if self.alive:
+                text += " paths=" + "|".join(p.value for p in self.replay_paths)
+            if self._via == "ffi" and self.alive and self._state.devices:
+                device, rows = next(iter(self.bindings.items()))
+                text += f"; device {device}: " + "; ".join(str(r) for r in rows)
+        except (RuntimeError, ValueError, StopIteration):  # retired by another thread meanwhile
+            text += " (retiring)"
         return text + ">"
 
     # -- calling ------------------------------------------------------------------
@@ -235,8 +238,7 @@ class Replayable:
                                     distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
                                     trust_foreign=self._trust_foreign).info
         if info.conditionals and not self._spec.uncaptured:
-            self._state.devices[source.device] = True
-            self._state.retire(source.device)
+            self._state.drop(source.device)  # retire what was registered; the device may be added again
             raise ValueError(f"add_device: the graph on device {source.device} has conditional nodes and the "
                              "first device's has none, so this replayable's calls may be recorded into XLA's "
                              "command buffers, where a conditional graph cannot go; build the replayable "
@@ -249,7 +251,7 @@ class Replayable:
 
     def _attach(self, source: ReplaySource, inputs: tuple, outputs: tuple) -> None:
         """Hold ``source``'s graph, memory and the static arrays; retire its device when the graph is reset."""
-        self._state.devices[source.device] = True
+        self._state.add(source.device)
         # The destroy callback holds only the state, never this object, so the
         # graph does not keep the replayable alive (no reference cycle).
         handle = source.on_destroy(self._state.retire_callback(source.device))

@@ -1,4 +1,5 @@
-"""Graphs with conditional nodes made by hand inside a jaxgraph capture, for the replay tests.
+"""Graphs with conditional nodes made by hand inside a jaxgraph capture, for the replay tests;
+the kernels and one-element predicates of the capture-API tests (test_conditional*.py).
 
 Until the capture API for branches and loops lands, these tests add CUDA
 conditional nodes (IF/ELSE, WHILE, SWITCH, nested) to a jaxgraph capture with
@@ -21,12 +22,13 @@ from unittest import mock
 
 import numpy as np
 
+import graph_support
 import jaxgraph
 import jaxgraph._replayable
 from jaxgraph._kernel_load import node_handles
 from jaxgraph._replay_args import source_of
 from jaxgraph._signature import access_flags
-from kernels import ACCUMULATE, AXPB, LOOP_FLAG, SET_CONDITIONAL
+from kernels import ACCUMULATE, AXPB, CONDITIONAL, LOOP_FLAG, SET_CONDITIONAL
 
 N = 4096
 BLOCK = 256
@@ -51,6 +53,27 @@ def load_kernels():
     for k in ks.values():
         k.handle  # noqa: B018 - loads it before any capture
     return types.SimpleNamespace(**ks)
+
+
+def capture_api_kernels():
+    """The graph kernels (``graph_support.load_kernels``) and ``kernels.CONDITIONAL``'s, loaded
+    before any capture: the kernels of test_conditional.py and test_conditional_loops.py."""
+    ks = graph_support.load_kernels()
+    for name in ("add_inplace", "count_down", "is_even", "store_row"):
+        kernel = jaxgraph.Kernel(CONDITIONAL, name)
+        kernel.handle  # noqa: B018 - load before any capture
+        setattr(ks, name, kernel)
+    return ks
+
+
+def device(values, dtype):
+    """``values`` as a new DeviceArray of ``dtype``."""
+    return jaxgraph.asarray(np.asarray(values, dtype=dtype))
+
+
+def set_value(array, value):
+    """Change a one-element predicate between replays (a host copy, outside any capture)."""
+    array.copy_(np.asarray([value], dtype=array.dtype))
 
 
 def _check(result):

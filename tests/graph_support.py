@@ -1,4 +1,8 @@
-"""Kernels, references and helpers shared by the graph and generator tests."""
+"""Kernels, references and helpers shared by the graph and generator tests.
+
+Tests internals (listed in tests/README.md): ``internals.counters``; the counters' change
+over jitted calls whose result addresses alternate (``alternate_calls``).
+"""
 
 import json
 import os
@@ -9,13 +13,22 @@ import types
 import numpy as np
 
 import jaxgraph
-from kernels import ADD, AXPB, BLOCK_SUM, SCALE
+from kernels import (ADD, AXPB, AXPY_OUT, BLOCK_SUM, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SCALE, SQUARE,
+                     SUM_DIFF)
 
 BLOCK = 256
+
+N = 4096  # elements of the graph tests' arrays (test_graphs*.py), random_floats' default
 
 GRAPH_KERNELS = AXPB + SCALE + ADD + BLOCK_SUM
 
 KERNEL_NAMES = ("axpb", "scale", "add", "block_sum")
+
+# The JAX interop tests' kernels (test_jax_gpu.py, test_jax_kernel_call.py).
+JAX_SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
+
+JAX_KERNEL_NAMES = ("axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
+                    "inc", "square", "square_bwd", "scalars", "block_sum_dynamic")
 
 
 def jax_gpus():
@@ -40,6 +53,16 @@ def load_kernels():
     for k in ks.values():
         k.handle  # noqa: B018 - loads the library now
     return types.SimpleNamespace(**ks)
+
+
+def random_floats(rng, n=N):
+    """``n`` fresh standard-normal float32 values (``rng`` is unseeded: new inputs every run)."""
+    return rng.standard_normal(n, dtype=np.float32)
+
+
+def jax_kernels():
+    """The JAX interop tests' kernels by name (``JAX_SRC``, compiled on first use)."""
+    return {name: jaxgraph.Kernel(JAX_SRC, name) for name in JAX_KERNEL_NAMES}
 
 
 def blocks(n):
@@ -109,6 +132,22 @@ def path_calls(before: dict, after: dict) -> dict:
 def launched(calls: int) -> dict:
     """``path_calls`` of ``calls`` calls that each launched the graph on XLA's stream (no command buffer)."""
     return {"launch": calls, "splice_nodes": 0, "splice_whole": 0, "uncaptured_launch": 0}
+
+
+def alternate_calls(f, xj, calls=12, settle=6):
+    """Call ``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (so result
+    addresses alternate); return the last result, the result addresses seen and the counters'
+    change over the calls after ``settle``."""
+    from internals import counters
+
+    out, seen, before = None, set(), None
+    for i in range(calls):
+        if i == settle:
+            before = counters()
+        out = f(xj)
+        seen.add(out.unsafe_buffer_pointer())
+    after = counters()
+    return out, seen, {key: after[key] - before[key] for key in after}
 
 
 MiB = 1 << 20

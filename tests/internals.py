@@ -4,16 +4,18 @@ The public API makes a replayable only from a captured graph
 (``jaxgraph.replayable(g, ...)``), which needs a GPU. The CPU tests of
 lowering, sharding, argument checks and the host-callback path build
 replayables and sharded graphs from a spec instead, with no graph behind
-them; the GPU tests read the native replay counters and graph table. What
-they take from jaxgraph's private modules for that comes through here, so a
-rename inside jaxgraph costs one edit. ``tests/README.md`` lists every test file that
+them; the GPU tests read the native replay counters, graph table and a
+graph's memory pool. What they take from jaxgraph's private modules for that
+comes through here, so a rename inside jaxgraph costs one edit. ``tests/README.md`` lists every test file that
 tests internals, and what for.
 """
 
 __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
-           "native_replay", "replayable_of_referenced", "set_capture_policy", "spec_replayable", "spec_sharded"]
+           "native_replay", "pool_of", "replayable_of_referenced", "set_capture_policy", "spec_replayable",
+           "spec_sharded"]
 
 from jaxgraph._jax_replay import describe_graph
+from jaxgraph._memory import pool_from_token
 from jaxgraph._native import native
 from jaxgraph._replay_args import ReplaySpec
 from jaxgraph._replay_codes import counters, set_capture_policy
@@ -25,6 +27,11 @@ def native_replay():
     """The native replay extension (``ffi/replay.cc``): its code tables and the bind-or-copy
     policy's decisions on given figures (``policy_*``)."""
     return native("replay")
+
+
+def pool_of(graph):
+    """The memory pool behind ``graph.pool()``'s token, for its reserved bytes and its lifetime."""
+    return pool_from_token(graph.pool())
 
 
 def spec_replayable(inputs, outputs, graph_id=0, *, via="ffi", uncaptured=False, **options):

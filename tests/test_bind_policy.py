@@ -25,6 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
+from graph_support import alternate_calls  # noqa: E402
 from internals import counters, describe_graph, native_replay  # noqa: E402
 from kernels import ADD_ONE, INC  # noqa: E402
 
@@ -138,19 +139,6 @@ def test_in_place_state_whose_address_keeps_changing_is_copied_and_exact(k, rng)
     assert info.executables == 1 and info.rewrite_ns_per_site > 0, info
 
 
-def _alternate(f, xj, calls=12, settle=6):
-    """``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (A/B result
-    addresses); the last result, the addresses seen, the counters' change after ``settle``."""
-    out, seen, before = None, set(), None
-    for i in range(calls):
-        if i == settle:
-            before = counters()
-        out = f(xj)
-        seen.add(out.unsafe_buffer_pointer())
-    after = counters()
-    return out, seen, {key: after[key] - before[key] for key in after}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["one_site", "in_place"])
 def test_alternating_buffers_hit_cached_executables(k, rng, pattern):
@@ -167,7 +155,7 @@ def test_alternating_buffers_hit_cached_executables(k, rng, pattern):
         x_s.fill_(np.float32(np.nan))
         y_s.fill_(np.float32(np.nan))
     x = ints(rng)
-    out, seen, change = _alternate(jax.jit(step), jnp.asarray(x))
+    out, seen, change = alternate_calls(jax.jit(step), jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(out), x + steps)
     assert 2 <= len(seen) <= 4, seen                  # the case under test: XLA alternates its results
     assert change["instantiate"] == 0 and change["rebind"] == 0 and change["copy"] == 0, change

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import blocks, load_kernels, poison
-from kernels import CONDITIONAL
+from conditional_support import capture_api_kernels, device, set_value
+from graph_support import blocks, poison
 
 pytestmark = pytest.mark.gpu
 
@@ -20,21 +20,7 @@ N = 1000
 
 @pytest.fixture(scope="module")
 def k():
-    ks = load_kernels()
-    for name in ("add_inplace", "count_down", "is_even", "store_row"):
-        kernel = jaxgraph.Kernel(CONDITIONAL, name)
-        kernel.handle  # noqa: B018 - load before any capture
-        setattr(ks, name, kernel)
-    return ks
-
-
-def device(values, dtype):
-    return jaxgraph.asarray(np.asarray(values, dtype=dtype))
-
-
-def set_value(array, value):
-    """Change a one-element predicate between replays (a host copy, outside any capture)."""
-    array.copy_(np.asarray([value], dtype=array.dtype))
+    return capture_api_kernels()
 
 
 # ----------------------------------------------------------------------------

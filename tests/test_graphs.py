@@ -6,8 +6,8 @@ numpy. Pools shared between graphs and kept inputs are in
 test_graphs_pools.py; exceptions, capture modes, threads and Graph in
 test_graphs_capture_modes.py.
 
-Tests internals (listed in tests/README.md): ``_memory.pool_from_token``, ``_replay_args.source_of``,
-``_graphs._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
+Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_memory.pool_from_token``),
+``_replay_args.source_of``, ``_graphs._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
 splicing, a failing launch.
 """
 
@@ -18,24 +18,14 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, blocks, load_kernels, poison, replay_and_check
-from jaxgraph import _memory
+from graph_support import BLOCK, N, blocks, load_kernels, poison, random_floats, replay_and_check
+from internals import pool_of
 from jaxgraph._replay_args import source_of
-
-N = 4096
 
 
 @pytest.fixture(scope="module")
 def k():
     return load_kernels()
-
-
-def _random(rng, n=N):
-    return rng.standard_normal(n, dtype=np.float32)
-
-
-def _pool_of(graph):
-    return _memory.pool_from_token(graph.pool())
 
 
 # ---------------------------------------------------------------------------
@@ -45,20 +35,20 @@ def _pool_of(graph):
 
 @pytest.mark.gpu
 def test_capture_then_replay_on_new_data(k, rng):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
         k.axpb[blocks(N), BLOCK](y, x, 2.0, 1.0, N)
     for _ in range(3):
-        data = _random(rng)
+        data = random_floats(rng)
         x.copy_(data)
         replay_and_check(g, y, 2.0 * data + 1.0)
 
 
 @pytest.mark.gpu
 def test_capture_records_memset_memcpy_and_a_reduction(k, rng):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     total = jaxgraph.empty(1)
     copy = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -67,7 +57,7 @@ def test_capture_records_memset_memcpy_and_a_reduction(k, rng):
         k.block_sum[blocks(N), BLOCK](total, x, N)
         copy.copy_(x)
     for _ in range(2):
-        data = _random(rng)
+        data = random_floats(rng)
         x.copy_(data)
         poison(total)
         replay_and_check(g, copy, data, rtol=0)
@@ -76,7 +66,7 @@ def test_capture_records_memset_memcpy_and_a_reduction(k, rng):
 
 @pytest.mark.gpu
 def test_capture_does_not_run_the_work(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -89,7 +79,7 @@ def test_capture_does_not_run_the_work(k, rng):
 
 @pytest.mark.gpu
 def test_allocations_during_capture_come_from_the_graph_pool(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -98,7 +88,7 @@ def test_allocations_during_capture_come_from_the_graph_pool(k, rng):
         out = jaxgraph.empty(N)
         k.add[blocks(N), BLOCK](out, tmp, x, N)
         del tmp
-    pool = _pool_of(g)
+    pool = pool_of(g)
     assert out.owner.pool is pool
     assert pool.reserved_bytes >= 2 * N * 4
     assert isinstance(g.pool(), tuple) and g.pool() == (0, pool.id)
@@ -108,13 +98,13 @@ def test_allocations_during_capture_come_from_the_graph_pool(k, rng):
 
 @pytest.mark.gpu
 def test_graph_memory_stays_valid_while_graph_lives_and_returns_when_it_dies(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
         out = jaxgraph.empty(N)
         k.scale[blocks(N), BLOCK](out, x, 2.0, N)
-    pool_ref = weakref.ref(_pool_of(g))
+    pool_ref = weakref.ref(pool_of(g))
     out_ref = weakref.ref(out.owner)
     del out                                  # the graph still writes it: the pool keeps it
     gc.collect()
@@ -128,7 +118,7 @@ def test_graph_memory_stays_valid_while_graph_lives_and_returns_when_it_dies(k, 
 
 @pytest.mark.gpu
 def test_replay_runs_on_the_current_stream(k, rng, side_stream):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -144,7 +134,7 @@ def test_replay_runs_on_the_current_stream(k, rng, side_stream):
 
 @pytest.mark.gpu
 def test_graph_with_explicit_stream_makes_it_current_and_restores(k, rng, side_stream):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     before = jaxgraph.current_stream()
     g = jaxgraph.CUDAGraph()
@@ -159,7 +149,7 @@ def test_graph_with_explicit_stream_makes_it_current_and_restores(k, rng, side_s
 
 @pytest.mark.gpu
 def test_default_capture_stream_is_a_side_stream(k, rng):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     before = jaxgraph.current_stream()
     seen = []
@@ -180,7 +170,7 @@ def test_default_capture_stream_is_a_side_stream(k, rng):
 
 @pytest.mark.gpu
 def test_keep_graph_false_instantiates_at_capture_end(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -196,7 +186,7 @@ def test_keep_graph_false_instantiates_at_capture_end(k, rng):
 
 @pytest.mark.gpu
 def test_keep_graph_true_instantiates_on_first_replay(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph(keep_graph=True)
@@ -248,7 +238,7 @@ def test_reinstantiate_after_editing_the_raw_graph(k):
 
 @pytest.mark.gpu
 def test_capture_end_pre_and_post_by_hand(k, rng, side_stream):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -270,7 +260,7 @@ def test_capture_end_pre_and_post_by_hand(k, rng, side_stream):
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep_graph", [False, True])
 def test_hook_order(k, rng, keep_graph):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph(keep_graph=keep_graph)
     events = []
@@ -297,7 +287,7 @@ def test_hook_order(k, rng, keep_graph):
 
 @pytest.mark.gpu
 def test_replay_end_hook_fires_when_the_launch_fails(k, rng, monkeypatch):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -320,7 +310,7 @@ def test_replay_end_hook_fires_when_the_launch_fails(k, rng, monkeypatch):
 
 @pytest.mark.gpu
 def test_destroy_callbacks_fire_once_on_reset_and_on_collection(k, rng):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     calls = []
 

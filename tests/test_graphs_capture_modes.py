@@ -13,20 +13,14 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, blocks, driver_call, load_kernels, replay_and_check
+from graph_support import BLOCK, N, blocks, driver_call, load_kernels, random_floats, replay_and_check
 from jaxgraph import _captures
 from jaxgraph._replay_args import source_of
-
-N = 4096
 
 
 @pytest.fixture(scope="module")
 def k():
     return load_kernels()
-
-
-def _random(rng, n=N):
-    return rng.standard_normal(n, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -36,7 +30,7 @@ def _random(rng, n=N):
 
 @pytest.mark.gpu
 def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     before = jaxgraph.current_stream()
@@ -80,7 +74,7 @@ def _alloc_in_other_thread(device):
 
 @pytest.mark.gpu
 def test_unsafe_call_from_another_thread_fails_under_global(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -102,7 +96,7 @@ def test_unsafe_call_from_another_thread_fails_under_global(k, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["relaxed", "thread_local"])
 def test_unsafe_call_from_another_thread_passes_under_relaxed_modes(k, rng, mode):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -121,7 +115,7 @@ def test_unsafe_call_from_another_thread_passes_under_relaxed_modes(k, rng, mode
 
 @pytest.mark.gpu
 def test_accelerator_graph_captures_on_the_current_stream(k, rng, side_stream):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     g = jaxgraph.Graph()
     jaxgraph.synchronize()
@@ -150,7 +144,7 @@ def test_accelerator_graph_captures_on_the_current_stream(k, rng, side_stream):
 
 @pytest.mark.gpu
 def test_accelerator_graph_keep_graph_and_exception(k, rng, side_stream):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     g = jaxgraph.Graph(keep_graph=True, capture_error_mode="relaxed")
     with pytest.raises(KeyError):

@@ -4,7 +4,7 @@ Every replay runs on fresh random data, outputs are poisoned with NaN first,
 and results are checked against numpy; memory is checked with the driver's
 free-memory figure and the pools' reserved bytes.
 
-Tests internals (listed in tests/README.md): ``_memory.pool_from_token``,
+Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_memory.pool_from_token``),
 ``_memory._pools``; a pool's reserved bytes, no pool left behind by capture and reset cycles.
 """
 
@@ -15,23 +15,15 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, MiB, blocks, free_device_bytes, load_kernels, poison, replay_and_check
+from graph_support import (BLOCK, MiB, N, blocks, free_device_bytes, load_kernels, poison, random_floats,
+                           replay_and_check)
+from internals import pool_of
 from jaxgraph import _memory
-
-N = 4096
 
 
 @pytest.fixture(scope="module")
 def k():
     return load_kernels()
-
-
-def _random(rng, n=N):
-    return rng.standard_normal(n, dtype=np.float32)
-
-
-def _pool_of(graph):
-    return _memory.pool_from_token(graph.pool())
 
 
 # ---------------------------------------------------------------------------
@@ -54,7 +46,7 @@ def _capture_temp_chain(k, x, n, factor, pool=None):
 @pytest.mark.gpu
 def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     m = 8 * MiB                 # float32 elements: 32 MiB per array, far above allocator noise
-    data = _random(rng, m)
+    data = random_floats(rng, m)
     x = jaxgraph.asarray(data)
     block = m * 4
 
@@ -62,7 +54,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     g1, out1 = _capture_temp_chain(k, x, m, 3.0)
     g2, out2 = _capture_temp_chain(k, x, m, 5.0, pool=g1.pool())
     used_shared = base - free_device_bytes()
-    shared_reserved = _pool_of(g1).reserved_bytes
+    shared_reserved = pool_of(g1).reserved_bytes
     assert g2.pool() == g1.pool()
     assert shared_reserved == 3 * block          # g2's temporary reused g1's
 
@@ -74,7 +66,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     np.testing.assert_allclose(out1.numpy(), 4.0 * data, rtol=1e-6)
     np.testing.assert_allclose(out2.numpy(), 6.0 * data, rtol=1e-6)
 
-    pool_ref = weakref.ref(_pool_of(g1))
+    pool_ref = weakref.ref(pool_of(g1))
     del g1, g2, out1, out2
     gc.collect()
     assert pool_ref() is None
@@ -84,7 +76,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     g3, out3 = _capture_temp_chain(k, x, m, 3.0)
     g4, out4 = _capture_temp_chain(k, x, m, 5.0)
     used_separate = base - free_device_bytes()
-    separate_reserved = _pool_of(g3).reserved_bytes + _pool_of(g4).reserved_bytes
+    separate_reserved = pool_of(g3).reserved_bytes + pool_of(g4).reserved_bytes
     assert separate_reserved == 4 * block
     assert shared_reserved < separate_reserved
     assert used_separate - used_shared >= 24 * MiB, (used_shared, used_separate)
@@ -95,7 +87,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
 
 @pytest.mark.gpu
 def test_three_successive_graphs_with_a_pool_handle(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     pool = jaxgraph.graph_pool_handle()
     graphs = []
@@ -117,7 +109,7 @@ def test_three_successive_graphs_with_a_pool_handle(k, rng):
     assert all(gr.pool() == pool for gr in graphs)
     assert graphs[1].pools() == [pool]                  # a lives in the same pool
     for _ in range(2):
-        data = _random(rng)
+        data = random_floats(rng)
         x.copy_(data)
         for arr in (a, b, c):
             poison(arr)
@@ -130,7 +122,7 @@ def test_three_successive_graphs_with_a_pool_handle(k, rng):
 
 @pytest.mark.gpu
 def test_reset_and_recapture(k, rng):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -145,14 +137,14 @@ def test_reset_and_recapture(k, rng):
     with jaxgraph.graph(g):
         k.axpb[blocks(N), BLOCK](y, x, 3.0, -1.0, N)
     assert g.pool() != first_pool
-    data = _random(rng)
+    data = random_floats(rng)
     x.copy_(data)
     replay_and_check(g, y, 3.0 * data - 1.0, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu
 def test_thousand_capture_reset_cycles_return_memory(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -185,7 +177,7 @@ def test_thousand_capture_reset_cycles_return_memory(k, rng):
 
 @pytest.mark.gpu
 def test_external_inputs_are_kept_alive_by_the_graph(k, rng):
-    data = _random(rng)
+    data = random_floats(rng)
     x = jaxgraph.asarray(data)
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
@@ -203,7 +195,7 @@ def test_external_inputs_are_kept_alive_by_the_graph(k, rng):
 
 @pytest.mark.gpu
 def test_check_input_liveness_names_the_freed_input(k, rng, side_stream):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     jaxgraph.synchronize()

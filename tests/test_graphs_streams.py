@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, MiB, blocks, driver_call, free_device_bytes, load_kernels, replay_and_check
+from graph_support import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
+                           replay_and_check)
 from jaxgraph import _captures, _memory
 from jaxgraph._array import _INTERNAL, DeviceArray
 from kernels import SPIN_COPY
 
 pytestmark = pytest.mark.gpu
-
-N = 4096
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +36,6 @@ def s2():
     s = jaxgraph.Stream()
     yield s
     s.close()
-
-
-def _random(rng, n=N):
-    return rng.standard_normal(n, dtype=np.float32)
 
 
 def _view(allocation, n=N):
@@ -56,7 +51,7 @@ def _capturing(stream) -> bool:
 
 
 def test_input_read_only_on_a_forked_stream_is_kept_alive(k, rng, s2):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -71,13 +66,13 @@ def test_input_read_only_on_a_forked_stream_is_kept_alive(k, rng, s2):
     assert held() is not None, "the graph must keep an input used only on the forked stream"
     x_again = _view(held())
     for _ in range(3):
-        data = _random(rng)
+        data = random_floats(rng)
         x_again.copy_(data)
         replay_and_check(g, y, 2.0 * data)
 
 
 def test_check_input_liveness_names_a_freed_input_of_the_forked_stream(k, rng, s2, side_stream):
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     y = jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with side_stream:
@@ -87,7 +82,7 @@ def test_check_input_liveness_names_a_freed_input_of_the_forked_stream(k, rng, s
             k.scale[blocks(N), BLOCK](y, x, 2.0, N)
         side_stream.wait_stream(s2)
         g.capture_end()
-    data = _random(rng)
+    data = random_floats(rng)
     x.copy_(data)
     replay_and_check(g, y, 2.0 * data)           # alive: replays
     del x
@@ -98,7 +93,7 @@ def test_check_input_liveness_names_a_freed_input_of_the_forked_stream(k, rng, s
 
 def test_allocations_on_a_forked_stream_come_from_the_graph_pool(k, rng, s2):
     m = 8 * MiB                                   # 32 MiB per array: far above allocator noise
-    x = jaxgraph.asarray(_random(rng, m))
+    x = jaxgraph.asarray(random_floats(rng, m))
     gc.collect()
     base = free_device_bytes()
     g = jaxgraph.CUDAGraph()
@@ -114,7 +109,7 @@ def test_allocations_on_a_forked_stream_come_from_the_graph_pool(k, rng, s2):
         s1.wait_stream(s2)
     pool = _memory.pool_from_token(g.pool())
     assert tmp.owner.pool is pool and out.owner.pool is pool
-    data = _random(rng, m)
+    data = random_floats(rng, m)
     x.copy_(data)
     replay_and_check(g, out, 4.0 * data)
     del tmp, out, pool
@@ -124,7 +119,7 @@ def test_allocations_on_a_forked_stream_come_from_the_graph_pool(k, rng, s2):
 
 
 def test_unjoined_fork_is_a_clear_error_and_leaves_nothing_capturing(k, rng, s2):
-    x, y = jaxgraph.asarray(_random(rng)), jaxgraph.empty(N)
+    x, y = jaxgraph.asarray(random_floats(rng)), jaxgraph.empty(N)
     g = jaxgraph.CUDAGraph()
     with pytest.raises(RuntimeError, match="was not joined back .*wait_stream"):
         with jaxgraph.graph(g):
@@ -141,7 +136,7 @@ def test_unjoined_fork_is_a_clear_error_and_leaves_nothing_capturing(k, rng, s2)
     # The same graph and thread capture again, and the streams work.
     with jaxgraph.graph(g):
         k.scale[blocks(N), BLOCK](y, x, 3.0, N)
-    data = _random(rng)
+    data = random_floats(rng)
     x.copy_(data)
     replay_and_check(g, y, 3.0 * data)
     k.scale[blocks(N), BLOCK, 0, s2](y, x, 4.0, N)
@@ -151,7 +146,7 @@ def test_unjoined_fork_is_a_clear_error_and_leaves_nothing_capturing(k, rng, s2)
 
 def test_three_streams_nested_forks(k, rng, s2):
     s3 = jaxgraph.Stream()
-    x = jaxgraph.asarray(_random(rng))
+    x = jaxgraph.asarray(random_floats(rng))
     a, b, c = (jaxgraph.empty(N) for _ in range(3))
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
@@ -172,7 +167,7 @@ def test_three_streams_nested_forks(k, rng, s2):
     gc.collect()
     x_again = _view(held())
     for _ in range(2):
-        data = _random(rng)
+        data = random_floats(rng)
         x_again.copy_(data)
         replay_and_check(g, [a, b, c], [2.0 * data, 5.0 * data, 7.0 * data + 1.0], rtol=1e-5, atol=1e-5)
     s3.close()
@@ -185,7 +180,7 @@ def test_record_stream_holds_the_memory_until_the_other_stream_is_done(rng):
     producer, reader = jaxgraph.Stream(), jaxgraph.Stream()
     results = {}
     for use_record_stream in (False, True):
-        data = _random(rng)
+        data = random_floats(rng)
         with producer:
             a = jaxgraph.asarray(data)           # allocated in producer's order
         out = jaxgraph.empty(N, stream=reader)
@@ -212,7 +207,7 @@ def test_record_stream_holds_the_memory_until_the_other_stream_is_done(rng):
 
 
 def test_record_stream_rejects_foreign_memory_and_non_streams(rng):
-    a = jaxgraph.asarray(_random(rng))
+    a = jaxgraph.asarray(random_floats(rng))
     with pytest.raises(TypeError, match="record_stream expects a jaxgraph.Stream, got int"):
         a.record_stream(0)
     cupy = pytest.importorskip("cupy")
@@ -227,7 +222,7 @@ def test_graph_stream_of_another_device_captures_there(k, rng):
     jaxgraph.set_device(1)
     try:
         s = jaxgraph.Stream()
-        x, y = jaxgraph.asarray(_random(rng)), jaxgraph.empty(N)
+        x, y = jaxgraph.asarray(random_floats(rng)), jaxgraph.empty(N)
     finally:
         jaxgraph.set_device(0)
     g = jaxgraph.CUDAGraph()
@@ -235,7 +230,7 @@ def test_graph_stream_of_another_device_captures_there(k, rng):
         assert jaxgraph.current_device() == 1
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     assert jaxgraph.current_device() == 0 and g.device == 1
-    data = _random(rng)
+    data = random_floats(rng)
     x.copy_(data)
     jaxgraph.set_device(1)
     try:

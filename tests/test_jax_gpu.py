@@ -23,21 +23,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF  # noqa: E402
-from graph_support import launched, path_calls, run_xla_worker  # noqa: E402
+from graph_support import JAX_SRC, jax_kernels, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
 
 N = 4096
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
-             "inc", "square", "square_bwd", "scalars", "block_sum_dynamic"]
-    return {name: jaxgraph.Kernel(SRC, name) for name in names}
+    return jax_kernels()
 
 
 def capture_chain(kernels, a=2.0, b=0.0, launches=100, n=N):
@@ -282,7 +277,7 @@ WORKER = textwrap.dedent(r'''
 ''')
 
 def run_worker(tmp_path, mode, seed):
-    return run_xla_worker(WORKER, SRC, tmp_path, mode, seed)
+    return run_xla_worker(WORKER, JAX_SRC, tmp_path, mode, seed)
 
 
 def test_command_buffers_on_and_off_agree_and_the_replay_is_spliced(tmp_path, rng):

@@ -19,21 +19,17 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from kernels import AXPB, AXPY_OUT, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SQUARE, SUM_DIFF  # noqa: E402
 from conftest import enable_x64  # noqa: E402
+from graph_support import JAX_SRC, jax_kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-SRC = AXPY_OUT + SAXPY + SUM_DIFF + AXPB + INC + SQUARE + SCALAR_TYPES + BLOCK_SUM_DYNAMIC
 
 N = 4096
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    names = ["axpy_out<float>", "axpy_out<double>", "axpy_out<int>", "saxpy", "sum_diff", "axpb",
-             "inc", "square", "square_bwd", "scalars", "block_sum_dynamic"]
-    return {name: jaxgraph.Kernel(SRC, name) for name in names}
+    return jax_kernels()
 
 
 # ---------------------------------------------------------------------------
@@ -128,7 +124,7 @@ def test_collected_kernel_is_retired_from_the_launch_table():
     from jaxgraph import _jax_launch, _native
 
     launch = _native.native("launch")
-    k = jaxgraph.Kernel(SRC, "inc")
+    k = jaxgraph.Kernel(JAX_SRC, "inc")
     _jax_launch.kernel_id(k)
     live = launch.live_kernels()
     del k

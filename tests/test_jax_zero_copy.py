@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from internals import counters  # noqa: E402
 from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
-from graph_support import launched, path_calls, ref_uniform  # noqa: E402
+from graph_support import alternate_calls, launched, path_calls, ref_uniform  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -82,20 +82,6 @@ def test_bound_buffers_are_never_copied_and_follow_new_addresses(k, rng):
     assert np.isnan(x_s.numpy()).all() and np.isnan(y_s.numpy()).all(), "the static arrays were touched"
 
 
-def _alternate(f, xj, calls=12, settle=6):
-    """Call ``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (so result
-    addresses alternate); return the last result, the result addresses seen and the counters'
-    change over the calls after ``settle``."""
-    out, seen, before = None, set(), None
-    for i in range(calls):
-        if i == settle:
-            before = counters()
-        out = f(xj)
-        seen.add(out.unsafe_buffer_pointer())
-    after = counters()
-    return out, seen, {key: after[key] - before[key] for key in after}
-
-
 def test_alternating_addresses_of_a_many_site_buffer_reuse_cached_executables(k, rng):
     # y is written by 10 kernels (10 sites): rewriting them on every call costs more than
     # keeping one executable per address, so each alternating address gets its own.
@@ -108,7 +94,7 @@ def test_alternating_addresses_of_a_many_site_buffer_reuse_cached_executables(k,
     step = jaxgraph.replayable(g, [x_s], [y_s])
     assert [r.sites for r in step.bindings[jaxgraph.current_device()]] == [1, 10]
     x = rnd(rng)
-    out, seen, change = _alternate(jax.jit(step), jnp.asarray(x))
+    out, seen, change = alternate_calls(jax.jit(step), jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(out), 3.0 * x + 10.0, rtol=1e-6, atol=1e-5)
     assert 2 <= len(seen) <= 4, seen  # the case under test: a few alternating result addresses
     assert change["instantiate"] == 0 and change["rebind"] == 0, (seen, change)
@@ -122,7 +108,7 @@ def test_alternating_addresses_of_a_few_site_buffer_reuse_cached_executables(k, 
     g, x_s, y_s = two_stage(k)
     step = jaxgraph.replayable(g, [x_s], [y_s])
     x = rnd(rng)
-    out, seen, change = _alternate(jax.jit(step), jnp.asarray(x))
+    out, seen, change = alternate_calls(jax.jit(step), jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(out), 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
     assert 2 <= len(seen) <= 4, seen
     assert change["instantiate"] == 0 and change["rebind"] == 0, change
