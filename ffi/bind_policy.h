@@ -24,12 +24,13 @@
 //   for good: the buffer's sites go back to its static array, in place in the
 //   executables for a few sites, else by dropping them.
 //
-// On the H100 (benchmarks/scale.py, results/nvidia-h100-80gb-hbm3-scale.json):
-// one executable of 100k add_one kernels takes 220 MB of device memory (and
-// ~560 MB of host memory), so such a graph keeps one; rewriting one site in
-// place cost 8-13 us per call (the launch after it included), at 10k and 100k
-// kernels; cudaGraphLaunch itself took 5-11 ns of host time per node, hits or
-// not (52-58 us at 10k kernels, 1.1 ms at 100k).
+// On the H100 (benchmarks/scale.py, results/nvidia-h100-80gb-hbm3-scale.json,
+// commit 3949ec3): one executable of 100k add_one kernels takes 220 MB of
+// device memory (and ~560 MB of host memory), so such a graph keeps one;
+// rewriting one site in place, the launch after it included, cost 2.9-4.0 us
+// per call at 100k kernels and 5.9-35 us at 10k; cudaGraphLaunch itself took
+// 25-173 us of host time at 10k kernels and 733-802 us at 100k (7-8 ns per
+// node), hits or not.
 //
 // Each decision leaves its reason, with the figures, in the buffer's binding
 // (BindMode::kCopiedByCost), which Replayable.bindings shows.
