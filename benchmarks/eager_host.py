@@ -15,7 +15,8 @@ disturbed by other work on the machine):
 
 - ``bound_stream``: ``b = kernel[grid, block, 0, s]`` once, then ``b(y, x, n)``;
 - ``bound_current``: ``b = kernel[grid, block]`` once (the current stream), then ``b(y, x, n)``;
-- ``index_each_call``: ``kernel[grid, block](y, x, n)``;
+- ``index_each_call``: ``kernel[grid, block](y, x, n)`` (the current stream);
+- ``index_stream``: ``kernel[grid, block, 0, s](y, x, n)``;
 - ``launch_kwargs``: ``kernel.launch(y, x, n, grid=..., block=..., stream=s)``;
 - ``alternating_kinds``: ``b(y, x, n)`` then ``b(y, x, numpy.int32(n))``, per launch.
 """
@@ -44,7 +45,7 @@ def stubbed_kernel() -> tuple[Any, Any, Any, Any]:
     from jaxgraph._stream import Stream
 
     kernel = jaxgraph.Kernel(SOURCE, "add_one", arch="sm_90")
-    kernel._h_kernel, kernel._function_address = 1, 0      # "loaded": no cubin load
+    kernel._h_kernel, kernel._function_address = 1, 0xF00  # "loaded": no cubin load
     kernel._native_launch = lambda *args: 0                # the driver call, stubbed
     # Device 0's primary context "is" address 0, which is what the native
     # cuCtxGetCurrent reports on a machine without a driver: no switch, no driver.
@@ -70,6 +71,7 @@ def ways(kernel: Any, stream: Any, x: Any, y: Any) -> dict[str, Callable[[], Non
         "bound_stream": lambda: bound(y, x, ELEMENTS),
         "bound_current": lambda: bound_current(y, x, ELEMENTS),
         "index_each_call": lambda: kernel[GRID, BLOCK](y, x, ELEMENTS),
+        "index_stream": lambda: kernel[GRID, BLOCK, 0, stream](y, x, ELEMENTS),
         "launch_kwargs": lambda: kernel.launch(y, x, ELEMENTS, grid=GRID, block=BLOCK, stream=stream),
         "alternating_kinds": alternating,  # two launches per call: halved below
     }

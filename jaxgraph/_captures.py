@@ -40,6 +40,7 @@ __all__ = [
     "note_operands",
     "order_after",
     "pool_for",
+    "streams_capturing",
 ]
 
 
@@ -51,6 +52,8 @@ _lock = threading.Lock()
 # (stream handle, device) -> the capture underway there, for every stream seen
 # taking part; empty unless a capture is underway.
 _by_stream: dict[tuple[int, int], Capture] = {}
+# The same dict, for the eager launch's fast path to test without a call (read only there).
+streams_capturing: dict[tuple[int, int], Capture] = _by_stream
 _by_id: dict[int, Capture] = {}   # CUDA capture id -> capture
 
 

@@ -16,26 +16,21 @@ import os
 import threading
 from typing import Any, Sequence
 
-from . import _captures, _driver
-from ._array import asarray
 from ._compile import CompiledKernel, compile_kernel
 from ._cubin import check_param_sizes, param_sizes
-from ._kernel_load import DEFAULT_SHARED_LIMIT, KernelLoading
-from ._packer import ArgumentPacker, geometry, plain_ints
+from ._kernel_launch import KernelLaunching
+from ._kernel_load import DEFAULT_SHARED_LIMIT
+from ._packer import ArgumentPacker
 from ._signature import Param, access_flags, check_against_source, find_signature, parse_signature
-from ._stream import Stream, current_stream
 
 __all__ = ["Kernel"]
-
-_MAX_CONFIGS = 32  # launch configurations (kernel[grid, block]) kept per kernel
-
 
 # ----------------------------------------------------------------------------
 # Kernel
 # ----------------------------------------------------------------------------
 
 
-class Kernel(KernelLoading):
+class Kernel(KernelLaunching):
     """A CUDA C++ kernel compiled with NVRTC for the current device's architecture.
 
     Parameters
@@ -98,9 +93,10 @@ class Kernel(KernelLoading):
         if signature is not None:  # same sizes, other types (int for float) only the source can tell
             check_against_source(name, params, source, name)
         self._packer = ArgumentPacker(name, params)
-        # (grid, block, shared_mem) in plain ints -> their checked geometry (not a
-        # _BoundLaunch: it refers back to the kernel, and a cycle would delay its unloading)
-        self._configs: dict[tuple, bytes] = {}
+        # Checked launch configurations, as plain data (nothing in them refers back to
+        # the kernel: a cycle would delay its unloading), and geometries apart from streams.
+        self._launch_configs: dict[tuple, list] = {}
+        self._geometries: dict[tuple, bytes] = {}
         self._library = None          # cuda.core ObjectCode; keeps the CUlibrary loaded
         self._core = None             # the cuda.core Kernel (parameter info, attributes)
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
@@ -157,76 +153,6 @@ class Kernel(KernelLoading):
         raise TypeError(f"kernel {self.name} is not called directly: launch it with a grid and a block as "
                         "kernel[grid, block](*args) (or kernel.launch(*args, grid=..., block=...)); inside "
                         "jax.jit, use kernel.jax_call(...)")
-
-    def __getitem__(self, config: tuple) -> "_BoundLaunch":
-        """``kernel[grid, block]``, ``[grid, block, shared_mem]`` or ``[grid, block, shared_mem, stream]``."""
-        if type(config) is not tuple or not 2 <= len(config) <= 4:
-            raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] "
-                            "or kernel[grid, block, shared_mem, stream]")
-        return self._configured(*config)
-
-    def launch(self, *args: Any, grid: int | Sequence[int], block: int | Sequence[int],
-               shared_mem: int = 0, stream: Stream | None = None) -> None:
-        """Launch on ``stream`` (default: the current stream) with checked arguments.
-
-        Parameters
-        ----------
-        *args
-            One per kernel parameter: device arrays (:class:`DeviceArray`,
-            jax.Array, CuPy, torch) for pointers, numbers for scalars.
-        grid, block : int or tuple of up to 3 ints
-        shared_mem : int
-            Dynamic shared memory in bytes.
-        stream : Stream, optional
-
-        Raises
-        ------
-        TypeError
-            A wrong argument (see :class:`Kernel`), a ``grid``, ``block`` or
-            ``shared_mem`` of the wrong type, or a ``stream`` that is not a
-            :class:`~jaxgraph.Stream`.
-        ValueError
-            A dimension below 1, a negative ``shared_mem``, or a value over 32 bits.
-        jaxgraph.CudaError
-            The driver refused the launch.
-        """
-        self._configured(grid, block, shared_mem, stream)(*args)
-
-    def _configured(self, grid: Any, block: Any, shared_mem: Any = 0, stream: Any = None) -> "_BoundLaunch":
-        """The checked launch configuration; kept per kernel when given as plain ints (most programs reuse a few)."""
-        key = (grid, block, shared_mem)
-        # Plain ints only: 16.0 == 16 must not find 16's checked entry (the common case tested inline).
-        cacheable = (type(grid) is int and type(block) is int and type(shared_mem) is int) or plain_ints(key)
-        geo = self._configs.get(key) if cacheable else None
-        if geo is None:
-            geo = geometry(grid, block, shared_mem)
-            if cacheable:
-                if len(self._configs) >= _MAX_CONFIGS:  # a program launching with ever new grids starts over
-                    self._configs.clear()
-                self._configs[key] = geo
-        shared_mem = shared_mem if cacheable else int(shared_mem)
-        if stream is None:  # the current stream, looked up at each launch
-            return _BoundLaunch((self, geo, shared_mem, None, 0, 0))
-        if not isinstance(stream, Stream):
-            raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        return _BoundLaunch((self, geo, shared_mem, stream, int(stream), stream.device))
-
-    def _note_operands(self, stream: Stream, args: tuple) -> None:
-        """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
-        capture = _captures.capture_on(stream)
-        if capture is None:
-            return
-        where = f"kernel {self.name}"
-        for p, a in zip(self.params, args):
-            if p.is_pointer:
-                capture.note(p.name, where, asarray(a))
-        capture.note_kernel(self._handles_on(stream.device), self._flags, self)
-
-    def _raise_launch_error(self, err: int) -> None:
-        """A failed native launch: a negative code is ``cuCtxSetCurrent``'s CUresult, a positive one the launch's."""
-        drv = _driver.driver()
-        call = "cuCtxSetCurrent" if err < 0 else "cuLaunchKernel"
-        raise _driver.CudaError(call, drv.CUresult(abs(err)), f"kernel {self.name}")
 
     # -- inside jax.jit -----------------------------------------------------------
 
@@ -295,40 +221,3 @@ class Kernel(KernelLoading):
 
         return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
 
-
-class _BoundLaunch(tuple):
-    """``kernel[grid, block, ...]``: a checked launch configuration; calling it launches.
-
-    A tuple ``(kernel, geometry, shared_mem, stream, address, device)``: the
-    geometry checked and packed as the native launch takes it, the stream's
-    address and device read once (``stream`` ``None``: the current stream, read
-    at each launch). One is made on every ``kernel[grid, block]``, and making a
-    tuple runs no Python ``__init__``. Every argument check runs before the
-    driver is touched; the kernel's :class:`~jaxgraph._packer.ArgumentPacker`
-    runs them, specialized for the kinds of arguments the last launch had.
-    """
-
-    __slots__ = ()
-
-    def __call__(self, *args: Any) -> None:
-        kernel, geo, shared_mem, stream, address, device = self
-        # Foreign arrays come back wrapped in `operands`, ordered after their producer's stream.
-        packed = kernel._packer.current(args, stream)
-        if packed is None:  # other kinds of arguments than last time
-            packed = kernel._packer.pack(args, stream)
-        data, operands = packed
-        if stream is None:
-            stream = current_stream()
-            address, device = int(stream), stream.device
-        if kernel._h_kernel is None:
-            kernel._load()
-        if _captures.any_underway():  # tell a capture on this stream what the launch uses
-            _driver.ensure_context(device)  # the kernel's CUfunction is looked up in it
-            kernel._note_operands(stream, operands)
-        if shared_mem > kernel._shared_limit:
-            kernel._raise_shared_limit(shared_mem, device)
-        # The native call makes the device's primary context current if another
-        # library switched it, then launches; cuLaunchKernel copies `data`.
-        err = kernel._native_launch(kernel._function_address, _driver.context_address(device), address, geo, data)
-        if err != 0:
-            kernel._raise_launch_error(err)

@@ -149,6 +149,12 @@ def geometry(grid: Any, block: Any, shared_mem: Any) -> bytes:
     ValueError
         A dimension below 1, a negative ``shared_mem``, or a value that does not fit 32 bits.
     """
+    if type(grid) is int and type(block) is int and type(shared_mem) is int and grid >= 1 and block >= 1 and (
+            shared_mem >= 0):  # the usual case, without the general checks' conversions
+        try:
+            return _GEOMETRY.pack(grid, 1, 1, block, 1, 1, shared_mem)
+        except struct.error:
+            pass  # over 32 bits: the general checks say which
     grid, block = dim3(grid, "grid"), dim3(block, "block")
     if not isinstance(shared_mem, (int, np.integer)) or isinstance(shared_mem, bool):
         raise TypeError(f"shared_mem must be an int number of bytes, got {shared_mem!r}")

@@ -193,7 +193,7 @@ def test_the_native_launch_gets_the_reference_encoding(stubbed):
 def test_launch_configurations_are_checked_then_kept(stubbed):
     kernel, stream, _ = stubbed
     for config in [(16, 256), (16, 256, 0, stream), ((2, 2), (8, 8))]:
-        assert kernel[config][1] is kernel[config][1]  # the geometry: checked once, then kept
+        assert kernel[config].__self__[-1] is kernel[config].__self__[-1]  # the configuration: checked once, kept
     with pytest.raises(TypeError, match="grid must be an int"):
         kernel[16.0, 256]  # equal to 16 (and hashed alike), still refused
     with pytest.raises(TypeError, match="grid must be an int"):
