@@ -52,11 +52,12 @@ class KernelLaunching(KernelLoading):
     """Eager launches of :class:`~jaxgraph.Kernel` (which owns the attributes below).
 
     ``_launch_configs`` maps a cache key to a configuration, a list
-    ``[geometry, shared_mem, target, stream_ref]``: ``target`` is
-    ``(stream_ref, address, device, context)`` for the stream the last launch
-    ran on (the configured one, or the current stream), ``context`` ``None``
-    until a launch has looked them up (and for ever when the launch needs more
-    dynamic shared memory than the default: that is checked at every launch);
+    ``[ready, geometry, shared_mem, stream_ref]``. ``ready`` is all a launch
+    needs besides its arguments, ``(stream_ref, address, context, function,
+    native_launch, geometry)``, for the stream the last launch ran on (the
+    configured one, or the current stream); ``context`` is ``None`` until a
+    launch has looked it up (and for ever when the launch needs more dynamic
+    shared memory than the default: that is checked at every launch).
     ``stream_ref`` is a weak reference to the configured stream (for the
     current stream, a function returning ``None``). Keys: ``(grid, block,
     shared_mem, id(stream))`` for a stream, ``(grid, block, shared_mem)`` or
@@ -170,10 +171,10 @@ class KernelLaunching(KernelLoading):
                     self._geometries.clear()
                 self._geometries[geo_key] = geo
         if stream is None:
-            return [geo, int(shared_mem), (_no_stream, 0, 0, None), _no_stream]
+            return [(_no_stream, 0, None, 0, None, geo), geo, int(shared_mem), _no_stream]
         if not isinstance(stream, Stream):
             raise TypeError(f"stream must be a jaxgraph.Stream, got {type(stream).__name__}")
-        return [geo, int(shared_mem), (_no_stream, 0, 0, None), weakref.ref(stream)]
+        return [(_no_stream, 0, None, 0, None, geo), geo, int(shared_mem), weakref.ref(stream)]
 
     def _note_operands(self, stream: Stream, args: tuple) -> None:
         """Report this launch's array operands, and which it only reads, to a graph capturing on ``stream``."""
@@ -204,22 +205,21 @@ def launch_on_stream(launch: tuple, *args: Any) -> None:
 
     Every argument check runs before the driver is touched (the kernel's packer,
     specialized for the kinds of arguments the last launch had); then, unless
-    something is left to do (the first launch, a capture underway, more shared
-    memory than the default), the native launch alone.
+    something is left to do (the first launch on this stream, more shared memory
+    than the default, a capture underway), the native launch alone.
     """
     kernel, stream, config = launch
-    packer = kernel._packer
-    # Foreign arrays come back wrapped in the operands, ordered after their producer's stream.
-    packed = packer.current(args, stream)
-    if packed is None:  # other kinds of arguments than last time
-        packed = packer.pack(args, stream)
-    geo, shared_mem, (_, address, _, context), _ = config
-    function = kernel._function_address
-    if context is None or not function or streams_capturing:
-        function, context, address = _prepared(kernel, stream, config, packed[1])
+    if streams_capturing:  # a capture must hear what the launch uses
+        return _launch_noted(kernel, stream, config, args)
+    data = kernel._packer.current(args, stream)
+    if data is None:  # other kinds of arguments than last time
+        data = kernel._packer.pack(args, stream)
+    _, address, context, function, native, geo = config[0]
+    if context is None:
+        _, address, context, function, native, geo = _prepared(kernel, stream, config)
     # The native call makes the device's primary context current if another
     # library switched it, then launches; cuLaunchKernel copies the packed bytes.
-    err = kernel._native_launch(function, context, address, geo, packed[0])
+    err = native(function, context, address, geo, data)
     if err != 0:
         kernel._raise_launch_error(err)
 
@@ -227,16 +227,16 @@ def launch_on_stream(launch: tuple, *args: Any) -> None:
 def launch_on_current(launch: tuple, *args: Any) -> None:
     """``kernel[grid, block](*args)``: as :func:`launch_on_stream` on the current stream; ``launch`` is ``(kernel, config)``."""
     kernel, config = launch
-    packer = kernel._packer
-    packed = packer.current(args, None)
-    if packed is None:
-        packed = packer.pack(args, None)
+    if streams_capturing:
+        return _launch_noted(kernel, None, config, args)
+    data = kernel._packer.current(args, None)
+    if data is None:
+        data = kernel._packer.pack(args, None)
     stream = current_stream()
-    geo, shared_mem, (ref, address, _, context), _ = config
-    function = kernel._function_address
-    if ref() is not stream or context is None or not function or streams_capturing:
-        function, context, address = _prepared(kernel, stream, config, packed[1])
-    err = kernel._native_launch(function, context, address, geo, packed[0])
+    ref, address, context, function, native, geo = config[0]
+    if ref() is not stream or context is None:
+        _, address, context, function, native, geo = _prepared(kernel, stream, config)
+    err = native(function, context, address, geo, data)
     if err != 0:
         kernel._raise_launch_error(err)
 
@@ -247,17 +247,17 @@ def launch_with(kernel: KernelLaunching, stream: Stream | None, config: list, ar
     (A launcher's function takes them one by one: that is how a bound method is
     called. Passing them on with ``f(*args)`` would cost more than this copy.)
     """
-    packer = kernel._packer
-    packed = packer.current(args, stream)
-    if packed is None:
-        packed = packer.pack(args, stream)
+    if streams_capturing:
+        return _launch_noted(kernel, stream, config, args)
+    data = kernel._packer.current(args, stream)
+    if data is None:
+        data = kernel._packer.pack(args, stream)
     if stream is None:
         stream = current_stream()
-    geo, shared_mem, (ref, address, _, context), _ = config
-    function = kernel._function_address
-    if ref() is not stream or context is None or not function or streams_capturing:
-        function, context, address = _prepared(kernel, stream, config, packed[1])
-    err = kernel._native_launch(function, context, address, geo, packed[0])
+    ref, address, context, function, native, geo = config[0]
+    if ref() is not stream or context is None:
+        _, address, context, function, native, geo = _prepared(kernel, stream, config)
+    err = native(function, context, address, geo, data)
     if err != 0:
         kernel._raise_launch_error(err)
 
@@ -272,22 +272,36 @@ def _no_stream() -> None:
     return None
 
 
-def _prepared(kernel: KernelLaunching, stream: Stream, config: list, operands: tuple) -> tuple[int, int, int]:
-    """``(function, context, stream address)`` for a launch the fast path left: load, tell a capture, raise limits.
+def _launch_noted(kernel: KernelLaunching, stream: Stream | None, config: list, args: tuple) -> None:
+    """A launch while a capture is underway: as the others, telling a capture on its stream what it uses."""
+    data, operands = kernel._packer.pack_operands(args, stream)  # foreign arrays wrapped, for the capture
+    if stream is None:
+        stream = current_stream()
+    if kernel._h_kernel is None:
+        kernel._load()
+    _driver.ensure_context(stream.device)  # the kernel's CUfunction is looked up in it
+    kernel._note_operands(stream, operands)
+    _, address, context, function, native, geo = _prepared(kernel, stream, config)
+    err = native(function, context, address, geo, data)
+    if err != 0:
+        kernel._raise_launch_error(err)
 
-    Remembers the stream's address, device and context in ``config``, so that
-    the next launch on this stream needs nothing of this.
+
+def _prepared(kernel: KernelLaunching, stream: Stream, config: list) -> tuple:
+    """What a launch the fast path left needs, as ``config[0]``: the kernel loaded, the limit raised, the context.
+
+    Remembers it in ``config`` (the stream's address, its device's primary
+    context, the loaded kernel), so that the next launch on this stream needs
+    nothing of this.
     """
     if kernel._h_kernel is None:
         kernel._load()
     address, device = int(stream), stream.device
-    if streams_capturing:  # tell a capture on this stream what the launch uses
-        _driver.ensure_context(device)  # the kernel's CUfunction is looked up in it
-        kernel._note_operands(stream, operands)
-    shared_mem = config[1]
+    _, geo, shared_mem, _ = config
     if shared_mem > kernel._shared_limit:
         kernel._raise_shared_limit(shared_mem, device)
     context = _driver.context_address(device)
-    # One tuple, replaced whole: a thread reading the configuration sees one stream's values.
-    config[2] = (weakref.ref(stream), address, device, context if shared_mem <= DEFAULT_SHARED_LIMIT else None)
-    return kernel._function_address, context, address
+    ready = (weakref.ref(stream), address, context, kernel._function_address, kernel._native_launch, geo)
+    if shared_mem <= DEFAULT_SHARED_LIMIT:  # one tuple, replaced whole: a reader sees one stream's values
+        config[0] = ready
+    return ready

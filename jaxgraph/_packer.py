@@ -10,8 +10,8 @@ runs exactly the checks those types need, inline, and packs the slots with
 one precompiled ``struct.Struct``:
 
 >>> packer = ArgumentPacker("add_one", params)      # float* y, const float* x, int n
->>> data, operands = packer.pack((y, x, 4096), stream)   # full checks; learns the kinds
->>> packer.current((y, x, 4096), stream)                  # the fast path for these kinds
+>>> data = packer.pack((y, x, 4096), stream)        # full checks; learns the kinds
+>>> data = packer.current((y, x, 4096), stream)     # the fast path for these kinds
 
 A specialized function returns ``None`` only when the arguments are of other
 kinds (before any side effect); :meth:`ArgumentPacker.pack` then takes the
@@ -19,7 +19,8 @@ reference path (:meth:`ArgumentPacker.values`). Value errors (a wrong dtype,
 an integer out of range, a float overflowing ``float``) raise from the
 specialized function through the same helpers, so a wrong call gives the same
 message whichever path sees it. Foreign arrays (jax, CuPy, torch) are still
-wrapped on every launch, ordered after their producer's stream.
+wrapped on every launch, ordered after their producer's stream; a launch that
+a capture records needs them wrapped (:meth:`ArgumentPacker.pack_operands`).
 
 The packed bytes are a fresh object per launch: the native launch points the
 driver at them, and ``cuLaunchKernel`` copies them before returning, so
@@ -35,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
-from ._signature import (Param, check_count, check_pointer_dtype, dim3, int_range, not_an_array, pack_error,
+from ._signature import (Param, check_count, check_pointer_dtype, dim3, not_an_array, pack_error,
                          scalar_value)
 
 __all__ = ["ArgumentPacker", "device_operand", "geometry", "plain_ints"]
@@ -62,9 +63,9 @@ class ArgumentPacker:
     Attributes
     ----------
     current : callable
-        ``current(args, stream) -> (data, operands) or None``: the function
-        specialized for the kinds of arguments last seen; ``None`` means
-        "other kinds: call :meth:`pack`".
+        ``current(args, stream) -> data or None``: the function specialized
+        for the kinds of arguments last seen; ``None`` means "other kinds:
+        call :meth:`pack`".
     """
 
     def __init__(self, kernel: str, params: tuple[Param, ...]):
@@ -74,8 +75,8 @@ class ArgumentPacker:
         self._by_kinds: dict[tuple[type, ...], Callable] = {}
         self.current: Callable[[tuple, Any], Any] = _no_kinds_yet
 
-    def pack(self, args: tuple, stream: Any = None) -> tuple[bytes, tuple]:
-        """Check ``args`` and pack them: ``(data, operands)``, foreign arrays in ``operands`` wrapped once.
+    def pack(self, args: tuple, stream: Any = None) -> bytes:
+        """Check ``args`` and pack them into the launch's bytes; learn their kinds for :attr:`current`.
 
         ``stream`` (``None``: the current stream) is where the launch runs:
         foreign arrays are ordered after their producer's stream there.
@@ -90,19 +91,25 @@ class ArgumentPacker:
         kinds = tuple(map(type, args))
         specialized = self._by_kinds.get(kinds)
         if specialized is not None:
-            packed = specialized(args, stream)
-            if packed is not None:
-                self.current = specialized
-                return packed
+            self.current = specialized
+            return specialized(args, stream)
         # New kinds: the reference checks first, so kinds that fail never get a function.
+        data = self._pack_values(self.values(args, stream)[0])
+        if len(self._by_kinds) >= _MAX_KINDS:
+            self._by_kinds.clear()
+        self.current = self._by_kinds[kinds] = _specialize(self, kinds)
+        return data
+
+    def pack_operands(self, args: tuple, stream: Any = None) -> tuple[bytes, tuple]:
+        """As :meth:`pack`, with the operands too: ``args``, foreign arrays wrapped (what a capture records).
+
+        The specialized function where it wraps nothing, else the reference checks.
+        """
+        specialized = self._by_kinds.get(tuple(map(type, args)))
+        if specialized is not None and not specialized.wraps:
+            return specialized(args, stream), args
         values, operands = self.values(args, stream)
-        data = self._pack_values(values)
-        if specialized is None:
-            if len(self._by_kinds) >= _MAX_KINDS:
-                self._by_kinds.clear()
-            specialized = self._by_kinds[kinds] = _specialize(self, kinds)
-        self.current = specialized
-        return data, operands
+        return self._pack_values(values), operands
 
     def values(self, args: tuple, stream: Any = None) -> tuple[list, tuple]:
         """The reference checks: ``(values, operands)``, addresses for pointers and Python scalars for the rest."""
@@ -198,6 +205,11 @@ def device_operand(value: Any, p: Param, kernel: str, stream: Any) -> DeviceArra
 def _first_pack_error(kernel: str, params: tuple[Param, ...], values: list, exc: Exception) -> TypeError:
     """:meth:`ArgumentPacker.pack_error`, without the packer (a specialized function must not refer back to it)."""
     for p, v in zip(params, values):
+        if not p.is_pointer and type(v) is int and p.dtype.kind in "iu":
+            try:  # an int out of its C type's range: the reference check's message
+                scalar_value(kernel, p, v)
+            except TypeError as range_error:
+                return range_error
         try:
             struct.pack("<" + p.pack_format, v)
         except (struct.error, OverflowError) as param_exc:
@@ -221,12 +233,13 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
             if type(a0) is not K0 or type(a1) is not K1 or type(a2) is not K2: return None
             if a0.dtype is not D0 and a0.dtype != D0: check_pointer_dtype(NAME, P0, a0.dtype)
             if a1.dtype is not D1 and a1.dtype != D1: check_pointer_dtype(NAME, P1, a1.dtype)
-            if not -2147483648 <= a2 <= 2147483647: scalar_value(NAME, P2, a2)
             try: data = STRUCT_PACK(a0.ptr, a1.ptr, a2)
             except (StructError, OverflowError) as exc: raise PACK_ERROR([a0.ptr, a1.ptr, a2], exc) from None
-            return data, args
+            return data
 
-    Each check calls the helper the reference path calls, so it raises the same error.
+    Each check calls the helper the reference path calls, so it raises the same
+    error; an int out of range is refused by ``struct`` (its C type's range),
+    and ``PACK_ERROR`` gives the reference check's message for it.
     """
     names = [f"a{i}" for i in range(len(kinds))]
     env: dict[str, Any] = {
@@ -249,9 +262,7 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
                 body.append(f"if {a}.dtype is not D{i} and {a}.dtype != D{i}: check_pointer_dtype(NAME, P{i}, {a}.dtype)")
             values.append(f"{a}.ptr")
         elif kind is int and p.dtype.kind in "iu":
-            lo, hi = int_range(p.dtype)
-            body.append(f"if not {lo} <= {a} <= {hi}: scalar_value(NAME, P{i}, {a})")
-            values.append(a)
+            values.append(a)  # struct refuses a value out of the C type's range (a pack error: the range message)
         elif kind is float and p.dtype.kind == "f":
             values.append(a)  # float, double, __half: struct converts (an overflow is a pack error)
         else:
@@ -260,9 +271,10 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
     joined = ", ".join(values)
     body.append(f"try: data = STRUCT_PACK({joined})")
     body.append(f"except (StructError, OverflowError) as exc: raise PACK_ERROR([{joined}], exc) from None")
-    body.append(f"return data, {'(' + ', '.join(names) + ',)' if wrapped else 'args'}")
+    body.append("return data")
     source = "def pack(args, stream):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(source, f"<jaxgraph: {packer.kernel} packer>", "exec"), env)
     function = env["pack"]
     function.source = source  # what runs, for a reader in a debugger
+    function.wraps = wrapped  # whether its operands differ from the arguments (foreign arrays)
     return function

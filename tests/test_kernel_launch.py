@@ -146,8 +146,8 @@ def test_a_configuration_is_checked_once_and_found_again(stubbed, monkeypatch):
     kernel.launch(array(8), array(16), 1, grid=16, block=256, shared_mem=128)  # kept by kernel[16, 256, 128]
     kernel.launch(array(8), array(16), 1, grid=16, block=256, stream=stream)
     assert len(checked) == 3
-    assert kernel[np.int64(16), 256].__self__[-1][0] == geo(16, 256)  # numpy ints: checked every time, never kept
-    assert kernel[[2, 2], (8, 8)].__self__[-1][0] == geo((2, 2), (8, 8))  # a list (unhashable) is a grid too
+    assert kernel[np.int64(16), 256].__self__[-1][1] == geo(16, 256)  # numpy ints: checked every time, never kept
+    assert kernel[[2, 2], (8, 8)].__self__[-1][1] == geo((2, 2), (8, 8))  # a list (unhashable) is a grid too
     assert len(checked) == 5
 
 

@@ -8,7 +8,7 @@ torch and jaxgraph arrays and several kinds of scalars, alternating, and check
 every result against numpy on fresh random inputs.
 
 Tests internals (listed in tests/README.md): ``_packer`` (``ArgumentPacker``, ``_specialize``
-counted), ``Kernel._packer``, a Kernel's loaded state and ``_native_launch`` stubbed,
+counted), ``Kernel._packer``, a Kernel's loaded state, ``_native_launch`` stubbed and ``_launch_configs`` emptied,
 ``_driver._primary_context_addresses``, ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``;
 which path packed a launch (specialized or reference) has no public face, and the stubbed launch
 lets a CPU see exactly what reaches the driver.
@@ -75,8 +75,9 @@ def counted(monkeypatch):
 def test_the_same_kinds_hit_the_specialized_function(counted):
     packer, calls = counted
     args = good_args()
-    data, operands = packer.pack(args)
-    assert operands is args and calls == {"values": 1, "specialize": 1}
+    data = packer.pack(args)
+    assert data == reference_bytes(ArgumentPacker("mixed", packer.params), args)
+    assert calls == {"values": 1, "specialize": 1}
     assert packer.kinds() == [tuple(map(type, args))]
     rng = np.random.default_rng()
     for _ in range(20):  # fresh values of the same kinds: packed by the specialized function alone
@@ -84,9 +85,9 @@ def test_the_same_kinds_hit_the_specialized_function(counted):
                 float(rng.standard_normal()), int(rng.integers(-2**31, 2**31)), int(rng.integers(-2**63, 2**63)),
                 float(rng.integers(-100, 100)) / 4, bool(rng.integers(2)))
         packed = packer.current(args, None)
-        assert packed is not None and packed[1] is args
-        assert packed[0] == reference_bytes(ArgumentPacker("mixed", packer.params), args)
-        assert packer.pack(args)[0] == packed[0]
+        assert packed == reference_bytes(ArgumentPacker("mixed", packer.params), args)
+        assert packer.pack(args) == packed
+        assert packer.pack_operands(args, None) == (packed, args)  # nothing wrapped: the arguments themselves
     assert calls == {"values": 1, "specialize": 1}
 
 
@@ -95,12 +96,12 @@ def test_a_different_kind_is_checked_then_specialized_and_kinds_alternate(counte
     first = good_args()
     second = first[:3] + (np.float32(2.0), np.int32(8), -5, np.float16(0.5), True)
     assert packer.current(first, None) is None  # nothing learned yet
-    expected = packer.pack(first)[0]
+    expected = packer.pack(first)
     assert packer.current(second, None) is None  # other kinds: the specialized function declines
-    assert packer.pack(second)[0] == expected   # the same words for the same values
+    assert packer.pack(second) == expected   # the same words for the same values
     assert calls == {"values": 2, "specialize": 2}
     for _ in range(5):  # alternating: each kind has its function, no reference checks again
-        assert packer.pack(first)[0] == expected and packer.pack(second)[0] == expected
+        assert packer.pack(first) == expected and packer.pack(second) == expected
     assert calls == {"values": 2, "specialize": 2}
     assert set(packer.kinds()) == {tuple(map(type, first)), tuple(map(type, second))}
 
@@ -174,6 +175,7 @@ def stubbed(mixed_kernel, monkeypatch):
     monkeypatch.setattr(mixed_kernel, "_h_kernel", 1)
     monkeypatch.setattr(mixed_kernel, "_function_address", 0xF00)
     monkeypatch.setattr(mixed_kernel, "_native_launch", lambda *a: launched.append(a) or 0)
+    monkeypatch.setattr(mixed_kernel, "_launch_configs", {})  # each remembers the native launch it made ready
     monkeypatch.setitem(_driver._primary_context_addresses, 0, 0xC0)
     stream = Stream.__new__(Stream)
     stream._setup(0x1234, 0, None, False)
@@ -339,7 +341,7 @@ def test_a_capture_through_specialized_packers_replays_right(rng):
         jaxgraph.synchronize()
         expected = np.float32(2.0) * x + w.astype(np.float32) + np.float32(3) + np.float32(0.5)
         np.testing.assert_array_equal(y_s.numpy(), expected)
-    assert len(kernel._packer.kinds()) == 1  # the captured launch ran the function learned eagerly
+    assert len(kernel._packer.kinds()) == 1  # the captured launch (reference checks: it wraps a CuPy array) learned none
 
 
 @pytest.mark.gpu
