@@ -78,24 +78,22 @@ class KernelLaunching(KernelLoading):
         # the stream's id; 16.0 == 16 and True == 1 hash alike, so a hit checks the
         # types, and the stream by identity (a new object may have a dead one's id).
         if type(config) is tuple:
-            size = len(config)
             try:
-                if size == 4:
+                if len(config) == 4:
                     grid, block, shared_mem, stream = config
-                    found = self._launch_configs.get((grid, block, shared_mem, id(stream)))
-                    if (found is not None and found[3]() is stream and type(grid) is int and type(block) is int
-                            and type(shared_mem) is int):
+                    found = self._launch_configs[grid, block, shared_mem, id(stream)]
+                    if found[3]() is stream and type(grid) is type(block) is type(shared_mem) is int:
                         return MethodType(launch_on_stream, (self, stream, found))
-                    return self._configure(grid, block, shared_mem, stream)
-                if size == 2:
-                    found = self._launch_configs.get(config)
+                elif len(config) == 2:
+                    found = self._launch_configs[config]
                     grid, block = config
-                    if found is not None and type(grid) is int and type(block) is int:
+                    if type(grid) is type(block) is int:
                         return MethodType(launch_on_current, (self, found))
-                    return self._configure(grid, block, 0, None, config)
-            except TypeError:  # unhashable: a list for a grid
+            except (KeyError, TypeError):  # not kept yet, or unhashable (a list for a grid)
                 pass
-            if 2 <= size <= 4:
+            if len(config) == 2:
+                return self._configure(config[0], config[1], 0, None, config)
+            if 3 <= len(config) <= 4:
                 return self._configure(*config)
         raise TypeError("use kernel[grid, block], kernel[grid, block, shared_mem] "
                         "or kernel[grid, block, shared_mem, stream]")
@@ -127,9 +125,12 @@ class KernelLaunching(KernelLoading):
         jaxgraph.CudaError
             The driver refused the launch.
         """
-        if type(grid) is int and type(block) is int and type(shared_mem) is int:  # the fast path, as kernel[...]
-            found = self._launch_configs.get((grid, block, shared_mem) if stream is None else
-                                             (grid, block, shared_mem, id(stream)))
+        if type(grid) is type(block) is type(shared_mem) is int:  # the fast path, as kernel[...]
+            try:
+                found = self._launch_configs[(grid, block, shared_mem) if stream is None else
+                                             (grid, block, shared_mem, id(stream))]
+            except KeyError:
+                found = None
             if found is not None and found[3]() is stream:
                 return launch_with(self, stream, found, args)
         self._configure(grid, block, shared_mem, stream)(*args)
