@@ -13,6 +13,7 @@ Tests internals (listed in tests/README.md): a Kernel's loaded state and
 (sizes, and one entry planted under another stream's id), the launcher's
 ``__self__`` (which kept configuration it launches with), ``_kernel_launch.
 MAX_LAUNCH_CONFIGS``, ``_driver._primary_context_addresses``,
+``_captures.capture_on`` and ``streams_capturing`` (a capture faked), ``Kernel._functions``,
 ``_stream._local.streams`` (a made-up current stream), ``Stream._setup``,
 ``DeviceArray(..., _token=_INTERNAL)``: what the cache holds has no public face.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _driver, _kernel_launch, _stream
+from jaxgraph import _captures, _driver, _kernel_launch, _stream
 from jaxgraph._array import _INTERNAL, DeviceArray
 from jaxgraph._stream import Stream
 from kernels import ADD_ONE, REVERSE_BLOCK
@@ -210,6 +211,42 @@ def test_the_cache_is_bounded(stubbed):
         assert len(kernel._launch_configs) <= limit and len(kernel._geometries) <= limit
     assert [call[2] for call in launched[-3:]] == [int(streams[-1]), 0x10, int(streams[-1])]
     assert [call[3] for call in launched[-3:]] == [geo(3 * limit, 32), geo(3 * limit, 32), geo(3 * limit, 64)]
+
+
+class FakeCapture:
+    """Records what a launch tells the capture on its stream."""
+
+    def __init__(self):
+        self.notes, self.kernels = [], []
+
+    def note(self, label, where, array):
+        self.notes.append((label, where, array.ptr))
+
+    def note_kernel(self, handles, flags, kernel=None):
+        self.kernels.append((tuple(handles), flags, kernel))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("on_stream", [False, True], ids=["current", "stream"])
+def test_while_a_capture_is_underway_each_form_tells_it_what_the_launch_uses(stubbed, monkeypatch, form, on_stream):
+    """Launched before, during and after a capture elsewhere: the capture hears of each launch on its stream."""
+    kernel, launched = stubbed
+    stream = made_up_stream(0x9999) if on_stream else None
+    capture = FakeCapture()
+    monkeypatch.setattr(_captures, "capture_on", lambda s: capture if int(s) == (0x9999 if on_stream else 0x10) else None)
+    monkeypatch.setattr(_driver, "ensure_context", lambda device=None: 0)
+    monkeypatch.setitem(kernel._functions, 0, 0xF0F)  # the CUfunction in device 0's context
+    y, x = array(0x1000), array(0x2000)
+    FORMS[form](kernel, 4, 32, 0, stream, (y, x, 1))  # kept and made ready before the capture
+    monkeypatch.setitem(_captures.streams_capturing, ("elsewhere", 0), object())
+    FORMS[form](kernel, 4, 32, 0, stream, (y, x, 2))
+    FORMS[form](kernel, 8, 32, 0, stream, (y, x, 3))  # a new configuration during the capture
+    monkeypatch.delitem(_captures.streams_capturing, ("elsewhere", 0))
+    FORMS[form](kernel, 4, 32, 0, stream, (y, x, 4))
+    assert [words(y, x, n) for n in (1, 2, 3, 4)] == [call[4] for call in launched]
+    assert [call[3] for call in launched] == [geo(4, 32), geo(4, 32), geo(8, 32), geo(4, 32)]
+    assert capture.notes == [("y", "kernel add_one", 0x1000), ("x", "kernel add_one", 0x2000)] * 2
+    assert capture.kernels == [((0xF00, 0xF0F), kernel._flags, kernel)] * 2
 
 
 # ---------------------------------------------------------------------------
