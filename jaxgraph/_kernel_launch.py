@@ -195,7 +195,6 @@ class KernelLaunching(KernelLoading):
         raise _driver.CudaError(call, drv.CUresult(abs(err)), f"kernel {self.name}")
 
 
-
 # ----------------------------------------------------------------------------
 # The launchers: what kernel[...] binds
 # ----------------------------------------------------------------------------
@@ -226,7 +225,7 @@ def launch_on_stream(launch: tuple, *args: Any) -> None:
 
 
 def launch_on_current(launch: tuple, *args: Any) -> None:
-    """``kernel[grid, block](*args)``: as :func:`launch_on_stream` on the current stream; ``launch`` is ``(kernel, config)``."""
+    """``kernel[grid, block](*args)``: :func:`launch_on_stream` on the current stream; ``launch`` is ``(kernel, config)``."""
     kernel, config = launch
     if streams_capturing:
         return _launch_noted(kernel, None, config, args)

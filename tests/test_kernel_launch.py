@@ -99,7 +99,7 @@ def fresh_bound():
 
 @pytest.mark.parametrize("form", FORMS)
 def test_each_form_launches_each_configuration_on_its_stream(stubbed, form):
-    """Configurations and streams that change launch to launch: each launch gets its own geometry, stream and context."""
+    """Configurations and streams that change launch to launch: each gets its own geometry, stream and context."""
     kernel, launched = stubbed
     s1, s2 = made_up_stream(0x1111), made_up_stream(0x2222)
     rng = np.random.default_rng()
@@ -107,7 +107,8 @@ def test_each_form_launches_each_configuration_on_its_stream(stubbed, form):
     for i in range(40):
         grid, block, shared_mem = [(16, 256, 0), (3, 128, 64), ((2, 3), (8, 8), 0), (7, 32, 1024)][i % 4]
         stream = [None, s1, s2][i % 3]
-        y, x, n = array(int(rng.integers(1, 2**40)) * 8), array(int(rng.integers(1, 2**40)) * 8), int(rng.integers(1, 2**31))
+        y, x = array(int(rng.integers(1, 2**40)) * 8), array(int(rng.integers(1, 2**40)) * 8)
+        n = int(rng.integers(1, 2**31))
         FORMS[form](kernel, grid, block, shared_mem, stream, (y, x, n))
         expected.append((0xF00, 0xC0, 0x10 if stream is None else int(stream), geo(grid, block, shared_mem),
                          words(y, x, n)))
@@ -233,7 +234,8 @@ def test_while_a_capture_is_underway_each_form_tells_it_what_the_launch_uses(stu
     kernel, launched = stubbed
     stream = made_up_stream(0x9999) if on_stream else None
     capture = FakeCapture()
-    monkeypatch.setattr(_captures, "capture_on", lambda s: capture if int(s) == (0x9999 if on_stream else 0x10) else None)
+    capturing = 0x9999 if on_stream else 0x10  # the stream the capture is on
+    monkeypatch.setattr(_captures, "capture_on", lambda s: capture if int(s) == capturing else None)
     monkeypatch.setattr(_driver, "ensure_context", lambda device=None: 0)
     monkeypatch.setitem(kernel._functions, 0, 0xF0F)  # the CUfunction in device 0's context
     y, x = array(0x1000), array(0x2000)

@@ -341,7 +341,7 @@ def test_a_capture_through_specialized_packers_replays_right(rng):
         jaxgraph.synchronize()
         expected = np.float32(2.0) * x + w.astype(np.float32) + np.float32(3) + np.float32(0.5)
         np.testing.assert_array_equal(y_s.numpy(), expected)
-    assert len(kernel._packer.kinds()) == 1  # the captured launch (reference checks: it wraps a CuPy array) learned none
+    assert len(kernel._packer.kinds()) == 1  # the captured launch (reference checks: a CuPy array) learned none
 
 
 @pytest.mark.gpu
