@@ -122,17 +122,11 @@ def test_the_current_stream_is_read_at_each_launch(stubbed):
     bound = kernel[4, 32]
     side = made_up_stream(0x3333)
     for i in range(6):
-        if i % 2:
-            with jaxgraph.stream(side):
-                bound(y, x, i)
-                kernel[4, 32](y, x, i)
-                kernel.launch(y, x, i, grid=4, block=32)
-        else:
+        with jaxgraph.stream(side if i % 2 else None):  # None: the current stream stays
             bound(y, x, i)
             kernel[4, 32](y, x, i)
             kernel.launch(y, x, i, grid=4, block=32)
-    assert [call[2] for call in launched] == [0x10] * 3 + [0x3333] * 3 + [0x10] * 3 + [0x3333] * 3 + [0x10] * 3 + [
-        0x3333] * 3
+    assert [call[2] for call in launched] == ([0x10] * 3 + [0x3333] * 3) * 3
 
 
 def test_a_configuration_is_checked_once_and_found_again(stubbed, monkeypatch):
