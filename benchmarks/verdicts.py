@@ -9,7 +9,7 @@ turns ``{where: met?}`` into the words of the targets table.
 
 from __future__ import annotations
 
-__all__ = ["entry", "fmt", "median", "ns", "per_call", "ratio", "source_line", "verdict"]
+__all__ = ["entry", "fmt", "median", "ns", "per_call", "ratio", "runs_words", "source_line", "verdict"]
 
 
 def entry(results: dict, key: str, mode: str, n: str) -> dict:
@@ -66,6 +66,14 @@ def source_line(label: str, name: str, results: dict | None) -> str:
     known += [f"jax {versions['jax']}"] if versions.get("jax") else []
     return ", ".join([f"- {label}: [`{name}`]({name}), `{results.get('command', '?')}`", str(results.get("date", "?")),
                       f"commit {results.get('git') or '?'}", *known])
+
+
+def runs_words(indices) -> str:
+    """Runs by number, in words: ``run 2``, ``runs 1 and 3``, ``runs 1, 2 and 3``."""
+    items = [str(i) for i in indices]
+    if len(items) == 1:
+        return f"run {items[0]}"
+    return "runs " + ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def fmt(value: float) -> str:
