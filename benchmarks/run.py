@@ -41,7 +41,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, report, runs, stats, targets  # noqa: E402
+from benchmarks import config, report, runs, stats, targets, verdicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [i for i, r in enumerate(done, 1)
               if r["failures"] or any(p.get("errors") for p in r["processes"].values())]
     if failed and args.runs > 1:
-        print(f"failures or errors in run {', '.join(map(str, failed))}: see each run's markdown")
+        print(f"failures or errors in {verdicts.runs_words(failed)}: see each run's markdown")
     return 1 if failed else 0
 
 
