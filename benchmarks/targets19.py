@@ -125,7 +125,7 @@ def rows(results: dict[str, dict | list | None],
     """``(target, run, measured, verdict)`` in :data:`TARGETS`' order: the harness targets (replay against
     the floor, mixed mode, eager launch) get a row per :data:`HARNESS_RUNS` (one row judging every run of
     a group), the others one row each; ``names`` (as for :func:`section`) names a group's files."""
-    harness = dict(zip(HARNESS_TARGETS, (_floor_105, _floor_102, _mixed, _eager)))
+    harness = _harness_judges()
     others = {TARGETS[3]: ("gray_scott", _gray_scott), **{t: ("scale", j) for t, j in
                                                              zip(TARGETS[5:], (_scale_ratio, _handler, _memory))}}
     out = []
@@ -142,7 +142,12 @@ def rows(results: dict[str, dict | list | None],
 
 def harness_figures(results: dict) -> dict[str, Figures]:
     """Each of :data:`HARNESS_TARGETS` judged on one harness run (a quick or full ``run.py`` JSON)."""
-    return {t: judge(results) for t, judge in zip(HARNESS_TARGETS, (_floor_105, _floor_102, _mixed, _eager))}
+    return {t: judge(results) for t, judge in _harness_judges().items()}
+
+
+def _harness_judges() -> dict:
+    """Each of :data:`HARNESS_TARGETS` to the function that reads its :class:`Figures` from one run."""
+    return dict(zip(HARNESS_TARGETS, (_floor_105, _floor_102, _mixed, _eager)))
 
 
 # ----------------------------------------------------------------------------
