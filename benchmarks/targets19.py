@@ -329,17 +329,23 @@ def _over_runs(figures: list[Figures | None]) -> tuple[str, str]:
     label = next(f.label for f in figures if f)
     measured = f"{label}, {verdicts.runs_words(range(1, len(figures) + 1))}: " + "; ".join(
         f"{w} " + ", ".join(f.how.get(w, "–") if f else "–" for f in figures) for w in places)
+    unmeasured = [i for i, f in enumerate(figures, 1) if f is None or not f.ok]
     missed: dict[tuple[int, ...], list[str]] = {}  # the runs that missed a place -> those places, with figures
+    gaps: dict[tuple[int, ...], list[str]] = {}  # the runs that lack a place the others judged -> those places
     for w in places:
         runs = tuple(i for i, f in enumerate(figures, 1) if f and f.ok.get(w) is False)
         if runs:
             missed.setdefault(runs, []).append(f"{w} ({', '.join(figures[i - 1].how[w] for i in runs)})")
-    unmeasured = [i for i, f in enumerate(figures, 1) if f is None or not f.ok]
-    met = [i for i, f in enumerate(figures, 1) if f and f.ok and all(f.ok.values())]
-    if not missed and not unmeasured:
+        lacking = tuple(i for i, f in enumerate(figures, 1) if i not in unmeasured and w not in f.ok)
+        if lacking:
+            gaps.setdefault(lacking, []).append(w)
+    short = {i for runs in (*missed, *gaps) for i in runs}
+    met = [i for i in range(1, len(figures) + 1) if i not in unmeasured and i not in short]
+    if not missed and not gaps and not unmeasured:
         return measured, f"met in {len(met)} of {len(figures)} runs"
     parts = [f"missed in {verdicts.runs_words(runs)} at {', '.join(ws)}" for runs, ws in missed.items()]
     parts += [f"met in {verdicts.runs_words(met)}"] if met else []
+    parts += [f"not measured in {verdicts.runs_words(runs)} at {', '.join(ws)}" for runs, ws in gaps.items()]
     parts += [f"not measured in {verdicts.runs_words(unmeasured)}"] if unmeasured else []
     return measured, "; ".join(parts)
 
