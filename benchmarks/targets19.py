@@ -313,41 +313,11 @@ def _harness_row(key: str, found: dict | list | None, names: str | list[str] | N
     """``(run, measured, verdict)`` of one harness target on one run, or on every run of a group (a list)."""
     if isinstance(found, list):
         return (_runs_label(key, found, names if isinstance(names, list) else None),
-                *_over_runs([judge(r) if r else None for r in found]))
+                *verdicts.over_runs([judge(r) if r else None for r in found]))
     if not found:
         return _run_label(key, None), *NOT_MEASURED
     figures = judge(found)
     return _run_label(key, found), figures.measured, _tally(figures.ok, figures.how) if figures.ok else figures.unmeasured
-
-
-def _over_runs(figures: list[Figures | None]) -> tuple[str, str]:
-    """Measured (each place's figure in every run, side by side) and the verdict over all the runs:
-    ``met in 3 of 3 runs``, or the places missed grouped by the runs that missed them."""
-    places = list(dict.fromkeys(w for f in figures if f for w in f.how))
-    if not places:
-        return f"not measured in any of the {len(figures)} runs", "not measured"
-    label = next(f.label for f in figures if f)
-    measured = f"{label}, {verdicts.runs_words(range(1, len(figures) + 1))}: " + "; ".join(
-        f"{w} " + ", ".join(f.how.get(w, "–") if f else "–" for f in figures) for w in places)
-    unmeasured = [i for i, f in enumerate(figures, 1) if f is None or not f.ok]
-    missed: dict[tuple[int, ...], list[str]] = {}  # the runs that missed a place -> those places, with figures
-    gaps: dict[tuple[int, ...], list[str]] = {}  # the runs that lack a place the others judged -> those places
-    for w in places:
-        runs = tuple(i for i, f in enumerate(figures, 1) if f and f.ok.get(w) is False)
-        if runs:
-            missed.setdefault(runs, []).append(f"{w} ({', '.join(figures[i - 1].how[w] for i in runs)})")
-        lacking = tuple(i for i, f in enumerate(figures, 1) if i not in unmeasured and w not in f.ok)
-        if lacking:
-            gaps.setdefault(lacking, []).append(w)
-    short = {i for runs in (*missed, *gaps) for i in runs}
-    met = [i for i in range(1, len(figures) + 1) if i not in unmeasured and i not in short]
-    if not missed and not gaps and not unmeasured:
-        return measured, f"met in {len(met)} of {len(figures)} runs"
-    parts = [f"missed in {verdicts.runs_words(runs)} at {', '.join(ws)}" for runs, ws in missed.items()]
-    parts += [f"met in {verdicts.runs_words(met)}"] if met else []
-    parts += [f"not measured in {verdicts.runs_words(runs)} at {', '.join(ws)}" for runs, ws in gaps.items()]
-    parts += [f"not measured in {verdicts.runs_words(unmeasured)}"] if unmeasured else []
-    return measured, "; ".join(parts)
 
 
 def _budget(results: dict) -> str:
