@@ -27,6 +27,7 @@ __all__ = [
     "ensure_context",
     "pointer_device",
     "set_device",
+    "thread_state",
 ]
 
 
@@ -138,6 +139,8 @@ class _ThreadState(threading.local):
 
 
 _local = _ThreadState()
+# The same object under a public name: the eager launch reads the thread's device without a call (read only).
+thread_state = _local
 
 
 def _init() -> None:

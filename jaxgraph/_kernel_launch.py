@@ -36,7 +36,8 @@ from ._array import asarray
 from ._captures import streams_capturing
 from ._kernel_load import DEFAULT_SHARED_LIMIT, KernelLoading
 from ._packer import ArgumentPacker, geometry, plain_ints
-from ._stream import Stream, current_stream
+from ._driver import thread_state
+from ._stream import Stream, current_stream, thread_streams
 
 __all__ = ["KernelLaunching", "MAX_LAUNCH_CONFIGS"]
 
@@ -225,14 +226,15 @@ def launch_on_stream(launch: tuple, *args: Any) -> None:
 
 
 def launch_on_current(launch: tuple, *args: Any) -> None:
-    """``kernel[grid, block](*args)``: :func:`launch_on_stream` on the current stream; ``launch`` is ``(kernel, config)``."""
+    """``kernel[grid, block](*args)``: :func:`launch_on_stream` on the current stream (``launch``: kernel, config)."""
     kernel, config = launch
     if streams_capturing:
         return _launch_noted(kernel, None, config, args)
     data = kernel._packer.current(args, None)
     if data is None:
         data = kernel._packer.pack(args, None)
-    stream = current_stream()
+    # current_stream() without its two calls (it makes the thread's first one).
+    stream = thread_streams.streams.get(thread_state.device) or current_stream()
     ref, address, context, function, native, geo = config[0]
     if ref() is not stream or context is None:
         _, address, context, function, native, geo = _prepared(kernel, stream, config)
@@ -253,7 +255,7 @@ def launch_with(kernel: KernelLaunching, stream: Stream | None, config: list, ar
     if data is None:
         data = kernel._packer.pack(args, stream)
     if stream is None:
-        stream = current_stream()
+        stream = thread_streams.streams.get(thread_state.device) or current_stream()
     ref, address, context, function, native, geo = config[0]
     if ref() is not stream or context is None:
         _, address, context, function, native, geo = _prepared(kernel, stream, config)

@@ -259,7 +259,8 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
                 body.append(f"{a} = device_operand({a}, P{i}, NAME, stream)")
                 wrapped = True
             if p.dtype is not None:
-                body.append(f"if {a}.dtype is not D{i} and {a}.dtype != D{i}: check_pointer_dtype(NAME, P{i}, {a}.dtype)")
+                body.append(f"if {a}.dtype is not D{i} and {a}.dtype != D{i}: "
+                            f"check_pointer_dtype(NAME, P{i}, {a}.dtype)")
             values.append(f"{a}.ptr")
         elif kind is int and p.dtype.kind in "iu":
             values.append(a)  # struct refuses a value out of the C type's range (a pack error: the range message)

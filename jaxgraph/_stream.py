@@ -14,7 +14,7 @@ from . import _driver
 from ._driver import check
 
 __all__ = ["Event", "Stream", "current_stream", "current_stream_if_set", "set_current", "stream", "synchronize",
-           "wait_on_current"]
+           "thread_streams", "wait_on_current"]
 
 
 # ----------------------------------------------------------------------------
@@ -225,6 +225,8 @@ class _ThreadStreams(threading.local):
 
 
 _local = _ThreadStreams()
+# The same object under a public name: the eager launch reads the current stream without a call (read only).
+thread_streams = _local
 
 
 def current_stream(device: int | None = None) -> Stream:

@@ -1,25 +1,22 @@
 """Eager launch forms: ``kernel[grid, block, shared_mem, stream]``, bound or indexed per launch, and ``kernel.launch``.
 
-The CPU tests stub the driver call of a compiled kernel and see exactly what
-reaches it: each form, with configurations and streams that change, launches
-with the right geometry, stream and context; the checked configurations a
-kernel keeps are found again, bounded, and keep no stream (or kernel) alive;
-and every wrong configuration or argument raises the same error in every form,
-the first time and once a configuration equal to it is kept. The GPU tests run
-every form against numpy on fresh random inputs with poisoned outputs.
+CPU (the driver call of a compiled kernel stubbed): each form launches with the
+right geometry, stream and context as configurations, streams and threads
+change; the configurations a kernel keeps are found again, bounded, and keep no
+stream or kernel alive; a capture underway hears of each launch; wrong
+configurations and arguments raise the same errors in every form, new or equal
+to a kept one. GPU: every form against numpy, fresh inputs, poisoned outputs.
 
-Tests internals (listed in tests/README.md): a Kernel's loaded state and
-``_native_launch`` stubbed, ``Kernel._launch_configs`` and ``_geometries``
-(sizes, and one entry planted under another stream's id), the launcher's
-``__self__`` (which kept configuration it launches with), ``_kernel_launch.
-MAX_LAUNCH_CONFIGS``, ``_driver._primary_context_addresses``,
-``_captures.capture_on`` and ``streams_capturing`` (a capture faked), ``Kernel._functions``,
-``_stream._local.streams`` (a made-up current stream), ``Stream._setup``,
-``DeviceArray(..., _token=_INTERNAL)``: what the cache holds has no public face.
+Tests internals (listed in tests/README.md): a Kernel's loaded state and ``_native_launch``
+stubbed, ``Kernel._launch_configs``/``_geometries``/``_functions``, a launcher's ``__self__``
+(its kept configuration), ``_kernel_launch.MAX_LAUNCH_CONFIGS``, ``_driver._primary_context_addresses``,
+``_captures.capture_on``/``streams_capturing`` (a capture faked), ``_stream._local.streams`` (made-up
+current streams), ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``: the cache has no public face.
 """
 
 import gc
 import struct
+import threading
 import weakref
 
 import numpy as np
@@ -35,8 +32,7 @@ N = 3001
 
 
 def made_up_stream(handle):
-    stream = Stream.__new__(Stream)
-    stream._setup(handle, 0, None, False)
+    (stream := Stream.__new__(Stream))._setup(handle, 0, None, False)
     return stream
 
 
@@ -45,8 +41,8 @@ def array(ptr, dtype=np.float32):
     return DeviceArray(ptr, (8,), np.dtype(dtype), 0, None, _token=_INTERNAL)
 
 
-def words(y, x, n):
-    return struct.pack("<QQi4x", y.ptr, x.ptr, n)  # one 8-byte slot per parameter
+def words(y, x, n):  # one 8-byte slot per parameter
+    return struct.pack("<QQi4x", y.ptr, x.ptr, n)
 
 
 def geo(grid, block, shared_mem=0):
@@ -82,13 +78,12 @@ FORMS = {
     "launch": lambda k, g, b, sm, s, args: (k.launch(*args, grid=g, block=b) if sm == 0 and s is None else
                                             k.launch(*args, grid=g, block=b, shared_mem=sm, stream=s)),
 }
-BOUND: dict = {}  # the bound form's launchers, kept across its launches (cleared per test)
+BOUND: dict = {}  # the bound form's launchers, kept across launches (cleared per test)
 
 
 @pytest.fixture(autouse=True)
 def fresh_bound():
-    BOUND.clear()
-    yield
+    yield BOUND.clear()
     BOUND.clear()
 
 
@@ -127,6 +122,19 @@ def test_the_current_stream_is_read_at_each_launch(stubbed):
             kernel[4, 32](y, x, i)
             kernel.launch(y, x, i, grid=4, block=32)
     assert [call[2] for call in launched] == ([0x10] * 3 + [0x3333] * 3) * 3
+    launched.clear()
+
+    def other_thread():  # its own current stream, made up there (a new thread has none)
+        _stream._local.streams[0] = made_up_stream(0x20)
+        bound(y, x, 0)
+        kernel[4, 32](y, x, 0)
+
+    for _ in range(2):  # the same launchers, the same kept configuration, alternately on two threads
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        bound(y, x, 0)
+    assert [call[2] for call in launched] == [0x20, 0x20, 0x10] * 2
 
 
 def test_a_configuration_is_checked_once_and_found_again(stubbed, monkeypatch):
@@ -186,8 +194,7 @@ def test_a_kept_launcher_keeps_its_stream_and_kernel(tmp_path, monkeypatch):
     monkeypatch.setitem(_driver._primary_context_addresses, 0, 0xC0)
     launched = []
     kernel = jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path)
-    kernel._h_kernel, kernel._function_address = 1, 0xF00
-    kernel._native_launch = lambda *a: launched.append(a) or 0
+    kernel._h_kernel, kernel._function_address, kernel._native_launch = 1, 0xF00, lambda *a: launched.append(a) or 0
     launch = kernel[4, 32, 0, made_up_stream(0x5555)]
     del kernel
     gc.collect()
@@ -204,13 +211,12 @@ def test_the_cache_is_bounded(stubbed):
         kernel[1 + i, 32](array(8), array(16), 1)
         kernel.launch(array(8), array(16), 1, grid=1 + i, block=64, stream=stream)
         assert len(kernel._launch_configs) <= limit and len(kernel._geometries) <= limit
-    assert [call[2] for call in launched[-3:]] == [int(streams[-1]), 0x10, int(streams[-1])]
-    assert [call[3] for call in launched[-3:]] == [geo(3 * limit, 32), geo(3 * limit, 32), geo(3 * limit, 64)]
+    assert [call[2:4] for call in launched[-3:]] == [(int(streams[-1]), geo(3 * limit, 32)),
+                                                     (0x10, geo(3 * limit, 32)), (int(streams[-1]), geo(3 * limit, 64))]
 
 
 class FakeCapture:
     """Records what a launch tells the capture on its stream."""
-
     def __init__(self):
         self.notes, self.kernels = [], []
 
@@ -301,11 +307,10 @@ def test_bad_configurations_raise_in_every_form(stubbed, config, exc, message, o
     assert len(launched) == before
 
 
-def test_a_config_that_is_not_a_tuple_of_two_to_four(stubbed):
-    kernel, _ = stubbed
-    for config in [1, (1,), (1, 2, 3, None, 5)]:
-        with pytest.raises(TypeError, match=r"use kernel\[grid, block\]"):
-            kernel[config]
+@pytest.mark.parametrize("config", [1, (1,), (1, 2, 3, None, 5), [1, 32]])
+def test_a_config_that_is_not_a_tuple_of_two_to_four(stubbed, config):
+    with pytest.raises(TypeError, match=r"use kernel\[grid, block\]"):
+        stubbed[0][config]
 
 
 BAD_ARGS = [
