@@ -301,25 +301,20 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
       *slot = &AddSlot(g);
       return ffi::Error::Success();
     }
-    // A launch of the old executable still in flight completes: the driver
-    // frees an executable destroyed in flight when it is done.
+    // Made before the old one goes, which stays usable if this throws. A
+    // launch of the old one still in flight completes: the driver frees an
+    // executable destroyed in flight when it is done.
+    cudaGraphExec_t fresh = Instantiate(g);
     cudaGraphExecDestroy((*slot)->exec);
-    (*slot)->exec = nullptr;  // stays null if instantiating throws: never destroyed twice
-    (*slot)->exec = Instantiate(g);
-    (*slot)->addr = addresses;
-    (*slot)->key = BoundKey(*g, addresses);
-    (*slot)->last_use = 0;
-    (*slot)->launches = 0;
-    (*slot)->updated = 0;
+    (*slot)->exec = fresh;
   } catch (const std::exception& e) {
-    // A slot left without an executable must not be found by a later call.
-    if (*slot != nullptr && (*slot)->exec == nullptr) {
-      g->slots.erase(g->slots.begin() + (*slot - g->slots.data()));
-      *slot = nullptr;
-    }
-    IndexSlots(g);
     return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
   }
+  (*slot)->addr = addresses;
+  (*slot)->key = BoundKey(*g, addresses);
+  (*slot)->last_use = 0;
+  (*slot)->launches = 0;
+  (*slot)->updated = 0;
   IndexSlots(g);
   return ffi::Error::Success();
 }
