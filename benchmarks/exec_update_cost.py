@@ -18,6 +18,10 @@ interleaved rounds:
 - ``set_params``: an executable of the A capture whose kernel nodes are each
   rewritten with the B capture's parameters (``cuGraphExecKernelNodeSetParams``,
   as the replay handler rewrites an executable in place);
+- ``set_params_same``: the same, each node rewritten with its own (unchanged)
+  parameters: whether the slowdown comes from the rewrite or from new values;
+- ``set_params_one``: only the first of the N nodes rewritten with its own
+  parameters: whether the slowdown is per rewritten kernel or per executable;
 - ``alternate_2`` / ``alternate_4``: launches alternating over 2 or 4 fresh
   executables (of A and B), as the handler's cache of executables does.
 
@@ -43,7 +47,7 @@ from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, ran
 
 __all__ = ["MODES", "main", "markdown", "measure"]
 
-MODES = ("fresh", "updated", "set_params", "alternate_2", "alternate_4")
+MODES = ("fresh", "updated", "set_params", "set_params_same", "set_params_one", "alternate_2", "alternate_4")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +84,17 @@ def measure(n: int, repeats: int, launches: int, rng: np.random.Generator) -> di
     updated = instantiate(a.graph)
     call("cuGraphExecUpdate", updated, driver.CUgraph(b.graph.raw_cuda_graph()))  # now writes B's buffers
     set_params = instantiate(a.graph)
-    for node_a, node_b in zip(_nodes(a, call), _nodes(b, call)):  # both in capture order
+    same, one = instantiate(a.graph), instantiate(a.graph)
+    nodes_a = _nodes(a, call)
+    for i, (node_a, node_b) in enumerate(zip(nodes_a, _nodes(b, call))):  # both in capture order
         call("cuGraphExecKernelNodeSetParams", set_params, node_a, call("cuGraphKernelNodeGetParams", node_b))
+        own = call("cuGraphKernelNodeGetParams", node_a)
+        call("cuGraphExecKernelNodeSetParams", same, node_a, own)
+        if i == 0:
+            call("cuGraphExecKernelNodeSetParams", one, node_a, own)
     fresh = [instantiate(b.graph), instantiate(a.graph), instantiate(b.graph), instantiate(a.graph)]
     plans = {"fresh": [(fresh[0], b)], "updated": [(updated, b)], "set_params": [(set_params, b)],
+             "set_params_same": [(same, a)], "set_params_one": [(one, a)],
              "alternate_2": [(fresh[0], b), (fresh[1], a)], "alternate_4": list(zip(fresh, (b, a, b, a)))}
     stream = jaxgraph.Stream()
     h = driver.CUstream(int(stream))
@@ -109,7 +120,7 @@ def measure(n: int, repeats: int, launches: int, rng: np.random.Generator) -> di
         record["ratio"] = record["stats"]["median"] / out["fresh"]["stats"]["median"]
         paired = stats.paired_ratios(record["samples"], floor)
         record["ratio_min"], record["ratio_max"] = min(paired), max(paired)
-    for exe in [updated, set_params, *fresh]:
+    for exe in [updated, set_params, same, one, *fresh]:
         call("cuGraphExecDestroy", exe)
     return out
 
@@ -129,11 +140,14 @@ def markdown(results: dict) -> str:
         s = r["stats"]
         lines.append(f"| `{mode}` | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} | "
                      f"{r['ratio']:.3f}x ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) |")
-    r = results["modes"].get("set_params")
-    if r is not None:
-        extra = r["stats"]["median"] - results["modes"]["fresh"]["stats"]["median"]
-        lines += ["", f"Kernel nodes rewritten in place (cuGraphExecKernelNodeSetParams): {extra:+.3f} us per kernel "
-                      f"on every launch ({r['ratio']:.2f}x a fresh one)."]
+    what = {"set_params": "Kernel nodes rewritten in place (cuGraphExecKernelNodeSetParams)",
+            "set_params_same": "Kernel nodes rewritten in place with their own parameters",
+            "set_params_one": "One kernel node of the N rewritten in place with its own parameters"}
+    for mode, text in what.items():
+        r = results["modes"].get(mode)
+        if r is not None:
+            extra = r["stats"]["median"] - results["modes"]["fresh"]["stats"]["median"]
+            lines += ["", f"{text}: {extra:+.3f} us per kernel on every launch ({r['ratio']:.2f}x a fresh one)."]
     r = results["modes"].get("updated")
     if r is not None:
         extra = r["stats"]["median"] - results["modes"]["fresh"]["stats"]["median"]

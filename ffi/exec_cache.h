@@ -26,17 +26,19 @@
 //   free slot is paid once per address set, while a graph whose addresses keep
 //   replacing executables pays on every call.
 //
-// Figures. Measured on the H100 (driver 580): a kernel updated in place runs
-// 0.229 us slower per launch (1.258 vs 1.029 us per kernel, 1000 kernels
-// updated by cuGraphExecUpdate: benchmarks/exec_update_cost.py, results/
-// nvidia-h100-80gb-hbm3-exec_update.md, commit 9e2f46d); that
-// cuGraphExecKernelNodeSetParams, which the cache uses, costs the same per
-// updated kernel is assumed, not yet measured. One executable of 100k add_one
-// kernels takes 220 MB of device memory, of 10k 22 MB (results/
+// Figures. Measured on the H100 (driver 580; benchmarks/exec_update_cost.py,
+// results/nvidia-h100-80gb-hbm3-exec_update.md, commit d2e850a): over 1000
+// add_one kernels, each kernel rewritten in place with
+// cuGraphExecKernelNodeSetParams (as the cache does) runs 0.231 us slower on
+// every later launch (1.253 vs 1.022 us per kernel), the same as after
+// cuGraphExecUpdate (+0.230 us). That the slowdown is per updated kernel, not
+// per executable (an executable with a few kernels updated is slowed by those
+// only), is assumed: every kernel was updated there. One executable of 100k
+// add_one kernels takes 220 MB of device memory, of 10k 22 MB (results/
 // nvidia-h100-80gb-hbm3-scale.json, commit 3949ec3). Each graph's
 // instantiation time and rewrite time per argument are measured at run time
-// (fresh_ns at registration, site_ns at the first rewrite); the guesses below
-// serve only until then and are not measured figures.
+// (fresh_ns at registration, site_ns at the first rewrite), not taken from a
+// results file; the guesses below serve only until then and are not measured.
 
 #ifndef JAXGRAPH_FFI_EXEC_CACHE_H_
 #define JAXGRAPH_FFI_EXEC_CACHE_H_
@@ -62,7 +64,7 @@ constexpr double kSiteNsGuess = 1000.0;
 // Host ns per kernel node to instantiate and upload an executable, until measured (a guess).
 constexpr double kFreshNsPerNodeGuess = 2000.0;
 // What a kernel updated in place costs on every later launch (measured: see above).
-constexpr double kUpdatedKernelNs = 229.0;
+constexpr double kUpdatedKernelNs = 231.0;
 // One executable's device memory per kernel node, where registration could not measure it.
 constexpr double kExecBytesPerNodeGuess = 2048.0;
 // Device memory a graph's executables may take together before it keeps fewer than kMaxExecs.
