@@ -57,6 +57,9 @@ def _header(results: dict) -> list[str]:
     run = "quick run" if results.get("quick") else "full run"
     if cfg.get("capture_policy"):
         run += f", capture policy {cfg['capture_policy']}"
+    group = results.get("runs") or {}
+    if group.get("of", 1) > 1:
+        run += f", run {group['index']} of {group['of']} (`{group['stem']}-runs.md`)"
     facts = [results.get("date", "undated"), f"{run}, {cfg.get('repeats', '?')} interleaved repeats per N",
              f"driver {device.get('driver', '?')}", soft, f"git {results.get('git') or '?'}"]
     return [

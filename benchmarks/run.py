@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
     python benchmarks/run.py --loops    # only the loop modes (loop_modes.py), N = 1, 10, 100, < 4 minutes
     python benchmarks/run.py --scale    # graphs of 10k and 100k kernels (scale.py), < 3 minutes
+    python benchmarks/run.py --runs 3   # the full run three times back to back (also with --quick, --loops)
 
 One worker process per setting (``nojax``, then XLA command buffers ``off``,
 ``on`` and JAX ``defaults``), each with ``XLA_FLAGS`` set explicitly in its
@@ -14,7 +15,10 @@ rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
 <json>`` renders the PNG elsewhere), and the markdown is printed last. Every
 run (full, ``--loops``, ``--quick``, ``--scale``) also regenerates
 ``<device>-targets.md`` from the results JSON in ``--out`` (``targets.py``).
-Exit status 1 when a worker or a mode failed (the outputs are still written).
+``--runs K`` repeats the whole run K times, each with fresh workers, and
+writes each as ``<stem>-run1.*`` ... ``<stem>-runK.*``, the last again under
+the plain name, and ``<stem>-runs.md``, the headline figures side by side
+(``runs.py``). Exit status 1 when a worker or a mode failed (the outputs are still written).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, report, stats, targets  # noqa: E402
+from benchmarks import config, report, runs, stats, targets, verdicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -67,10 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capture-policy", choices=("auto", "bind", "copy", "whole"),
                    help="how replays go into XLA's command buffers (jaxgraph._replay_codes.CapturePolicy; "
                    "default: jaxgraph's)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="run the whole harness this many times back to back, each with fresh workers: "
+                   "<stem>-run1.json ..., the last also as <stem>.json, and <stem>-runs.md (default: %(default)s)")
     p.add_argument("--no-plot", action="store_true", help="write JSON and markdown only")
     args = p.parse_args(argv)
     if args.settings is None:
         args.settings = tuple(config.SETTINGS) if args.loops else config.DEFAULT_SETTINGS
+    if args.runs < 1:
+        p.error(f"--runs must be >= 1, got {args.runs}")
+    if args.scale and args.runs > 1:
+        p.error("--scale is one run; run it again for another")
     if args.scale and (args.loops or args.quick):
         p.error("--scale is its own run; benchmarks/scale.py takes --points, --repeats and --target-ms")
     if args.loops and args.quick:
@@ -139,8 +150,8 @@ def run_worker(setting: config.Setting, cfg: config.RunConfig, tmp: Path, timeou
             "output_tail": "".join(tail)[-3000:]}
 
 
-def collect_meta(cfg: config.RunConfig, argv: list[str]) -> dict:
-    """Date, command, versions, git commit and nvidia-smi's view of the device."""
+def collect_meta(cfg: config.RunConfig, argv: list[str], settings: tuple[str, ...] = ()) -> dict:
+    """Date, command, versions, git commit, each setting's ``XLA_FLAGS`` and nvidia-smi's view of the device."""
     versions = {"python": sys.version.split()[0]}
     for dist in DISTRIBUTIONS:
         try:
@@ -152,18 +163,29 @@ def collect_meta(cfg: config.RunConfig, argv: list[str]) -> dict:
             "config": cfg.to_json(), "versions": versions,
             # A copy of the tree may carry a stale .git: JAXGRAPH_GIT (set by whoever copied it) wins.
             "git": os.environ.get("JAXGRAPH_GIT") or _run(["git", "-C", str(ROOT), "describe", "--always",
-                                                           "--dirty"])}
+                                                           "--dirty"]),
+            "git_from": "JAXGRAPH_GIT" if os.environ.get("JAXGRAPH_GIT") else "git describe --always --dirty"}
+    if settings:  # what the driver sets (None: XLA_FLAGS unset); each process records its own too
+        meta["xla_flags_by_setting"] = {key: config.SETTINGS[key].xla_flags for key in settings}
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     if smi:
         meta["device"] = {"nvidia_smi": smi.splitlines()[0], "driver": smi.splitlines()[0].split(",")[-1].strip()}
     return meta
 
 
-def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]:
-    """Write ``<slug>.json`` and ``.md`` (and ``.png`` when matplotlib is there); return the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def output_stem(results: dict) -> str:
+    """``<device>``, ``<device>-quick`` or ``<device>-loops``: the results files' names without extension."""
     loops = results.get("config", {}).get("loops")
-    stem = results["device"]["slug"] + ("-loops" if loops else "-quick" if results.get("quick") else "")
+    return results["device"]["slug"] + ("-loops" if loops else "-quick" if results.get("quick") else "")
+
+
+def write_outputs(results: dict, out_dir: Path, plot: bool = True, stem: str | None = None) -> list[Path]:
+    """Write ``<stem>.json`` and ``.md`` (and ``.png`` when matplotlib is there); return the paths.
+
+    ``stem`` defaults to :func:`output_stem`; a run of a group is written as ``<stem>-run<i>``.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = stem or output_stem(results)
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     json_path.write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
     md_path.write_text(report.markdown(results))
@@ -180,6 +202,20 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> list[Path]
     return written
 
 
+def run_once(args: argparse.Namespace, cfg: config.RunConfig, argv: list[str]) -> dict:
+    """One whole run: each setting's worker in turn, merged into the results document (``wall_s`` its time)."""
+    start = time.perf_counter()
+    meta = collect_meta(cfg, argv, args.settings)  # the date is the start of the run
+    print(f"jaxgraph benchmark: settings {', '.join(args.settings)}; N = {list(cfg.ns)}; "
+          f"{cfg.repeats} repeats of ~{cfg.target_ms:g} ms per mode", flush=True)
+    processes = {}
+    with tempfile.TemporaryDirectory(prefix="jaxgraph-bench-") as tmp:
+        for key in args.settings:
+            processes[key] = run_worker(config.SETTINGS[key], cfg, Path(tmp), args.timeout_s)
+    meta["wall_s"] = round(time.perf_counter() - start, 1)
+    return stats.merge(meta, processes)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -188,23 +224,37 @@ def main(argv: list[str] | None = None) -> int:
 
         return scale.main(["--out", str(args.out)])  # it regenerates the targets file too
     cfg = build_config(args)
-    start = time.perf_counter()
-    meta = collect_meta(cfg, argv)  # the date is the start of the run
-    print(f"jaxgraph benchmark: settings {', '.join(args.settings)}; N = {list(cfg.ns)}; "
-          f"{cfg.repeats} repeats of ~{cfg.target_ms:g} ms per mode", flush=True)
-    processes = {}
-    with tempfile.TemporaryDirectory(prefix="jaxgraph-bench-") as tmp:
-        for key in args.settings:
-            processes[key] = run_worker(config.SETTINGS[key], cfg, Path(tmp), args.timeout_s)
-    meta["wall_s"] = round(time.perf_counter() - start, 1)
-    results = stats.merge(meta, processes)
-    written = write_outputs(results, args.out, plot=not args.no_plot)
+    done: list[dict] = []
+    written: list[Path] = []
+    for index in range(1, args.runs + 1):
+        if args.runs > 1:
+            print(f"\n=== run {index} of {args.runs} ===", flush=True)
+        results = run_once(args, cfg, argv)
+        if args.runs > 1:  # the group is named by its first run: its start and its files' stem
+            group, stem = (done[0]["runs"]["group"], done[0]["runs"]["stem"]) if done else (results["date"],
+                                                                                            output_stem(results))
+            results["runs"] = runs.record(index, args.runs, group, stem)
+            written += write_outputs(results, args.out, plot=False, stem=f"{stem}-run{index}")
+            print(f"run {index} of {args.runs}: {results['wall_s']:.0f} s", flush=True)
+        done.append(results)
+    results = done[-1]
+    written += write_outputs(results, args.out, plot=not args.no_plot)  # the last run under the plain name
+    if args.runs > 1:
+        stem = results["runs"]["stem"]
+        written.append(args.out / f"{stem}-runs.md")
+        written[-1].write_text(runs.markdown(done, runs.file_names(stem, args.runs)))
     # Issue 8's targets are judged on the full and loop runs, issue 19's on the quick run too.
     targets_path = targets.write(args.out, results["device"]["slug"])
     written += [targets_path] if targets_path else []
-    print("\nwrote " + ", ".join(str(p) for p in written) + f" in {meta['wall_s']:.0f} s\n")
+    walls = ", ".join(f"{r['wall_s']:.0f} s" for r in done)
+    print("\nwrote " + ", ".join(str(p) for p in written) + f"; wall time per run: {walls}\n")
     print(report.markdown(results))
-    failed = results["failures"] or any(p.get("errors") for p in results["processes"].values())
+    if args.runs > 1:
+        print(runs.markdown(done, runs.file_names(results["runs"]["stem"], args.runs)))
+    failed = [i for i, r in enumerate(done, 1)
+              if r["failures"] or any(p.get("errors") for p in r["processes"].values())]
+    if failed and args.runs > 1:
+        print(f"failures or errors in {verdicts.runs_words(failed)}: see each run's markdown")
     return 1 if failed else 0
 
 

@@ -5,8 +5,10 @@ writes the file; ``python benchmarks/targets.py`` regenerates it anywhere):
 
 - ``<device>-quick.json`` (``run.py --quick``) and ``<device>.json`` (the full
   run): replay in jit against the floor, the mixed programs, eager launch.
-  Each of these targets gets a row per run, so a verdict always names the
-  run it is judged on; a quick run's samples are short (its ``config``);
+  Each of these targets gets a row per kind of run, so a verdict always names
+  the run it is judged on; a quick run's samples are short (its ``config``).
+  Where ``run.py --runs K`` made a group of runs (``runs.py``), the row judges
+  every run of it and names the runs that missed;
 - ``<device>-gray-scott.json`` (``gray_scott_bench.py``): the graphed step
   against XLA in a jitted ``fori_loop``, per XLA setting;
 - ``<device>-scale.json`` (``run.py --scale``): replay at 100k kernels, the
@@ -20,10 +22,12 @@ it on synthetic results and against the committed JSON.
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple
 
 from benchmarks import verdicts
 
-__all__ = ["HARNESS_RUNS", "KINDS", "PATTERNS", "SOURCES", "TARGETS", "rows", "section"]
+__all__ = ["HARNESS_RUNS", "HARNESS_TARGETS", "KINDS", "PATTERNS", "SOURCES", "TARGETS", "Figures", "harness_figures",
+           "rows", "section"]
 
 TARGETS = (
     "`jit_loop` and `jit_changing` <= 1.05x the floor at N >= 100 under off, on and defaults",
@@ -40,6 +44,7 @@ SOURCES = {"quick": "<device>-quick.json", "full": "<device>.json", "gray_scott"
            "scale": "<device>-scale.json"}
 KINDS = {"quick": "quick run", "full": "full run", "gray_scott": "gray_scott bench", "scale": "scale run"}
 HARNESS_RUNS = ("quick", "full")  # the harness targets get a row for each, in this order
+HARNESS_TARGETS = TARGETS[:3] + TARGETS[4:5]  # judged on harness runs: a group of runs is judged run by run
 SETTINGS = ("off", "on", "defaults")
 EAGER_FORMS = {"jaxgraph_bound": "`kernel[grid, block, 0, s]` bound", "jaxgraph_index": "indexed every launch",
                "jaxgraph_launch": "`kernel.launch(...)`"}
@@ -54,8 +59,11 @@ NOTES = """\
   judged on each harness run separately (the `run` column). A quick run (`run.py --quick`) takes
   few, short samples (its rounds and sample length are in the `run` column), so its ratios are
   rougher than a full run's; a full run taken before a mode existed says *not measured* for it.
-  The issue asks for each ratio to hold in three consecutive runs: this file judges the one
-  committed run of each kind.
+  The issue asks for each ratio to hold in three consecutive runs: `run.py --runs 3` makes them
+  (`<device>-run1.json` to `-run3.json`, `-quick-run1.json` to `-quick-run3.json` with `--quick`; the
+  plain `<device>.json` is the last of them and names the others), and a row then judges every run
+  of the group: *met in 3 of 3 runs*, or which run missed where, each place's figures side by side
+  (`<device>-runs.md` has them as tables). A single run is judged alone.
 - **Mixed mode** compares `mixed` with `mixed_calls` (fixed input) and `mixed_changing` with
   `mixed_calls_changing` (8 inputs in turn): "ahead" is the `jax_call` program's time over the
   replay program's. N = 1 is below the target's range: its figures are shown, not judged.
@@ -70,46 +78,84 @@ NOTES = """\
 """
 
 
-def section(results: dict[str, dict | None], names: dict[str, str]) -> str:
+class Figures(NamedTuple):
+    """One harness run's figures for one of :data:`HARNESS_TARGETS`.
+
+    ``measured`` is the text of the ``measured`` column, ``ok`` maps each judged place
+    (``"on jit_loop N=100"``) to whether it meets the target and ``how`` to its figure
+    (``"1.029x"``); ``label`` says what the figures are where several runs' stand side by side,
+    and ``unmeasured`` is the verdict when nothing was judged.
+    """
+
+    measured: str
+    ok: dict[str, bool]
+    how: dict[str, str]
+    label: str
+    unmeasured: str = "not measured"
+
+
+def section(results: dict[str, dict | list | None], names: dict[str, str | list[str]]) -> str:
     """Issue 19's section: the source files, the targets table, the notes.
 
     Parameters
     ----------
     results
-        ``SOURCES``' keys to the parsed JSON, ``None`` where a file was not found.
+        ``SOURCES``' keys to the parsed JSON, ``None`` where a file was not found. For
+        :data:`HARNESS_RUNS` also a list: the runs of one ``run.py --runs K`` (``None`` for a run
+        whose file is missing), each judged.
     names
-        The same keys to the file names shown (and linked) in the section.
+        The same keys to the file names shown (and linked) in the section (a list for a list of runs).
     """
     lines = ["## Issue 19: never behind XLA", "", "Judged on:", ""]
-    lines += [verdicts.source_line(KINDS[k], names[k], results.get(k)) for k in SOURCES]
+    for k in SOURCES:
+        found, name = results.get(k), names[k]
+        if isinstance(found, list):
+            lines += [verdicts.source_line(f"{KINDS[k]} {i} of {len(found)}", n, r)
+                      for i, (r, n) in enumerate(zip(found, name), 1)]
+        else:
+            lines.append(verdicts.source_line(KINDS[k], name, found))
     lines += ["", "| target | run | measured | verdict |", "| --- | --- | --- | --- |"]
-    lines += [f"| {target} | {run} | {measured} | {verdict} |" for target, run, measured, verdict in rows(results)]
+    lines += [f"| {target} | {run} | {measured} | {verdict} |"
+              for target, run, measured, verdict in rows(results, names)]
     return "\n".join(lines) + "\n\n" + NOTES
 
 
-def rows(results: dict[str, dict | None]) -> list[tuple[str, str, str, str]]:
+def rows(results: dict[str, dict | list | None],
+         names: dict[str, str | list[str]] | None = None) -> list[tuple[str, str, str, str]]:
     """``(target, run, measured, verdict)`` in :data:`TARGETS`' order: the harness targets (replay against
-    the floor, mixed mode, eager launch) get a row per :data:`HARNESS_RUNS`, the others one row each."""
+    the floor, mixed mode, eager launch) get a row per :data:`HARNESS_RUNS` (one row judging every run of
+    a group), the others one row each; ``names`` (as for :func:`section`) names a group's files."""
+    harness = _harness_judges()
+    others = {TARGETS[3]: ("gray_scott", _gray_scott), **{t: ("scale", j) for t, j in
+                                                             zip(TARGETS[5:], (_scale_ratio, _handler, _memory))}}
     out = []
-    for target, judge in zip(TARGETS[:3], (_floor_105, _floor_102, _mixed)):
-        out += [(target, _run_label(k, results.get(k)), *(judge(results[k]) if results.get(k) else NOT_MEASURED))
-                for k in HARNESS_RUNS]
-    gray = results.get("gray_scott")
-    out.append((TARGETS[3], _run_label("gray_scott", gray), *(_gray_scott(gray) if gray else NOT_MEASURED)))
-    out += [(TARGETS[4], _run_label(k, results.get(k)), *(_eager(results[k]) if results.get(k) else NOT_MEASURED))
-            for k in HARNESS_RUNS]
-    scale = results.get("scale")
-    for target, judge in zip(TARGETS[5:], (_scale_ratio, _handler, _memory)):
-        out.append((target, _run_label("scale", scale), *(judge(scale) if scale else NOT_MEASURED)))
+    for target in TARGETS:
+        if target in harness:
+            out += [(target, *_harness_row(k, results.get(k), (names or {}).get(k), harness[target]))
+                    for k in HARNESS_RUNS]
+            continue
+        key, judge = others[target]
+        found = results.get(key)
+        out.append((target, _run_label(key, found), *(judge(found) if found else NOT_MEASURED)))
     return out
 
 
+def harness_figures(results: dict) -> dict[str, Figures]:
+    """Each of :data:`HARNESS_TARGETS` judged on one harness run (a quick or full ``run.py`` JSON)."""
+    return {t: judge(results) for t, judge in _harness_judges().items()}
+
+
+def _harness_judges() -> dict:
+    """Each of :data:`HARNESS_TARGETS` to the function that reads its :class:`Figures` from one run."""
+    return dict(zip(HARNESS_TARGETS, (_floor_105, _floor_102, _mixed, _eager)))
+
+
 # ----------------------------------------------------------------------------
-# One function a target: (measured, verdict)
+# One function a target: its figures, or (measured, verdict)
 # ----------------------------------------------------------------------------
 
 
-def _floor(results: dict, settings: tuple[str, ...], limit: float) -> tuple[str, str]:
+def _floor(results: dict, settings: tuple[str, ...], limit: float) -> Figures:
     parts, ok, how = [], {}, {}
     for key in settings:
         cells = []
@@ -121,18 +167,19 @@ def _floor(results: dict, settings: tuple[str, ...], limit: float) -> tuple[str,
                     ok[f"{key} {mode} N={n}"], how[f"{key} {mode} N={n}"] = r <= limit, f"{r:.3f}x"
         if cells:
             parts.append(f"{key}: " + ", ".join(cells))
-    return "; ".join(parts) or "not measured", _tally(ok, how)
+    return Figures("; ".join(parts) or "not measured", ok, how, "ratio to the floor")
 
 
-def _floor_105(results: dict) -> tuple[str, str]:
+def _floor_105(results: dict) -> Figures:
     return _floor(results, SETTINGS, 1.05)
 
 
-def _floor_102(results: dict) -> tuple[str, str]:
+def _floor_102(results: dict) -> Figures:
     return _floor(results, ("defaults",), 1.02)
 
 
-def _mixed(results: dict) -> tuple[str, str]:
+def _mixed(results: dict) -> Figures:
+    label = "replay ahead by (`jax_call`s' time over replay's)"
     judged, below, ok, how = [], [], {}, {}
     for key in SETTINGS:
         for n in verdicts.ns(results, key):
@@ -148,11 +195,11 @@ def _mixed(results: dict) -> tuple[str, str]:
             if cells:
                 (judged if int(n) >= 10 else below).append(f"{key} N={n}: " + ", ".join(cells))
     if not judged and not below:
-        return "not measured (no `mixed` modes in this run)", "not measured"
-    measured = "replay ahead by (`jax_call`s' time over replay's): " + ("; ".join(judged) or "no N >= 10")
+        return Figures("not measured (no `mixed` modes in this run)", {}, {}, label)
+    measured = label + ": " + ("; ".join(judged) or "no N >= 10")
     if below:
         measured += "; below the target's range, not judged: " + "; ".join(below)
-    return measured, _tally(ok, how) if ok else "not measured (no N >= 10 in this run)"
+    return Figures(measured, ok, how, label, "not measured (no N >= 10 in this run)")
 
 
 def _gray_scott(results: dict) -> tuple[str, str]:
@@ -168,19 +215,20 @@ def _gray_scott(results: dict) -> tuple[str, str]:
     return (measured if parts else "not measured"), _tally(ok, how)
 
 
-def _eager(results: dict) -> tuple[str, str]:
+def _eager(results: dict) -> Figures:
+    label = "each form's us per launch over cuda.core's"
     scalars = results.get("processes", {}).get("nojax", {}).get("scalars", {})
     us = {k: s["stats"]["median"] for k, s in scalars.items() if k.startswith("eager.") and "stats" in s}
     floor = us.get("eager.cuda_core")
     forms = {k: v for k, v in EAGER_FORMS.items() if f"eager.{k}" in us}
     if floor is None or not forms:
-        return "not measured (no eager launch scalars in this run)", "not measured"
+        return Figures("not measured (no eager launch scalars in this run)", {}, {}, label)
     ok, how, cells = {}, {}, []
     for key, form in forms.items():
         gap = us[f"eager.{key}"] - floor
         cells.append(f"{form} {us[f'eager.{key}']:.2f} us ({gap:+.2f})")
         ok[form], how[form] = gap <= 1.0, f"{gap:+.2f} us"
-    return f"us per launch: cuda.core {floor:.2f}; " + ", ".join(cells), _tally(ok, how)
+    return Figures(f"us per launch: cuda.core {floor:.2f}; " + ", ".join(cells), ok, how, label)
 
 
 def _points(results: dict, n: int | None = None) -> list[dict]:
@@ -261,13 +309,38 @@ def _tally(ok: dict, how: dict) -> str:
     return f"missed at {', '.join(missed)}; met at " + (", ".join(met) if len(met) <= 4 else f"the other {len(met)}")
 
 
+def _harness_row(key: str, found: dict | list | None, names: str | list[str] | None, judge) -> tuple[str, str, str]:
+    """``(run, measured, verdict)`` of one harness target on one run, or on every run of a group (a list)."""
+    if isinstance(found, list):
+        return (_runs_label(key, found, names if isinstance(names, list) else None),
+                *verdicts.over_runs([judge(r) if r else None for r in found]))
+    if not found:
+        return _run_label(key, None), *NOT_MEASURED
+    figures = judge(found)
+    return _run_label(key, found), figures.measured, _tally(figures.ok, figures.how) if figures.ok else figures.unmeasured
+
+
+def _budget(results: dict) -> str:
+    cfg = results.get("config", {})
+    if isinstance(cfg.get("repeats"), int) and isinstance(cfg.get("target_ms"), (int, float)):
+        return f", {cfg['repeats']} rounds of {cfg['target_ms']:g} ms samples"
+    return ""
+
+
+def _runs_label(key: str, found: list, names: list[str] | None) -> str:
+    """A group of runs: its kind, how many, the sample budget, and each run's file and commit."""
+    first = next((r for r in found if r), {})
+    each = []
+    for i, r in enumerate(found, 1):
+        name = f"[`{names[i - 1]}`]({names[i - 1]})" if names else ""
+        each.append(f"run {i} {name} at {r.get('git') or '?'}" if r else f"run {i} {name} not found")
+    return f"{KINDS[key]}, {len(found)} runs{_budget(first)}: " + ", ".join(" ".join(e.split()) for e in each)
+
+
 def _run_label(key: str, results: dict | None) -> str:
     """Which run a verdict uses: its kind and commit, the sample budget, and the scale run's ``XLA_FLAGS``."""
     kind = KINDS[key]
     if results is None:
         return kind
-    cfg = results.get("config", {})
-    label = f"{kind} at {results.get('git') or '?'}"
-    if isinstance(cfg.get("repeats"), int) and isinstance(cfg.get("target_ms"), (int, float)):
-        label += f", {cfg['repeats']} rounds of {cfg['target_ms']:g} ms samples"
+    label = f"{kind} at {results.get('git') or '?'}" + _budget(results)
     return label + (f", `XLA_FLAGS={results['xla_flags']}`" if results.get("xla_flags") else "")

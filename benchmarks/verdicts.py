@@ -4,12 +4,13 @@
 JSON that ``run.py`` (``stats.merge``), ``gray_scott_bench.py`` and
 ``scale.py`` write. The readers here return ``None`` where the JSON lacks a
 figure, so a target says *not measured* instead of failing; :func:`verdict`
-turns ``{where: met?}`` into the words of the targets table.
+turns ``{where: met?}`` into the words of the targets table, :func:`over_runs`
+the same over a group of runs (``run.py --runs K``).
 """
 
 from __future__ import annotations
 
-__all__ = ["entry", "fmt", "median", "ns", "per_call", "ratio", "source_line", "verdict"]
+__all__ = ["entry", "fmt", "median", "ns", "over_runs", "per_call", "ratio", "runs_words", "source_line", "verdict"]
 
 
 def entry(results: dict, key: str, mode: str, n: str) -> dict:
@@ -66,6 +67,49 @@ def source_line(label: str, name: str, results: dict | None) -> str:
     known += [f"jax {versions['jax']}"] if versions.get("jax") else []
     return ", ".join([f"- {label}: [`{name}`]({name}), `{results.get('command', '?')}`", str(results.get("date", "?")),
                       f"commit {results.get('git') or '?'}", *known])
+
+
+def over_runs(figures: list) -> tuple[str, str]:
+    """``(measured, verdict)`` of one target over a group of runs: each place's figure in every run side by
+    side, and ``met in 3 of 3 runs`` or the places missed (and not measured) grouped by the runs concerned.
+
+    ``figures`` holds one ``targets19.Figures`` a run (``None`` where the run is missing): ``ok`` maps
+    each place judged to whether it met the target, ``how`` to its figure, ``label`` names the figures.
+    A run lacking a place another run judged is never called met.
+    """
+    places = list(dict.fromkeys(w for f in figures if f for w in f.how))
+    if not places:
+        return f"not measured in any of the {len(figures)} runs", "not measured"
+    label = next(f.label for f in figures if f)
+    measured = f"{label}, {runs_words(range(1, len(figures) + 1))}: " + "; ".join(
+        f"{w} " + ", ".join(f.how.get(w, "–") if f else "–" for f in figures) for w in places)
+    unmeasured = [i for i, f in enumerate(figures, 1) if f is None or not f.ok]
+    missed: dict[tuple[int, ...], list[str]] = {}  # the runs that missed a place -> those places, with figures
+    gaps: dict[tuple[int, ...], list[str]] = {}  # the runs that lack a place the others judged -> those places
+    for w in places:
+        runs = tuple(i for i, f in enumerate(figures, 1) if f and f.ok.get(w) is False)
+        if runs:
+            missed.setdefault(runs, []).append(f"{w} ({', '.join(figures[i - 1].how[w] for i in runs)})")
+        lacking = tuple(i for i, f in enumerate(figures, 1) if i not in unmeasured and w not in f.ok)
+        if lacking:
+            gaps.setdefault(lacking, []).append(w)
+    short = {i for runs in (*missed, *gaps) for i in runs}
+    met = [i for i in range(1, len(figures) + 1) if i not in unmeasured and i not in short]
+    if not missed and not gaps and not unmeasured:
+        return measured, f"met in {len(met)} of {len(figures)} runs"
+    parts = [f"missed in {runs_words(runs)} at {', '.join(ws)}" for runs, ws in missed.items()]
+    parts += [f"met in {runs_words(met)}"] if met else []
+    parts += [f"not measured in {runs_words(runs)} at {', '.join(ws)}" for runs, ws in gaps.items()]
+    parts += [f"not measured in {runs_words(unmeasured)}"] if unmeasured else []
+    return measured, "; ".join(parts)
+
+
+def runs_words(indices) -> str:
+    """Runs by number, in words: ``run 2``, ``runs 1 and 3``, ``runs 1, 2 and 3``."""
+    items = [str(i) for i in indices]
+    if len(items) == 1:
+        return f"run {items[0]}"
+    return "runs " + ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def fmt(value: float) -> str:

@@ -17,23 +17,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import (config, exec_update_cost, gray_scott_report, report, run, side_effect_cost, stats,  # noqa: E402
+from benchmarks import (exec_update_cost, gray_scott_report, report, run, side_effect_cost, stats,  # noqa: E402
                         targets, targets19)
+from benchmark_records import record, synthetic_quick, table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SLUG = "nvidia-h100-80gb-hbm3"
-
-
-def record(setting, per_kernel, ns=("1", "10", "100")):
-    """A worker record: mode -> (N -> us per kernel; ``trivial_jit``: us per call), two rounds alike."""
-    modes = {}
-    for mode, values in per_kernel.items():
-        unit = "us_per_call" if mode == "trivial_jit" else "us_per_kernel"
-        modes[mode] = {"unit": unit, "clock": "wall",
-                       "by_n": {n: {"samples": [values[n]] * 2, "calls": 10, "per_call": int(n), "check": "ok"}
-                                for n in ns if n in values}}
-    return {"setting": setting, "xla_flags": config.SETTINGS[setting].xla_flags, "modes": modes, "scalars": {},
-            "errors": [], "device": {"name": "NVIDIA H100 80GB HBM3", "ordinal": 0}}
 
 
 def synthetic_full():
@@ -61,14 +50,6 @@ def synthetic_loops():
             "git": "def5678", "quick": False, "config": {"repeats": 2, "loops": True}, "versions": {"jax": "0.11.2"},
             "device": {"driver": "580.159.04"}}
     return stats.merge(meta, processes)
-
-
-def table(text, section="## Issue 8"):
-    """From the markdown table of ``section``: target -> (measured, verdict); issue 19's: (target, run) -> them."""
-    text = text.split(section, 1)[1].split("\n## ", 1)[0]
-    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
-             if line.startswith("| ") and " | " in line and not line.startswith("| ---")]
-    return {(c[0] if len(c) == 3 else tuple(c[:2])): tuple(c[-2:]) for c in cells[1:]}
 
 
 def test_targets_are_judged_on_the_figures_read_from_the_json():
@@ -109,9 +90,8 @@ def test_write_reads_the_json_files_and_names_them(tmp_path):
 
 def test_the_committed_targets_file_is_what_the_committed_json_gives(tmp_path):
     committed = (RESULTS / f"{SLUG}-targets.md").read_text()
-    for pattern in targets.SOURCES.values():
-        name = pattern.replace("<device>", SLUG)
-        (tmp_path / name).write_bytes((RESULTS / name).read_bytes())
+    for path in RESULTS.glob(f"{SLUG}*.json"):  # the sources and any group of runs (run.py --runs K)
+        (tmp_path / path.name).write_bytes(path.read_bytes())
     assert targets.write(tmp_path, SLUG).read_text() == committed, "rerun: python benchmarks/targets.py"
 
 
@@ -161,31 +141,6 @@ def test_the_loop_report_gives_what_a_while_trip_costs():
 # ----------------------------------------------------------------------------
 # Issue 19's section (benchmarks/targets19.py)
 # ----------------------------------------------------------------------------
-
-
-def synthetic_quick(mixed_ns=("1", "10", "100")):
-    """A quick run: on's jit_loop 1.08x and defaults' jit_changing 1.03x at N=100; the replay behind at on N=10
-    (fixed input) and at N=1 (below the target's range); `kernel.launch` 1.5 us over cuda.core, bound 0.5 us."""
-    def jax_modes(key):
-        modes = {"raw": {"1": 1.0, "10": 1.0, "100": 1.0},
-                 "jit_loop": {"1": 20.0, "100": {"off": 1.04, "on": 1.08, "defaults": 1.01}[key]},
-                 "jit_changing": {"1": 20.0, "100": {"off": 1.04, "on": 1.04, "defaults": 1.03}[key]}}
-        for mode, value in {"mixed": 2.0, "mixed_changing": 2.0, "mixed_calls": 3.0, "mixed_calls_changing": 3.0}.items():
-            modes[mode] = {n: value for n in mixed_ns}
-            if "1" in mixed_ns:
-                modes[mode]["1"] = 4.0 if "calls" in mode else 5.0  # the replay behind at N=1
-        if key == "on" and "10" in mixed_ns:
-            modes["mixed"]["10"] = 4.5  # behind mixed_calls' 3.0
-        return modes
-
-    processes = {key: record(key, jax_modes(key)) for key in ("off", "on", "defaults")}
-    nojax = record("nojax", {"raw": {"1": 2.0}})
-    nojax["scalars"] = {f"eager.{k}": {"unit": "us_per_launch", "samples": [v] * 3}
-                        for k, v in {"cuda_core": 4.0, "jaxgraph_bound": 4.5, "jaxgraph_launch": 5.5}.items()}
-    meta = {"schema": 1, "date": "2026-11-23T12:00:00+00:00", "command": "python benchmarks/run.py --quick",
-            "git": "q123456", "quick": True, "config": {"repeats": 3, "target_ms": 5.0}, "versions": {"jax": "0.11.2"},
-            "device": {"driver": "580.159.04"}}
-    return stats.merge(meta, {"nojax": nojax, **processes})
 
 
 def synthetic_gray_scott():

@@ -5,6 +5,7 @@ Tests internals (listed in tests/README.md): ``_replay_state.ReplayState``, whos
 the same lock, and a device whose registration was refused must be addable again.
 """
 
+import sys
 import threading
 
 from jaxgraph._replay_state import ReplayState
@@ -31,22 +32,27 @@ def test_a_dropped_device_is_forgotten_so_it_can_be_added_again():
 
 
 def test_retiring_while_devices_are_added_never_raises():
+    # Bounded on both sides: an unbounded retiring loop starved the adding thread of the lock
+    # on a 16-core machine (the test ran past 5 minutes there).
     state = ReplayState(graph_id=0)
-    errors, stop = [], threading.Event()
+    errors = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, mid-iteration
 
     def retire_often():
         try:
-            while not stop.is_set():
+            for _ in range(4000):
                 state.retire_callback(0)()
         except Exception as e:  # noqa: BLE001 - a destroy callback must never raise
             errors.append(e)
 
-    thread = threading.Thread(target=retire_often)
-    thread.start()
+    thread = threading.Thread(target=retire_often, daemon=True)
     try:
-        for d in range(20000):
+        thread.start()
+        for d in range(4000):
             state.add(d)
+        thread.join(timeout=60)
     finally:
-        stop.set()
-        thread.join()
-    assert errors == [] and len(state.devices) == 20000
+        sys.setswitchinterval(switch)
+    assert not thread.is_alive(), "retiring 4000 times did not finish in 60 s"
+    assert errors == [] and len(state.devices) == 4000

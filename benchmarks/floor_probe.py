@@ -1,0 +1,191 @@
+"""Why the harness's floor (``raw``) is sometimes ~1.03 and sometimes ~1.2 us per kernel.
+
+Run:  python benchmarks/floor_probe.py [--n 100 1000] [--rounds 7] [--launches 20]
+
+In one process, interleaved rounds, CUDA events, us per kernel of a chain of
+N ``add_one`` kernels (``benchmarks/workload.py``):
+
+- ``graph_exec``: the CUDAGraph's own executable, as ``raw`` launches it;
+- ``fresh``: a new ``cuGraphInstantiate`` of the same template;
+- ``fresh_uploaded``: the same, ``cuGraphUpload``-ed to the stream first;
+- ``jit``: ``jax.jit(replayable)`` on a fixed input (host wall clock over the
+  calls, the last waited for), the harness's ``jit_loop``.
+
+Printed before and after JAX starts, with the GPU's clocks, so a slow floor
+can be told apart from a slow GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
+
+
+def clocks() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,pstate,temperature.gpu,power.draw",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, nargs="+", default=[100, 1000])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--launches", type=int, default=20)
+    args = p.parse_args()
+    import jaxgraph
+    from cuda.bindings import driver
+
+    if jaxgraph.device_count() == 0:
+        print("floor_probe.py needs a CUDA GPU: none found")
+        return 0
+
+    def call(name, *a):
+        err, *values = getattr(driver, name)(*a)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{name} failed: {err}")
+        return values[0] if len(values) == 1 else (values or None)
+
+    rng = np.random.default_rng()
+    kernel = jaxgraph.Kernel(SOURCE, "add_one")
+    stream = jaxgraph.Stream()
+    h = driver.CUstream(int(stream))
+    start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
+    chains = {}
+    for n in args.n:
+        x_s, y_s = jaxgraph.zeros(ELEMENTS, np.float32), jaxgraph.zeros(ELEMENTS, np.float32)
+        g = jaxgraph.CUDAGraph(keep_graph=True)
+        launch = kernel[GRID, BLOCK]
+        with jaxgraph.graph(g):
+            launch(y_s, x_s, ELEMENTS)
+            for _ in range(n - 1):
+                launch(y_s, y_s, ELEMENTS)
+        g.instantiate()
+        fresh = call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
+        uploaded = call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
+        call("cuGraphUpload", uploaded, h)
+        execs = {"graph_exec": driver.CUgraphExec(g.raw_cuda_graph_exec()), "fresh": fresh,
+                 "fresh_uploaded": uploaded}
+        for name, exe in execs.items():
+            x = random_input(rng)
+            x_s.copy_(x)
+            y_s.fill_(np.nan)
+            jaxgraph.synchronize()
+            call("cuGraphLaunch", exe, h)
+            call("cuStreamSynchronize", h)
+            print(f"N={n} {name}: {check_result(y_s.numpy(), x, n)}")
+        chains[n] = (g, x_s, y_s, execs)
+
+    def measure(tag: str, extra=None) -> None:
+        print(f"--- {tag}: clocks (sm, mem, pstate, temp, power) {clocks()}")
+        for n, (_g, _x, _y, execs) in chains.items():
+            samples = {name: [] for name in execs}
+            if extra:
+                samples["jit"] = []
+            for _ in range(args.rounds):
+                for name, exe in execs.items():
+                    call("cuGraphLaunch", exe, h)
+                    start.record(stream)
+                    for _ in range(args.launches):
+                        call("cuGraphLaunch", exe, h)
+                    end.record(stream)
+                    end.synchronize()
+                    samples[name].append(start.elapsed_time(end) * 1000.0 / (args.launches * n))
+                if extra:
+                    samples["jit"].append(extra(n, args.launches))
+            floor = np.median(samples["fresh"])
+            row = ", ".join(f"{k} {np.median(v):.4f} ({np.median(v) / floor:.3f}x; {min(v):.3f}-{max(v):.3f})"
+                            for k, v in samples.items())
+            print(f"N={n}: us per kernel: {row}")
+        print(f"    clocks after: {clocks()}")
+
+    def context() -> str:
+        try:
+            return _context()
+        except RuntimeError as exc:  # informational only
+            return f"context unavailable: {exc}"
+
+    def _context() -> str:
+        limits = {name: call("cuCtxGetLimit", getattr(driver.CUlimit, f"CU_LIMIT_{name.upper()}"))
+                  for name in ("stack_size", "printf_fifo_size", "malloc_heap_size", "persisting_l2_cache_size",
+                               "dev_runtime_pending_launch_count")}
+        free, total = call("cuMemGetInfo")
+        return (f"ctx flags {int(call('cuCtxGetFlags'))}, limits {limits}, "
+                f"free {free / 2**30:.1f} of {total / 2**30:.1f} GiB")
+
+    measure("before JAX")
+    print("   ", context())
+    import jax
+
+    measure("after import jax")
+    jax.devices()
+    measure("after jax.devices() (the PJRT client)")
+    print("   ", context())
+    import jax.numpy as jnp
+
+    jax.block_until_ready(jax.jit(lambda v: v + 1)(jnp.ones(4)))
+    measure("after a trivial jitted call")
+    print("   ", context())
+
+    jitted = {}
+    for n, (g, x_s, y_s, _e) in chains.items():
+        f = jax.jit(jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s]))
+        x = random_input(rng)
+        a = jnp.asarray(x)
+        print(f"N={n} jit: {check_result(np.asarray(f(a)), x, n)}")
+        jitted[n] = (f, a)
+
+    def jit_time(n: int, launches: int) -> float:
+        f, a = jitted[n]
+        for _ in range(3):
+            out = f(a)
+        jax.block_until_ready(out)
+        jaxgraph.synchronize()
+        t = time.perf_counter()
+        for _ in range(launches * 4):
+            out = f(a)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t) * 1e6 / (launches * 4 * n)
+
+    measure("after a jitted replay of each chain", jit_time)
+    print("   ", context())
+
+    # The same chains captured on buffers XLA allocated (jax.Array operands): is it the memory?
+    kept = []
+    for n in args.n:
+        x = random_input(rng)
+        x_j, y_j = jnp.asarray(x), jnp.full(ELEMENTS, np.nan, np.float32)
+        jax.block_until_ready((x_j, y_j))
+        g = jaxgraph.CUDAGraph()
+        launch = kernel[GRID, BLOCK]
+        with jaxgraph.graph(g):
+            launch(y_j, x_j, ELEMENTS)
+            for _ in range(n - 1):
+                launch(y_j, y_j, ELEMENTS)
+        exe = driver.CUgraphExec(g.raw_cuda_graph_exec())
+        call("cuGraphLaunch", exe, h)
+        call("cuStreamSynchronize", h)
+        print(f"N={n} on XLA's buffers: {check_result(np.asarray(y_j), x, n)}")
+        chains[n][3]["on_xla_buffers"] = exe
+        kept.append((g, x_j, y_j))  # alive while measured
+    measure("with chains captured on XLA's buffers")
+    from jaxgraph._replay_codes import counters
+
+    print("counters", counters())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
