@@ -10,7 +10,7 @@
 //
 // Seen on the H100 (driver 580): a kernel node updated in place in an
 // executable (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower
-// on every later launch than in a fresh executable (1.253 vs 1.022 us per
+// on every later launch than in a fresh executable (1.253 vs 1.020 us per
 // kernel over 1000 kernels: benchmarks/exec_update_cost.py, results in
 // benchmarks/results/nvidia-h100-80gb-hbm3-exec_update.md), so the template's
 // nodes are updated instead and instantiated (exec_cache.h weighs the two).

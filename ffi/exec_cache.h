@@ -27,18 +27,22 @@
 //   replacing executables pays on every call.
 //
 // Figures. Measured on the H100 (driver 580; benchmarks/exec_update_cost.py,
-// results/nvidia-h100-80gb-hbm3-exec_update.md, commit d2e850a): over 1000
-// add_one kernels, each kernel rewritten in place with
-// cuGraphExecKernelNodeSetParams (as the cache does) runs 0.231 us slower on
-// every later launch (1.253 vs 1.022 us per kernel), the same as after
-// cuGraphExecUpdate (+0.230 us). That the slowdown is per updated kernel, not
-// per executable (an executable with a few kernels updated is slowed by those
-// only), is assumed: every kernel was updated there. One executable of 100k
-// add_one kernels takes 220 MB of device memory, of 10k 22 MB (results/
-// nvidia-h100-80gb-hbm3-scale.json, commit 3949ec3). Each graph's
-// instantiation time and rewrite time per argument are measured at run time
-// (fresh_ns at registration, site_ns at the first rewrite), not taken from a
-// results file; the guesses below serve only until then and are not measured.
+// results/nvidia-h100-80gb-hbm3-exec_update.md, commit 0484762), a chain of
+// 1000 add_one kernels: with every kernel node rewritten in place by
+// cuGraphExecKernelNodeSetParams (as the cache does) each runs 0.233 us
+// slower on every later launch (1.253 vs 1.020 us per kernel), whether the
+// values changed or not, as after cuGraphExecUpdate (+0.232 us); with one node
+// of the 1000 rewritten, +3.3 us per launch (+0.003 us per kernel), so the
+// slowdown follows the kernels rewritten. (Fresh executables other than the
+// first measured ran +1.4-1.6 us per launch, so a fixed part of a few us per
+// launch of a rewritten executable is within the noise; the model counts
+// kUpdatedKernelNs per rewritten kernel only.) One executable takes 2.3 KB of
+// device memory per kernel node: 220 MB at 100k add_one kernels, 22 MB at
+// 10k (results/nvidia-h100-80gb-hbm3-scale.json, commit 3949ec3). Each
+// graph's instantiation time and rewrite time per argument are measured at
+// run time (fresh_ns at registration, site_ns at the first rewrite), not
+// taken from a results file; the guesses below serve only until then and are
+// not measured.
 
 #ifndef JAXGRAPH_FFI_EXEC_CACHE_H_
 #define JAXGRAPH_FFI_EXEC_CACHE_H_
@@ -64,8 +68,10 @@ constexpr double kSiteNsGuess = 1000.0;
 // Host ns per kernel node to instantiate and upload an executable, until measured (a guess).
 constexpr double kFreshNsPerNodeGuess = 2000.0;
 // What a kernel updated in place costs on every later launch (measured: see above).
-constexpr double kUpdatedKernelNs = 231.0;
-// One executable's device memory per kernel node, where registration could not measure it.
+constexpr double kUpdatedKernelNs = 233.0;
+// One executable's device memory per kernel node, at least (measured 2.3 KB: see above). The
+// budget takes it where registration measured less: the driver reuses device memory that
+// destroyed executables left, so a measurement can read 0 bytes for a graph of thousands of kernels.
 constexpr double kExecBytesPerNodeGuess = 2048.0;
 // Device memory a graph's executables may take together before it keeps fewer than kMaxExecs.
 constexpr double kExecBudgetBytes = 128.0 * (1 << 20);
@@ -78,10 +84,9 @@ constexpr size_t kRebindWorthAnExec = 8;
 constexpr uint64_t kMissWindow = 256;
 
 // How many executables a graph keeps, from one executable's device memory
-// (`exec_bytes`, -1 unknown: estimated from its `nodes`).
+// (`exec_bytes`, -1 unknown), at least the estimate from its `nodes`.
 inline size_t ExecBudget(int64_t exec_bytes, size_t nodes) {
-  double bytes = exec_bytes >= 0 ? static_cast<double>(exec_bytes)
-                                 : kExecBytesPerNodeGuess * static_cast<double>(nodes);
+  double bytes = std::max(static_cast<double>(exec_bytes), kExecBytesPerNodeGuess * static_cast<double>(nodes));
   double room = bytes > 0 ? kExecBudgetBytes / bytes : static_cast<double>(kMaxExecs);
   return std::clamp<size_t>(static_cast<size_t>(std::min(room, 1e6)), 1, kMaxExecs);
 }

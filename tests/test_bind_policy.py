@@ -180,12 +180,14 @@ def test_alternating_buffers_hit_cached_executables(k, rng, pattern):
 
 @pytest.mark.gpu
 def test_describe_graph_weighs_the_executables(k):
-    g, s = in_place(k, kernels=2000)
+    # 10k kernels (~22 MB): the driver reuses device memory destroyed executables left, which can
+    # hold a smaller executable whole (measured as 0 bytes after other tests made and dropped some).
+    g, s = in_place(k, kernels=10_000)
     step = jaxgraph.replayable(g, [s], [s])
     info = describe_graph(step.graph_id, g.device)
-    assert info.kernel_nodes == 2000 and info.executables == 1, info
+    assert info.kernel_nodes == 10_000 and info.executables == 1, info
     assert info.exec_device_bytes > 0, info          # measured at registration (the upload included)
-    assert info.max_executables == policy().policy_exec_budget(info.exec_device_bytes, 2000)
+    assert info.max_executables == policy().policy_exec_budget(info.exec_device_bytes, 10_000) <= 6
     assert info.device_bytes == info.exec_device_bytes
     # Host figures are the process's resident size around each step: measured (>= 0) on Linux.
     assert min(info.exec_host_bytes, info.clone_host_bytes, info.binding_host_bytes) >= 0, info
