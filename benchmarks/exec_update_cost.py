@@ -15,6 +15,13 @@ interleaved rounds:
 - ``fresh``: ``cuGraphInstantiate`` of the B capture;
 - ``updated``: an executable of the A capture, then ``cuGraphExecUpdate``
   pointed at the B capture (same topology, other buffers);
+- ``set_params``: an executable of the A capture whose kernel nodes are each
+  rewritten with the B capture's parameters (``cuGraphExecKernelNodeSetParams``,
+  as the replay handler rewrites an executable in place);
+- ``set_params_same``: the same, each node rewritten with its own (unchanged)
+  parameters: whether the slowdown comes from the rewrite or from new values;
+- ``set_params_one``: only the first of the N nodes rewritten with its own
+  parameters: whether the slowdown is per rewritten kernel or per executable;
 - ``alternate_2`` / ``alternate_4``: launches alternating over 2 or 4 fresh
   executables (of A and B), as the handler's cache of executables does.
 
@@ -40,7 +47,7 @@ from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, ran
 
 __all__ = ["MODES", "main", "markdown", "measure"]
 
-MODES = ("fresh", "updated", "alternate_2", "alternate_4")
+MODES = ("fresh", "updated", "set_params", "set_params_same", "set_params_one", "alternate_2", "alternate_4")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +83,18 @@ def measure(n: int, repeats: int, launches: int, rng: np.random.Generator) -> di
     instantiate = lambda g: call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
     updated = instantiate(a.graph)
     call("cuGraphExecUpdate", updated, driver.CUgraph(b.graph.raw_cuda_graph()))  # now writes B's buffers
+    set_params = instantiate(a.graph)
+    same, one = instantiate(a.graph), instantiate(a.graph)
+    nodes_a = _nodes(a, call)
+    for i, (node_a, node_b) in enumerate(zip(nodes_a, _nodes(b, call))):  # both in capture order
+        call("cuGraphExecKernelNodeSetParams", set_params, node_a, call("cuGraphKernelNodeGetParams", node_b))
+        own = call("cuGraphKernelNodeGetParams", node_a)
+        call("cuGraphExecKernelNodeSetParams", same, node_a, own)
+        if i == 0:
+            call("cuGraphExecKernelNodeSetParams", one, node_a, own)
     fresh = [instantiate(b.graph), instantiate(a.graph), instantiate(b.graph), instantiate(a.graph)]
-    plans = {"fresh": [(fresh[0], b)], "updated": [(updated, b)],
+    plans = {"fresh": [(fresh[0], b)], "updated": [(updated, b)], "set_params": [(set_params, b)],
+             "set_params_same": [(same, a)], "set_params_one": [(one, a)],
              "alternate_2": [(fresh[0], b), (fresh[1], a)], "alternate_4": list(zip(fresh, (b, a, b, a)))}
     stream = jaxgraph.Stream()
     h = driver.CUstream(int(stream))
@@ -103,7 +120,7 @@ def measure(n: int, repeats: int, launches: int, rng: np.random.Generator) -> di
         record["ratio"] = record["stats"]["median"] / out["fresh"]["stats"]["median"]
         paired = stats.paired_ratios(record["samples"], floor)
         record["ratio_min"], record["ratio_max"] = min(paired), max(paired)
-    for exe in [updated, *fresh]:
+    for exe in [updated, set_params, same, one, *fresh]:
         call("cuGraphExecDestroy", exe)
     return out
 
@@ -123,6 +140,14 @@ def markdown(results: dict) -> str:
         s = r["stats"]
         lines.append(f"| `{mode}` | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} | "
                      f"{r['ratio']:.3f}x ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) |")
+    what = {"set_params": "Kernel nodes rewritten in place (cuGraphExecKernelNodeSetParams)",
+            "set_params_same": "Kernel nodes rewritten in place with their own parameters",
+            "set_params_one": "One kernel node of the N rewritten in place with its own parameters"}
+    for mode, text in what.items():
+        r = results["modes"].get(mode)
+        if r is not None:
+            extra = r["stats"]["median"] - results["modes"]["fresh"]["stats"]["median"]
+            lines += ["", f"{text}: {extra:+.3f} us per kernel on every launch ({r['ratio']:.2f}x a fresh one)."]
     r = results["modes"].get("updated")
     if r is not None:
         extra = r["stats"]["median"] - results["modes"]["fresh"]["stats"]["median"]
@@ -154,6 +179,16 @@ def _capture(kernel, n: int) -> _Chain:
         for _ in range(n - 1):
             launch(y_s, y_s, ELEMENTS)
     return _Chain(g, x_s, y_s)
+
+
+def _nodes(chain: _Chain, call) -> list:
+    """The kernel nodes of ``chain``'s template, in the order the driver lists them (capture order)."""
+    from cuda.bindings import driver
+
+    graph = driver.CUgraph(chain.graph.raw_cuda_graph())
+    _, count = call("cuGraphGetNodes", graph, 0)
+    nodes, _ = call("cuGraphGetNodes", graph, count)
+    return list(nodes)
 
 
 def _check(exe, chain: _Chain, stream, n: int, rng: np.random.Generator, call) -> str:

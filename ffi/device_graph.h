@@ -5,15 +5,15 @@
 // Also the replay paths, their counters, and the mechanics of rebinding:
 // pointing the template's or an executable's kernel arguments at addresses,
 // touching only the nodes whose arguments changed. Which executable a call
-// takes, and which buffers are better copied than bound, is bind_policy.h.
-// Included by bind_policy.h, conditional_graph.h and replay.cc.
+// takes is exec_cache.h; which buffers are better copied than bound,
+// bind_policy.h. Included by exec_cache.h, conditional_graph.h and replay.cc.
 //
 // Seen on the H100 (driver 580): a kernel node updated in place in an
 // executable (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower
-// on every later launch than in a fresh executable (1.258 vs 1.029 us per
+// on every later launch than in a fresh executable (1.253 vs 1.020 us per
 // kernel over 1000 kernels: benchmarks/exec_update_cost.py, results in
 // benchmarks/results/nvidia-h100-80gb-hbm3-exec_update.md), so the template's
-// nodes are updated instead and instantiated.
+// nodes are updated instead and instantiated (exec_cache.h weighs the two).
 
 #ifndef JAXGRAPH_FFI_DEVICE_GRAPH_H_
 #define JAXGRAPH_FFI_DEVICE_GRAPH_H_
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common.h"
@@ -51,6 +52,8 @@ struct ReplayCounters {
   std::atomic<int64_t> instantiate{0};   // executables made
   std::atomic<int64_t> copy{0};          // buffers copied in or out
   std::atomic<int64_t> to_copy{0};       // bound buffers switched to copying by their cost (bind_policy.h)
+  std::atomic<int64_t> evict{0};         // calls that found no executable and no room: one was replaced
+  std::atomic<int64_t> refresh{0};       // executables rewritten in place, made afresh when hit (exec_cache.h)
   std::atomic<int64_t> handler_calls{0};  // calls of the handlers, and their host time:
   std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
   std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
@@ -64,11 +67,14 @@ inline ReplayCounters counters;
 struct ExecSlot {
   cudaGraphExec_t exec = nullptr;
   std::vector<uint64_t> addr;
-  uint64_t key = 0;       // BoundKey(addr): a cheap first check before comparing addresses
+  uint64_t key = 0;       // BoundKey(addr): finds the slot (DeviceGraph::slot_of)
   uint64_t last_use = 0;  // 0: never launched
+  uint64_t launches = 0;  // since it took these addresses
+  size_t updated = 0;     // kernels updated in place since it was instantiated (each runs slower)
 };
 
-constexpr size_t kMaxExecs = 4;  // executables kept per graph and device, at most (bind_policy.h: fewer when large)
+// Executables kept per graph and device, at most (exec_cache.h: fewer when large).
+constexpr size_t kMaxExecs = 64;
 
 // What one registered graph's copies take, measured at registration (-1:
 // not measured). Host figures are the process's resident memory before and
@@ -116,13 +122,17 @@ struct DeviceGraph {
   std::vector<uint64_t> static_addr;    // per buffer: its static array
   std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
   std::vector<uint64_t> nodes_addr;     // per bound buffer: where the argument copies in `nodes` point
-  std::vector<ExecSlot> slots;
+  std::vector<ExecSlot> slots;     // reserved for kMaxExecs: a slot never moves while others are added
+  std::unordered_map<uint64_t, size_t> slot_of;  // BoundKey -> index in slots (IndexSlots)
   uint64_t calls = 0;
   // What the executables cost and what binding costs (bind_policy.h).
   size_t max_execs = kMaxExecs;    // executables kept: fewer when each is large
   GraphMemory memory;              // what its copies of the graph take, measured at registration
-  std::vector<uint32_t> misses;    // per buffer: calls that found its address in no executable
+  std::vector<uint32_t> misses;    // per buffer: recent calls that found its address in no executable
+  uint64_t recent_calls = 0;       // the calls `misses` counts over (both halved now and then: bind_policy.h)
   double site_ns = -1;             // host ns per kernel argument rewritten in place, measured (-1: not yet)
+  double fresh_ns = -1;            // host ns to instantiate and upload one executable, measured (-1: not yet)
+  double slot_life = -1;           // launches an executable served before it was replaced (average; -1: none yet)
   double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
   int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
   std::mutex mutex;                // one call at a time rebinds and launches
@@ -179,6 +189,24 @@ inline uint64_t BoundKey(const DeviceGraph& g, const std::vector<uint64_t>& addr
   return key;
 }
 
+// Rebuilds the index from each slot's key (after slots or keys changed: never on a hit).
+inline void IndexSlots(DeviceGraph* g) {
+  g->slot_of.clear();
+  for (size_t s = 0; s < g->slots.size(); ++s) g->slot_of[g->slots[s].key] = s;
+}
+
+// The slot whose executable holds `addresses` (`key` their BoundKey), or nullptr:
+// one lookup and one comparison, whatever the number of slots.
+inline ExecSlot* FindSlot(DeviceGraph* g, uint64_t key, const std::vector<uint64_t>& addresses) {
+  auto it = g->slot_of.find(key);
+  if (it == g->slot_of.end()) return nullptr;
+  ExecSlot& slot = g->slots[it->second];
+  for (size_t i : g->bound) {
+    if (slot.addr[i] != addresses[i]) return nullptr;
+  }
+  return &slot;
+}
+
 // One more executable slot, at the template's addresses (the static ones when registered).
 inline ExecSlot& AddSlot(DeviceGraph* g) {
   ExecSlot slot;
@@ -186,6 +214,7 @@ inline ExecSlot& AddSlot(DeviceGraph* g) {
   slot.addr = g->template_addr;
   slot.key = BoundKey(*g, slot.addr);
   g->slots.push_back(std::move(slot));
+  g->slot_of[g->slots.back().key] = g->slots.size() - 1;
   return g->slots.back();
 }
 
@@ -259,11 +288,12 @@ inline ffi::Error PointTemplateAt(DeviceGraph* g, const std::vector<uint64_t>& a
   return e;
 }
 
-// A fresh executable at `addresses` in `slot` (nullptr: a new slot): the
-// template is pointed at them first, then instantiated. An executable updated
-// in place runs each updated kernel slower on every later launch (see the top
-// of this file), so a new address set that will be seen again gets its own
-// fresh executable rather than an updated one.
+// A fresh executable at `addresses` in `slot` (nullptr: a new slot; else its
+// executable is replaced): the template is pointed at them first, then
+// instantiated. An executable updated in place runs each updated kernel
+// slower on every later launch (see the top of this file), so a new address
+// set that will be seen again gets its own fresh executable rather than an
+// updated one (exec_cache.h weighs the two).
 inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& addresses, ExecSlot** slot) {
   if (auto e = PointTemplateAt(g, addresses); e.failure()) return e;
   try {
@@ -271,21 +301,21 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
       *slot = &AddSlot(g);
       return ffi::Error::Success();
     }
-    // Never launched (see PrepareExec): nothing in flight.
+    // Made before the old one goes, which stays usable if this throws. A
+    // launch of the old one still in flight completes: the driver frees an
+    // executable destroyed in flight when it is done.
+    cudaGraphExec_t fresh = Instantiate(g);
     cudaGraphExecDestroy((*slot)->exec);
-    (*slot)->exec = nullptr;  // stays null if instantiating throws: never destroyed twice
-    (*slot)->exec = Instantiate(g);
-    (*slot)->addr = addresses;
-    (*slot)->key = BoundKey(*g, addresses);
-    (*slot)->last_use = 0;
+    (*slot)->exec = fresh;
   } catch (const std::exception& e) {
-    // A slot left without an executable must not be found by a later call.
-    if (*slot != nullptr && (*slot)->exec == nullptr) {
-      g->slots.erase(g->slots.begin() + (*slot - g->slots.data()));
-      *slot = nullptr;
-    }
     return ffi::Error::Internal(std::string("jaxgraph_replay: ") + e.what());
   }
+  (*slot)->addr = addresses;
+  (*slot)->key = BoundKey(*g, addresses);
+  (*slot)->last_use = 0;
+  (*slot)->launches = 0;
+  (*slot)->updated = 0;
+  IndexSlots(g);
   return ffi::Error::Success();
 }
 

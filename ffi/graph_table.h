@@ -247,7 +247,7 @@ inline void DetachGraph(int64_t id, int device) {
   for (const auto& g : GraphsOf(id, device)) {
     std::lock_guard<std::mutex> lock(g->mutex);
     g->detached = true;
-    if (g->borrowed_exec) g->slots.clear();
+    if (g->borrowed_exec) g->slots.clear(), g->slot_of.clear();
     if (!g->owns_graph) g->graph = nullptr;
   }
 }
@@ -274,6 +274,26 @@ inline std::shared_ptr<DeviceGraph> LiveGraph(int64_t id, int device) {
     throw std::invalid_argument("graph " + std::to_string(id) + " is not live on device " + std::to_string(device));
   }
   return graphs.front();
+}
+
+// Lets `id` on `device` keep at most `count` executables (clamped to 1 and
+// kMaxExecs; the least recently used beyond it are destroyed now: a launch in
+// flight completes first). Returns the previous limit. For tests.
+inline size_t LimitExecs(int64_t id, int device, size_t count) {
+  std::shared_ptr<DeviceGraph> g = LiveGraph(id, device);
+  std::lock_guard<std::mutex> lock(g->mutex);
+  size_t previous = g->max_execs;
+  if (g->conditionals > 0) return previous;  // one executable, always
+  g->max_execs = std::clamp<size_t>(count, 1, kMaxExecs);
+  RelaxedCaptureMode relaxed;
+  while (g->slots.size() > g->max_execs) {
+    auto lru = std::min_element(g->slots.begin(), g->slots.end(),
+                                [](const ExecSlot& a, const ExecSlot& b) { return a.last_use < b.last_use; });
+    cudaGraphExecDestroy(lru->exec);
+    g->slots.erase(lru);
+  }
+  IndexSlots(g.get());
+  return previous;
 }
 
 // (kind, index, mode code, sites, reason) for each static buffer of `id` on `device`.

@@ -1,19 +1,16 @@
 // XLA FFI handlers that replay a captured CUDA graph on XLA's stream, bound
 // to XLA's own buffers. Python side: jaxgraph/_jax_replay.py.
 //
-// Python registers a captured graph with its static input and output buffers
-// for one device (graph_table.h). At each call the graph's kernel nodes are pointed at XLA's operands and
-// results (graph_binding.h); a buffer that cannot be rebound safely is copied
+// Python registers a captured graph with its static buffers for one device
+// (graph_table.h). At each call its kernel nodes are pointed at XLA's operands
+// and results (graph_binding.h) in an executable kept for that set of
+// addresses (exec_cache.h); a buffer better copied (bind_policy.h) is copied
 // into its static array before the replay (inputs) or out of it after
-// (outputs). A few executables are kept per graph, each bound to one set of
-// XLA's addresses, so buffers that alternate between calls rebind nothing
-// (device_graph.h).
-// When XLA records the call into its own command buffer (stream capture),
-// cudaGraphLaunch is not permitted: the graph's nodes, bound to XLA's
-// buffers, are added to XLA's capture instead (graph_splice.h).
-// A graph with conditional nodes can be neither: it is called through a
-// second target, jaxgraph_replay_uncaptured, which XLA keeps out of its
-// command buffers (conditional_graph.h). Each path has its own counter.
+// (outputs). Under XLA's stream capture (a command buffer being recorded) the
+// nodes are added to XLA's capture instead (graph_splice.h). A graph with
+// conditional nodes is called through jaxgraph_replay_uncaptured, which XLA
+// keeps out of its command buffers (conditional_graph.h). Each path has its
+// own counter.
 
 #include <atomic>
 #include <chrono>
@@ -31,6 +28,7 @@
 #include "common.h"
 #include "conditional_graph.h"
 #include "device_graph.h"
+#include "exec_cache.h"
 #include "graph_binding.h"
 #include "graph_splice.h"
 #include "graph_table.h"
@@ -272,18 +270,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ReplayOnCpu, jaxgraph::ReplayOnCpuImpl,
 NB_MODULE(_replay, m) {
   namespace nb = nanobind;
   using namespace jaxgraph;
-  m.def("registrations", []() {
+  auto handlers = [](XLA_FFI_Error* (*replay)(XLA_FFI_CallFrame*), XLA_FFI_Error* (*uncaptured)(XLA_FFI_CallFrame*)) {
     nb::dict registrations;
-    registrations["jaxgraph_replay"] = EncapsulateFfiHandler(Replay);
-    registrations["jaxgraph_replay_uncaptured"] = EncapsulateFfiHandler(ReplayUncaptured);
+    registrations["jaxgraph_replay"] = EncapsulateFfiHandler(replay);
+    registrations["jaxgraph_replay_uncaptured"] = EncapsulateFfiHandler(uncaptured);
     return registrations;
-  }, "FFI handler capsules for JAX's CUDA platform, by target name.");
-  m.def("cpu_registrations", []() {
-    nb::dict registrations;
-    registrations["jaxgraph_replay"] = EncapsulateFfiHandler(ReplayOnCpu);
-    registrations["jaxgraph_replay_uncaptured"] = EncapsulateFfiHandler(ReplayOnCpu);
-    return registrations;
-  }, "FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.");
+  };
+  m.def("registrations", [handlers]() { return handlers(Replay, ReplayUncaptured); },
+        "FFI handler capsules for JAX's CUDA platform, by target name.");
+  m.def("cpu_registrations", [handlers]() { return handlers(ReplayOnCpu, ReplayOnCpu); },
+        "FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.");
   m.def("register_graph", &RegisterFromPython, nb::arg("id"), nb::arg("device"), nb::arg("graph"),
         nb::arg("inputs"), nb::arg("outputs"), nb::arg("aliases"), nb::arg("kernels"),
         nb::arg("bind"), nb::arg("trust_foreign"), nb::arg("drop_unreferenced"), nb::arg("bodies"),
@@ -320,17 +316,20 @@ NB_MODULE(_replay, m) {
     d["clone_host_bytes"] = g->memory.clone_host;
     d["binding_host_bytes"] = g->memory.binding_host;
     d["rewrite_ns_per_site"] = g->site_ns;
+    d["instantiate_ns"] = g->fresh_ns;
     return d;
   }, nb::arg("id"), nb::arg("device"),
-     "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional "
-     "nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', "
-     "'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, "
-     "'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured "
-     "at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), "
-     "'binding_host_bytes' (argument copies and sites), host figures from the process's resident "
-     "memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in "
-     "place, measured; -1 not yet).");
+     "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any "
+     "depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; "
+     "what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one "
+     "executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' "
+     "(our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the "
+     "process's resident memory around each step (approximate; -1 unknown); 'rewrite_ns_per_site' (host ns per "
+     "kernel argument rewritten in place), 'instantiate_ns' (one executable made and uploaded): measured, -1 not yet.");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
+  m.def("set_max_executables", &LimitExecs, nb::arg("id"), nb::arg("device"), nb::arg("count"),
+        "Let graph `id` on `device` keep at most `count` executables (1 to the cap; the least recently used go "
+        "now); returns the previous limit. For tests that need a full cache.");
   m.def("set_capture_policy", [](int policy) {
     if (policy < static_cast<int>(CapturePolicy::kAuto) || policy > static_cast<int>(CapturePolicy::kWhole)) {
       throw std::invalid_argument("capture policy must be a code of codes()['capture'], got " +
@@ -344,21 +343,25 @@ NB_MODULE(_replay, m) {
   // The bind-or-copy policy's decisions on given figures (bind_policy.h), for tests and readers.
   m.def("policy_exec_budget", &ExecBudget, nb::arg("exec_bytes"), nb::arg("nodes"),
         "Executables a graph keeps when one takes `exec_bytes` of device memory (-1: estimated from `nodes`).");
-  m.def("policy_copy_at_registration", [](size_t sites, const std::vector<uint64_t>& bytes, size_t max_execs) {
-    double copy = 0;
-    for (uint64_t b : bytes) copy += CopyNs(b);
-    return CopyAtRegistration(sites, copy, max_execs);
+  auto copies = [](const std::vector<uint64_t>& bytes) {  // copying buffers of `bytes`, per call
+    double ns = 0;
+    for (uint64_t b : bytes) ns += CopyNs(b);
+    return ns;
+  };
+  m.def("policy_copy_at_registration", [copies](size_t sites, const std::vector<uint64_t>& bytes, size_t max_execs) {
+    return CopyAtRegistration(sites, copies(bytes), max_execs);
   }, nb::arg("sites"), nb::arg("bytes"), nb::arg("max_execs"),
      "Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.");
-  m.def("policy_copy_after_misses", [](uint32_t misses, uint64_t calls, size_t sites, double site_ns,
-                                       const std::vector<uint64_t>& bytes) {
-    double copy = 0;
-    for (uint64_t b : bytes) copy += CopyNs(b);
-    return CopyAfterMisses(misses, calls, sites, site_ns, copy);
+  m.def("policy_copy_after_misses", [copies](uint32_t misses, uint64_t calls, size_t sites, double site_ns,
+                                             const std::vector<uint64_t>& bytes, double fresh_ns) {
+    return CopyAfterMisses(misses, calls, sites, site_ns, copies(bytes), fresh_ns);
   }, nb::arg("misses"), nb::arg("calls"), nb::arg("sites"), nb::arg("site_ns"), nb::arg("bytes"),
-     "Whether a bound array whose address was new on `misses` of `calls` calls switches to copying.");
+     nb::arg("fresh_ns") = -1.0, "Whether a bound array whose address was new on `misses` of `calls` calls "
+     "switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown).");
+  m.def("policy_fresh_pays", &FreshPays, nb::arg("fresh_ns"), nb::arg("rewrite_ns"), nb::arg("kernels"),
+        nb::arg("launches"), "Whether a fresh executable beats rewriting in place (exec_cache.h).");
   m.def("codes", []() {
-    nb::dict binding, path, out;
+    nb::dict binding, path, capture, out;
     binding["bound"] = static_cast<int>(BindMode::kBound);
     binding["copied"] = static_cast<int>(BindMode::kCopied);
     binding["unused"] = static_cast<int>(BindMode::kUnused);
@@ -367,7 +370,6 @@ NB_MODULE(_replay, m) {
     path["splice_nodes"] = static_cast<int>(ReplayPath::kSpliceNodes);
     path["splice_whole"] = static_cast<int>(ReplayPath::kSpliceWhole);
     path["uncaptured_launch"] = static_cast<int>(ReplayPath::kUncapturedLaunch);
-    nb::dict capture;
     capture["auto"] = static_cast<int>(CapturePolicy::kAuto);
     capture["bind"] = static_cast<int>(CapturePolicy::kBind);
     capture["copy"] = static_cast<int>(CapturePolicy::kCopy);
@@ -383,18 +385,16 @@ NB_MODULE(_replay, m) {
     c["splice_nodes"] = counters.paths[static_cast<int>(ReplayPath::kSpliceNodes)].load();
     c["splice_whole"] = counters.paths[static_cast<int>(ReplayPath::kSpliceWhole)].load();
     c["uncaptured_launch"] = counters.paths[static_cast<int>(ReplayPath::kUncapturedLaunch)].load();
-    c["instantiate"] = counters.instantiate.load();
-    c["rebind"] = counters.rebind.load();
-    c["copy"] = counters.copy.load();
-    c["to_copy"] = counters.to_copy.load();
-    c["handler_calls"] = counters.handler_calls.load();
-    c["handler_ns"] = counters.handler_ns.load();
-    c["launch_ns"] = counters.launch_ns.load();
-    c["copy_ns"] = counters.copy_ns.load();
+    const std::pair<const char*, const std::atomic<int64_t>*> others[] = {
+        {"instantiate", &counters.instantiate}, {"rebind", &counters.rebind}, {"copy", &counters.copy},
+        {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},
+        {"handler_calls", &counters.handler_calls}, {"handler_ns", &counters.handler_ns},
+        {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}};
+    for (const auto& [name, value] : others) c[name] = value->load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
      "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
-     "bound buffers switched to copying by cost; "
-     "handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch "
-     "(launch_ns) and inside cudaMemcpyAsync (copy_ns).");
+     "bound buffers switched to copying by cost, executables replaced for want of room (evict), "
+     "executables rewritten in place made afresh when hit again (refresh); handler calls and their "
+     "total host time in ns, the part of it inside cudaGraphLaunch (launch_ns) and cudaMemcpyAsync (copy_ns).");
 }

@@ -165,7 +165,10 @@ class GraphInfo(NamedTuple):
     ``clone_host_bytes`` (the clone of the template) and ``binding_host_bytes``
     (the kernel nodes' argument copies and sites). ``rewrite_ns_per_site``
     is the measured host time to rewrite one kernel argument in an executable
-    (-1 until a call did), which decides when a bound buffer is better copied.
+    (-1 until a call did), ``instantiate_ns`` the measured host time to make
+    and upload one (at registration, then from the calls that made one): the
+    two decide when a bound buffer is better copied and whether a new address
+    set replaces an executable with a fresh one or rewrites one in place.
     """
 
     paths: tuple
@@ -180,6 +183,7 @@ class GraphInfo(NamedTuple):
     exec_host_bytes: int = -1
     clone_host_bytes: int = -1
     binding_host_bytes: int = -1
+    instantiate_ns: float = -1.0
 
     @property
     def device_bytes(self) -> int:
@@ -227,7 +231,8 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
     return GraphInfo(paths_from_codes(d["paths"]), int(d["conditionals"]), int(d["kernel_nodes"]),
                      d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
                      int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
-                     int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]))
+                     int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]),
+                     float(d["instantiate_ns"]))
 
 
 def retire(graph_id: int, device: int = -1) -> None:

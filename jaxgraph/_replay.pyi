@@ -32,11 +32,16 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the process's resident memory around each step (approximate; -1 unknown), 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place, measured; -1 not yet).
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the process's resident memory around each step (approximate; -1 unknown); 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place), 'instantiate_ns' (one executable made and uploaded): measured, -1 not yet.
     """
 
 def live_graphs() -> int:
     """Number of live (graph, device) entries."""
+
+def set_max_executables(id: int, device: int, count: int) -> int:
+    """
+    Let graph `id` on `device` keep at most `count` executables (1 to the cap; the least recently used go now); returns the previous limit. For tests that need a full cache.
+    """
 
 def set_capture_policy(policy: int) -> int:
     """
@@ -53,15 +58,18 @@ def policy_copy_at_registration(sites: int, bytes: Sequence[int], max_execs: int
     Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.
     """
 
-def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float, bytes: Sequence[int]) -> bool:
+def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float, bytes: Sequence[int], fresh_ns: float = -1.0) -> bool:
     """
-    Whether a bound array whose address was new on `misses` of `calls` calls switches to copying.
+    Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown).
     """
+
+def policy_fresh_pays(fresh_ns: float, rewrite_ns: float, kernels: int, launches: float) -> bool:
+    """Whether a fresh executable beats rewriting in place (exec_cache.h)."""
 
 def codes() -> dict:
     """The codes describe_bindings and describe_graph use, by name."""
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost; handler calls and their total host time in ns, and the part of it inside cudaGraphLaunch (launch_ns) and inside cudaMemcpyAsync (copy_ns).
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns) and cudaMemcpyAsync (copy_ns).
     """

@@ -115,10 +115,14 @@ class BufferBinding(NamedTuple):
 
 
 def counters() -> dict[str, int]:
-    """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``,
-    ``rebind``, ``copy``, ``to_copy`` (bound buffers switched to copying by their cost),
-    ``handler_calls``, ``handler_ns``, and the parts of ``handler_ns`` spent inside
-    ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside ``cudaMemcpyAsync`` (``copy_ns``)."""
+    """The native replay counters: calls per :class:`ReplayPath` (by value), ``instantiate``
+    (executables made), ``rebind`` (kernel arguments rewritten in place in executables), ``copy``,
+    ``to_copy`` (bound buffers switched to copying by their cost), ``evict`` (calls whose addresses
+    no executable held, with no room for another: one was replaced, afresh or rewritten in place),
+    ``refresh`` (executables rewritten in place, made afresh when their addresses recurred; each
+    also counts in ``instantiate``), ``handler_calls``, ``handler_ns``, and the parts of
+    ``handler_ns`` spent inside ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside
+    ``cudaMemcpyAsync`` (``copy_ns``)."""
     return dict(native("replay").counters())
 
 

@@ -24,8 +24,9 @@ from jaxgraph._sharded import DeviceCapture, ShardedGraph
 
 
 def native_replay():
-    """The native replay extension (``ffi/replay.cc``): its code tables and the bind-or-copy
-    policy's decisions on given figures (``policy_*``)."""
+    """The native replay extension (``ffi/replay.cc``): its code tables, the bind-or-copy and
+    executable-cache policies' decisions on given figures (``policy_*``), and
+    ``set_max_executables`` (a graph's cache held small, for tests of a full cache)."""
     return native("replay")
 
 

@@ -109,7 +109,8 @@ def test_a_full_run_regenerates_the_targets_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module, modes, expected", [
-    (exec_update_cost, {"fresh": 1.0, "updated": 1.25, "alternate_2": 1.0, "alternate_4": 1.01},
+    (exec_update_cost, {"fresh": 1.0, "updated": 1.25, "set_params": 1.2, "set_params_same": 1.2,
+                       "set_params_one": 1.0, "alternate_2": 1.0, "alternate_4": 1.01},
      "An executable updated in place: +0.250 us per kernel on every launch (1.25x a fresh one)."),
     (side_effect_cost, {"trivial_jit": 38.0, "replay": 40.0, "replay_side_effects": 110.0},
      "`side_effects=True`: +70.0 us per call (2.75x the plain replay)."),
