@@ -44,6 +44,8 @@ enum class ReplayPath : int {
   kSpliceWhole = 2,       // one child-graph node of the static template, every buffer copied
   kUncapturedLaunch = 3,  // launched by jaxgraph_replay_uncaptured, which XLA never records
 };
+// Their names, by code (codes() and counters() in replay.cc).
+inline constexpr const char* kPathNames[] = {"launch", "splice_nodes", "splice_whole", "uncaptured_launch"};
 
 // How the handlers ran graphs, for tests and profiles.
 struct ReplayCounters {
@@ -135,6 +137,8 @@ struct DeviceGraph {
   double slot_life = -1;           // launches an executable served before it was replaced (average; -1: none yet)
   double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
   int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
+  bool device_launchable = false;  // executables instantiated launchable from the device (see Instantiate)
+  std::string launch_note;         // why they are not, when the graph is large enough to want it
   std::mutex mutex;                // one call at a time rebinds and launches
 
   ~DeviceGraph() {
@@ -173,10 +177,32 @@ inline Survey SurveyGraph(CUgraph graph) {
   return Survey{true, 0};  // unknown: the safe answer
 }
 
-// A new executable of the clone, at the template's current addresses.
+// Graphs with at least this many kernel nodes get executables instantiated
+// launchable from the device (cudaGraphInstantiateFlagDeviceLaunch), which the
+// handler still launches from the host: on the H100 such an executable's
+// cudaGraphLaunch took 26 us of host time at 100k kernels against 1240 us for
+// a normal one, at the same device time per kernel (0.985 vs 0.991 us;
+// benchmarks/device_launch_probe.py, its output in tests/GPU_RESULTS.md).
+// Process-wide, read at registration; < 0: never (set_device_launch_nodes).
+constexpr int64_t kDeviceLaunchNodes = 4096;
+inline std::atomic<int64_t> device_launch_nodes{kDeviceLaunchNodes};
+
+// A new executable of the clone, at the template's current addresses. A
+// device-launchable one where the graph wants it; if CUDA refuses that (a node
+// type it does not allow), a normal one from then on, the reason kept.
 inline cudaGraphExec_t Instantiate(DeviceGraph* g) {
   cudaGraphExec_t exec = nullptr;
-  cudaError_t err = cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
+  cudaError_t err = cudaErrorInvalidValue;
+  if (g->device_launchable) {
+    err = cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g->graph), cudaGraphInstantiateFlagDeviceLaunch);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      g->device_launchable = false;
+      g->launch_note = "CUDA refused to instantiate it launchable from the device (" +
+                       RuntimeError("cudaGraphInstantiate", err) + "): normal executables";
+    }
+  }
+  if (!g->device_launchable) err = cudaGraphInstantiate(&exec, reinterpret_cast<cudaGraph_t>(g->graph), 0);
   if (err != cudaSuccess) throw std::runtime_error(RuntimeError("cudaGraphInstantiate", err));
   counters.instantiate.fetch_add(1, std::memory_order_relaxed);
   return exec;

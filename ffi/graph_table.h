@@ -194,6 +194,8 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   if (!OrderNodes(g->graph, g->nodes, &g->order, &g->unflattenable) && g->unflattenable.empty()) {
     g->unflattenable = "the graph's nodes could not be ordered";
   }
+  int64_t launchable_from = device_launch_nodes.load();
+  g->device_launchable = launchable_from >= 0 && g->nodes.size() >= static_cast<size_t>(launchable_from);
   AddFirstSlot(g.get());  // the first executable now, so the first call only launches
   ChooseAtRegistration(g.get());
   return g;

@@ -317,24 +317,27 @@ NB_MODULE(_replay, m) {
     d["binding_host_bytes"] = g->memory.binding_host;
     d["rewrite_ns_per_site"] = g->site_ns;
     d["instantiate_ns"] = g->fresh_ns;
+    d["device_launchable"] = g->device_launchable;
+    d["launch_note"] = g->launch_note;
     return d;
   }, nb::arg("id"), nb::arg("device"),
-     "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any "
-     "depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; "
-     "what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one "
-     "executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' "
-     "(our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the "
-     "process's resident memory around each step (approximate; -1 unknown); 'rewrite_ns_per_site' (host ns per "
-     "kernel argument rewritten in place), 'instantiate_ns' (one executable made and uploaded): measured, -1 not yet.");
+     "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), "
+     "'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', "
+     "'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused); what it holds: "
+     "'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at "
+     "registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the "
+     "process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, "
+     "measured; -1 not yet).");
+  m.def("set_device_launch_nodes", [](int64_t nodes) { return device_launch_nodes.exchange(nodes); },
+        nb::arg("nodes"), "Graphs registered from now on with at least `nodes` kernel nodes get device-launchable "
+        "executables (< 0: none); returns the previous threshold. For tests and benchmarks.");
   m.def("live_graphs", &LiveGraphs, "Number of live (graph, device) entries.");
   m.def("set_max_executables", &LimitExecs, nb::arg("id"), nb::arg("device"), nb::arg("count"),
         "Let graph `id` on `device` keep at most `count` executables (1 to the cap; the least recently used go "
         "now); returns the previous limit. For tests that need a full cache.");
   m.def("set_capture_policy", [](int policy) {
-    if (policy < static_cast<int>(CapturePolicy::kAuto) || policy > static_cast<int>(CapturePolicy::kWhole)) {
-      throw std::invalid_argument("capture policy must be a code of codes()['capture'], got " +
-                                  std::to_string(policy));
-    }
+    if (policy < static_cast<int>(CapturePolicy::kAuto) || policy > static_cast<int>(CapturePolicy::kWhole))
+      throw std::invalid_argument("capture policy must be a code of codes()['capture'], got " + std::to_string(policy));
     return capture_policy.exchange(policy);
   }, nb::arg("policy"),
      "Set how replays go into XLA's command buffers (a code of codes()['capture']) for graphs "
@@ -366,10 +369,7 @@ NB_MODULE(_replay, m) {
     binding["copied"] = static_cast<int>(BindMode::kCopied);
     binding["unused"] = static_cast<int>(BindMode::kUnused);
     binding["copied_by_cost"] = static_cast<int>(BindMode::kCopiedByCost);
-    path["launch"] = static_cast<int>(ReplayPath::kLaunch);
-    path["splice_nodes"] = static_cast<int>(ReplayPath::kSpliceNodes);
-    path["splice_whole"] = static_cast<int>(ReplayPath::kSpliceWhole);
-    path["uncaptured_launch"] = static_cast<int>(ReplayPath::kUncapturedLaunch);
+    for (int p = 0; p < 4; ++p) path[kPathNames[p]] = p;
     capture["auto"] = static_cast<int>(CapturePolicy::kAuto);
     capture["bind"] = static_cast<int>(CapturePolicy::kBind);
     capture["copy"] = static_cast<int>(CapturePolicy::kCopy);
@@ -381,10 +381,7 @@ NB_MODULE(_replay, m) {
   }, "The codes describe_bindings and describe_graph use, by name.");
   m.def("counters", []() {
     nb::dict c;
-    c["launch"] = counters.paths[static_cast<int>(ReplayPath::kLaunch)].load();
-    c["splice_nodes"] = counters.paths[static_cast<int>(ReplayPath::kSpliceNodes)].load();
-    c["splice_whole"] = counters.paths[static_cast<int>(ReplayPath::kSpliceWhole)].load();
-    c["uncaptured_launch"] = counters.paths[static_cast<int>(ReplayPath::kUncapturedLaunch)].load();
+    for (int p = 0; p < 4; ++p) c[kPathNames[p]] = counters.paths[p].load();
     const std::pair<const char*, const std::atomic<int64_t>*> others[] = {
         {"instantiate", &counters.instantiate}, {"rebind", &counters.rebind}, {"copy", &counters.copy},
         {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},

@@ -169,6 +169,10 @@ class GraphInfo(NamedTuple):
     and upload one (at registration, then from the calls that made one): the
     two decide when a bound buffer is better copied and whether a new address
     set replaces an executable with a fresh one or rewrites one in place.
+    ``device_launchable``: its executables are instantiated launchable from
+    the device (graphs of thousands of kernels: the handler still launches
+    them from the host, where their launch costs a small constant instead of
+    time per node); ``launch_note`` says why not when CUDA refused that.
     """
 
     paths: tuple
@@ -184,6 +188,8 @@ class GraphInfo(NamedTuple):
     clone_host_bytes: int = -1
     binding_host_bytes: int = -1
     instantiate_ns: float = -1.0
+    device_launchable: bool = False
+    launch_note: str = ""
 
     @property
     def device_bytes(self) -> int:
@@ -232,7 +238,7 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
                      d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
                      int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
                      int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]),
-                     float(d["instantiate_ns"]))
+                     float(d["instantiate_ns"]), bool(d["device_launchable"]), str(d["launch_note"]))
 
 
 def retire(graph_id: int, device: int = -1) -> None:

@@ -32,11 +32,17 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (conditional nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole'; what it holds: 'executables' kept now, 'max_executables' it may keep, 'exec_device_bytes' (one executable's device memory, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes' (our clone of the template), 'binding_host_bytes' (argument copies and sites), host figures from the process's resident memory around each step (approximate; -1 unknown); 'rewrite_ns_per_site' (host ns per kernel argument rewritten in place), 'instantiate_ns' (one executable made and uploaded): measured, -1 not yet.
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
     """
 
 def live_graphs() -> int:
     """Number of live (graph, device) entries."""
+
+def set_device_launch_nodes(nodes: int) -> int:
+    """
+    Graphs registered from now on with at least `nodes` kernel nodes get device-launchable executables (< 0: none); returns the previous threshold. For tests and benchmarks.
+    """
+    ...
 
 def set_max_executables(id: int, device: int, count: int) -> int:
     """
