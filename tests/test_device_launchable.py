@@ -74,12 +74,14 @@ def test_a_large_graph_replays_exactly_from_device_launchable_executables(rng):
         np.testing.assert_array_equal(got, (x - 5.0 + KERNELS) * 2.0 + 1.0, err_msg=f"call {call}")
     # One executable: each new input address rewrites its one site in place (or replaces the
     # executable with a fresh one where that pays: exec_cache.h), then it is launched.
+    # (The replay's operand there is XLA's temporary, at one address: here the inputs themselves.)
     p.set_max_executables(step.graph_id, g.device, 1)
+    direct = jax.jit(step)
+    hosts = [rng.integers(-1000, 1000, N).astype(np.float32) for _ in range(6)]
+    xs = [jnp.asarray(h) for h in hosts]  # all alive: six input addresses
     middle = counters()
-    for call in range(6):
-        x = rng.integers(-1000, 1000, N).astype(np.float32)
-        got = np.asarray(f(jnp.asarray(x)))
-        np.testing.assert_array_equal(got, (x - 5.0 + KERNELS) * 2.0 + 1.0, err_msg=f"rewritten, call {call}")
+    for call, (h, x) in enumerate(zip(hosts, xs)):
+        np.testing.assert_array_equal(np.asarray(direct(x)), h + KERNELS, err_msg=f"rewritten, call {call}")
     after = counters()
     assert after["launch"] - before["launch"] >= 12, (before, after)
     changed = {k: after[k] - middle[k] for k in ("rebind", "instantiate")}
