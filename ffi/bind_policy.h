@@ -83,20 +83,12 @@ inline double MissNs(size_t sites, double site_ns, double fresh_ns) {
 
 // After `calls` recent calls of the graph, `misses` of which found the
 // buffer's address in no executable and no room for another (so one was
-// replaced): copy when the misses cost more per call than kCopyWeight copies.
-//
-// The misses must cost kCopyWeight copies: a copy adds device work to every
-// call, where a rewrite's host time overlaps the device's work in a program
-// that keeps the GPU busy. (In the three full runs at 6c3190c, the harness's
-// one-site input switched to copying under command buffers off, and jit_loop
-// at N = 100 ran 1.050-1.063x the floor there against 1.040-1.045x with them
-// on, where nothing was copied: results/nvidia-h100-80gb-hbm3-runs.md.)
-constexpr double kCopyWeight = 2.0;
+// replaced): copy when the misses cost more per call than the copy.
 inline bool CopyAfterMisses(uint32_t misses, uint64_t calls, size_t sites, double site_ns, double copy_ns,
                             double fresh_ns = -1) {
   if (calls < kWarmCalls || misses < kMinMisses) return false;
   double share = static_cast<double>(misses) / static_cast<double>(calls);
-  return share * MissNs(sites, site_ns, fresh_ns) > kCopyWeight * copy_ns;
+  return share * MissNs(sites, site_ns, fresh_ns) > copy_ns;
 }
 
 // Buffers that are one static array with buffer `i`: itself, and the inputs
@@ -241,7 +233,7 @@ inline void ChooseAtRegistration(DeviceGraph* g) {
 // ---------------------------------------------------------------------------
 
 // After a call (its copies out enqueued): switches to copying each bound
-// buffer whose misses cost more per call than kCopyWeight copies of it.
+// buffer whose misses cost more per call than copying it would.
 inline ffi::Error Adapt(DeviceGraph* g) {
   for (size_t i : std::vector<size_t>(g->bound)) {
     const Binding& b = g->buffers[i];
