@@ -45,7 +45,7 @@ from benchmarks import stats  # noqa: E402
 from benchmarks.micro import ROOT, run_meta, write_report  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
-__all__ = ["MODES", "main", "markdown", "measure"]
+__all__ = ["MODES", "capture_chain", "main", "markdown", "measure"]
 
 MODES = ("fresh", "updated", "set_params", "set_params_same", "set_params_one", "alternate_2", "alternate_4")
 
@@ -79,7 +79,7 @@ def measure(n: int, repeats: int, launches: int, rng: np.random.Generator) -> di
 
     kernel = jaxgraph.Kernel(SOURCE, "add_one")
     kernel.handle  # noqa: B018 - loaded before the captures
-    a, b = _capture(kernel, n), _capture(kernel, n)
+    a, b = capture_chain(kernel, n), capture_chain(kernel, n)
     instantiate = lambda g: call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
     updated = instantiate(a.graph)
     call("cuGraphExecUpdate", updated, driver.CUgraph(b.graph.raw_cuda_graph()))  # now writes B's buffers
@@ -168,7 +168,8 @@ class _Chain:
         self.graph, self.x_s, self.y_s = graph, x_s, y_s
 
 
-def _capture(kernel, n: int) -> _Chain:
+def capture_chain(kernel, n: int) -> _Chain:
+    """The chain of ``n`` kernels captured on new arrays, its template kept (``.graph``, ``.x_s``, ``.y_s``)."""
     import jaxgraph
 
     x_s, y_s = jaxgraph.zeros(ELEMENTS, np.float32), jaxgraph.zeros(ELEMENTS, np.float32)

@@ -28,6 +28,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.exec_update_cost import capture_chain  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
 
@@ -65,13 +66,8 @@ def main() -> int:
     start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
     chains = {}
     for n in args.n:
-        x_s, y_s = jaxgraph.zeros(ELEMENTS, np.float32), jaxgraph.zeros(ELEMENTS, np.float32)
-        g = jaxgraph.CUDAGraph(keep_graph=True)
-        launch = kernel[GRID, BLOCK]
-        with jaxgraph.graph(g):
-            launch(y_s, x_s, ELEMENTS)
-            for _ in range(n - 1):
-                launch(y_s, y_s, ELEMENTS)
+        captured = capture_chain(kernel, n)
+        g, x_s, y_s = captured.graph, captured.x_s, captured.y_s
         g.instantiate()
         fresh = call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
         uploaded = call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
