@@ -75,8 +75,13 @@ struct ExecSlot {
   size_t updated = 0;     // kernels updated in place since it was instantiated (each runs slower)
 };
 
-// Executables kept per graph and device, at most (exec_cache.h: fewer when large).
-constexpr size_t kMaxExecs = 64;
+// Executables kept per graph and device, at most (exec_cache.h: fewer when
+// large). Lookups are by hash, so the cap bounds memory, not time: 256 of a
+// 100-kernel graph take ~60 MB of device memory. 64 was too few for one
+// program's address sets: the harness's replayable meets ~70-80 under command
+// buffers off (its jit modes and call sites together), so at 64 it kept
+// evicting and its output switched to copying (results at 6c3190c).
+constexpr size_t kMaxExecs = 256;
 
 // What one registered graph's copies take, measured at registration (-1:
 // not measured). Host figures are the process's resident memory before and

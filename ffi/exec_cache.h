@@ -2,9 +2,9 @@
 // per set of XLA addresses, and what making, rewriting and evicting them
 // costs. Included by bind_policy.h (which decides bind or copy per buffer).
 //
-// - A graph keeps up to max_execs executables: kMaxExecs (64), fewer when one
+// - A graph keeps up to max_execs executables: kMaxExecs (256), fewer when one
 //   is large (its device memory is measured at registration, and they share
-//   kExecBudgetBytes), so a 100k-kernel graph keeps one. One program commonly
+//   kExecBudgetBytes); a graph of kOneExecNodes kernels or more keeps one. One program commonly
 //   meets a graph with dozens of address sets (XLA alternating its buffers,
 //   several call sites in one jit, rotating inputs), each recurring.
 // - A call whose addresses an executable holds launches it as it is: one hash
@@ -75,6 +75,14 @@ constexpr double kUpdatedKernelNs = 233.0;
 constexpr double kExecBytesPerNodeGuess = 2048.0;
 // Device memory a graph's executables may take together before it keeps fewer than kMaxExecs.
 constexpr double kExecBudgetBytes = 128.0 * (1 << 20);
+// A graph of this many kernel nodes keeps one executable. A second would cost
+// >= 9 MB of device memory (2.3 KB a node) and tens of ms to make (58 ms at
+// 10k kernels, results/nvidia-h100-80gb-hbm3-scale.md at 22db3d8), while
+// copying a buffer whose address moves costs a few us per call: < 0.1% of
+// such a graph's device time (~1 us a kernel). So it binds the buffers that
+// stay put and copies the ones that move (bind_policy.h), and its memory stays
+// at one executable of ours next to the CUDAGraph's own.
+constexpr size_t kOneExecNodes = 4096;
 // The never-launched executable of registration (at the static arrays, which
 // XLA never uses) is rewritten in place for the first call when fewer sites
 // differ, else made afresh.
@@ -86,6 +94,7 @@ constexpr uint64_t kMissWindow = 256;
 // How many executables a graph keeps, from one executable's device memory
 // (`exec_bytes`, -1 unknown), at least the estimate from its `nodes`.
 inline size_t ExecBudget(int64_t exec_bytes, size_t nodes) {
+  if (nodes >= kOneExecNodes) return 1;
   double bytes = std::max(static_cast<double>(exec_bytes), kExecBytesPerNodeGuess * static_cast<double>(nodes));
   double room = bytes > 0 ? kExecBudgetBytes / bytes : static_cast<double>(kMaxExecs);
   return std::clamp<size_t>(static_cast<size_t>(std::min(room, 1e6)), 1, kMaxExecs);

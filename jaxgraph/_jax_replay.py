@@ -157,8 +157,8 @@ class GraphInfo(NamedTuple):
     own executable is shared (CUDA made no second one of a conditional graph).
 
     What the graph holds on its device, besides the clone of the template in
-    host memory: ``executables`` kept now, at most ``max_executables`` (fewer
-    when one is large), each taking ``exec_device_bytes`` of device memory
+    host memory: ``executables`` kept now, at most ``max_executables`` (256,
+    fewer when one is large, one for graphs of 4096 kernels or more), each taking ``exec_device_bytes`` of device memory
     (measured at registration; -1 when it could not be). Host memory measured
     at registration from the process's resident size around each step
     (approximate, -1 unknown): ``exec_host_bytes`` (one executable),

@@ -60,11 +60,14 @@ def test_a_fresh_executable_pays_against_the_lasting_slowdown_of_a_rewrite():
 
 def test_a_graph_keeps_many_small_executables_and_one_huge_one():
     p = native_replay()
-    assert p.policy_exec_budget(2 << 20, 100) == 64           # small: the most the cache keeps
-    assert p.policy_exec_budget(23 << 20, 10_000) == 5        # 10k kernels (22 MB each, as measured)
+    assert p.policy_exec_budget(2 << 20, 100) == 64           # 2 MB each: 64 fill the 128 MB budget
+    assert p.policy_exec_budget(230 << 10, 100) == 256        # 100 kernels as measured: the most the cache keeps
+    assert p.policy_exec_budget(8 << 20, 4000) == 16
+    assert p.policy_exec_budget(1 << 20, 4096) == 1           # thousands of kernels: one, whatever it weighs
+    assert p.policy_exec_budget(23 << 20, 10_000) == 1        # 10k kernels (22 MB each, as measured)
     assert p.policy_exec_budget(220 << 20, 100_000) == 1      # 100k kernels: one
     # A measurement below 2 KB a kernel (the driver reused memory freed executables left) is not believed.
-    assert p.policy_exec_budget(0, 2000) == 32 and p.policy_exec_budget(0, 100) == 64
+    assert p.policy_exec_budget(0, 2000) == 32 and p.policy_exec_budget(0, 100) == 256
 
 
 def test_limiting_the_executables_of_an_unknown_graph_says_so():
