@@ -66,7 +66,8 @@ DEFAULT_POINTS = tuple((n, p) for n in (10_000, 100_000) for p in PATTERNS)
 XLA_FLAGS = "--xla_gpu_enable_command_buffer="  # off: every call takes the launch path
 ROTATE = 8  # inputs of jit_rotating
 WARMUP = 2 * ROTATE  # untimed calls of each jit mode first (the policy judges after 8 calls)
-COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns", "copy_ns")
+COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns", "copy_ns",
+            "prepare_ns")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -359,6 +360,7 @@ def _per_call(totals: dict, calls: int) -> dict:
         out["handler_us"] = totals["handler_ns"] / totals["handler_calls"] / 1e3
         out["launch_us"] = totals["launch_ns"] / totals["handler_calls"] / 1e3  # inside cudaGraphLaunch
         out["copy_us"] = totals["copy_ns"] / totals["handler_calls"] / 1e3  # inside cudaMemcpyAsync
+        out["prepare_us"] = totals.get("prepare_ns", 0) / totals["handler_calls"] / 1e3  # choosing the executable
     return out
 
 

@@ -20,11 +20,12 @@ def markdown(results: dict) -> str:
              f"git {results.get('git')}, XLA_FLAGS=`{results.get('xla_flags')}`, "
              f"{results.get('config', {}).get('repeats')} interleaved rounds.", "",
              "| N | pattern | eager us/kernel | jit_feedback | jit_rotating | handler us/call (feedback, rotating) "
-             "| of which cudaGraphLaunch | of which copies | instantiations/call | rebinds/call | copies/call |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| of which cudaGraphLaunch | of which copies | of which choosing the executable | instantiations/call "
+             "| rebinds/call | copies/call |",
+             "| --- " * 12 + "|"]
     for p in results["points"]:
         if "error" in p and not p.get("modes"):
-            lines.append(f"| {p['n']} | {p['pattern']} | failed: {p['error']} | | | | | | | | |")
+            lines.append(f"| {p['n']} | {p['pattern']} | failed: {p['error']} | | | | | | | | | |")
             continue
         m = p["modes"]
         pc = {k: m.get(k, {}).get("per_call", {}) for k in ("jit_feedback", "jit_rotating")}
@@ -34,7 +35,7 @@ def markdown(results: dict) -> str:
 
         lines.append(f"| {p['n']} | {p['pattern']} | {_median(m, 'eager')} | {_ratio(m, 'jit_feedback')} | "
                      f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('launch_us')} | {pair('copy_us')} | "
-                     f"{pair('instantiate')} | "
+                     f"{pair('prepare_us')} | {pair('instantiate')} | "
                      f"{pair('rebind')} | {pair('copy')} |")
     lines += ["", "| N | pattern | capture s | registration s | first call s | host MB (capture, registration, "
               "first call) | device MB (same) | device KB per kernel | bindings |", "| --- " * 9 + "|"]

@@ -261,9 +261,11 @@ def _handler(results: dict) -> tuple[str, str]:
         if "handler_us" not in pc:
             continue
         total, launch, copy = pc["handler_us"], pc.get("launch_us", 0.0), pc.get("copy_us", 0.0)
+        prepare = pc.get("prepare_us")  # recorded from 4f5a08b on
+        chose = "" if prepare is None else f" and choosing the executable {verdicts.fmt(prepare)} us"
         parts.append(f"{p['pattern']}: {verdicts.fmt(total)} us, of which cudaGraphLaunch {verdicts.fmt(launch)} us "
-                     f"({launch / total:.0%}) and copies {verdicts.fmt(copy)} us; the rest "
-                     f"{verdicts.fmt(total - launch - copy)} us")
+                     f"({launch / total:.0%}), copies {verdicts.fmt(copy)} us{chose}; the rest "
+                     f"{verdicts.fmt(total - launch - copy - (prepare or 0.0))} us")
         ok[p["pattern"]], how[p["pattern"]] = total < 20.0, f"{verdicts.fmt(total)} us"
     return _with_missing(results, "`jit_feedback`, per call: " if parts else "", parts, ok, how)
 

@@ -60,6 +60,7 @@ struct ReplayCounters {
   std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
   std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
   std::atomic<int64_t> copy_ns{0};        // the part of handler_ns inside cudaMemcpyAsync
+  std::atomic<int64_t> prepare_ns{0};     // the part of handler_ns choosing the executable (PrepareExec)
 
   void Count(ReplayPath path) { paths[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
 };

@@ -151,6 +151,8 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     auto end = Clock::now();
     counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launch).count(),
                                  std::memory_order_relaxed);
+    counters.prepare_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(launch - start).count(),
+                                  std::memory_order_relaxed);
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
     using Ns = std::chrono::duration<double, std::nano>;
     NoteLaunch(g, prepared, Ns(launch - start).count(), Ns(end - launch).count());
@@ -386,12 +388,13 @@ NB_MODULE(_replay, m) {
         {"instantiate", &counters.instantiate}, {"rebind", &counters.rebind}, {"copy", &counters.copy},
         {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},
         {"handler_calls", &counters.handler_calls}, {"handler_ns", &counters.handler_ns},
-        {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}};
+        {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}, {"prepare_ns", &counters.prepare_ns}};
     for (const auto& [name, value] : others) c[name] = value->load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
      "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
      "bound buffers switched to copying by cost, executables replaced for want of room (evict), "
      "executables rewritten in place made afresh when hit again (refresh); handler calls and their "
-     "total host time in ns, the part of it inside cudaGraphLaunch (launch_ns) and cudaMemcpyAsync (copy_ns).");
+     "total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and "
+     "choosing, making or rewriting the executable (prepare_ns).");
 }

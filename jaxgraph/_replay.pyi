@@ -77,5 +77,5 @@ def codes() -> dict:
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns) and cudaMemcpyAsync (copy_ns).
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and choosing, making or rewriting the executable (prepare_ns).
     """

@@ -121,8 +121,9 @@ def counters() -> dict[str, int]:
     no executable held, with no room for another: one was replaced, afresh or rewritten in place),
     ``refresh`` (executables rewritten in place, made afresh when their addresses recurred; each
     also counts in ``instantiate``), ``handler_calls``, ``handler_ns``, and the parts of
-    ``handler_ns`` spent inside ``cudaGraphLaunch`` on the launch path (``launch_ns``) and inside
-    ``cudaMemcpyAsync`` (``copy_ns``)."""
+    ``handler_ns`` spent inside ``cudaGraphLaunch`` on the launch path (``launch_ns``), inside
+    ``cudaMemcpyAsync`` (``copy_ns``) and choosing, making or rewriting the executable to launch
+    (``prepare_ns``)."""
     return dict(native("replay").counters())
 
 

@@ -206,8 +206,13 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
     assert rows[t[5], scale][1] == ("missed at one_site jit_rotating (1.060x); met at one_site "
                                           "jit_feedback, in_place jit_feedback, in_place jit_rotating")
     measured, verdict = rows[t[6], scale]
-    assert "one_site: 15.00 us, of which cudaGraphLaunch 7.50 us (50%) and copies 1.00 us; the rest 6.50 us" in measured
+    assert "one_site: 15.00 us, of which cudaGraphLaunch 7.50 us (50%), copies 1.00 us; the rest 6.50 us" in measured
     assert verdict == "missed at in_place (30.00 us); met at one_site"
+    timed = scale_point("one_site", 1.0, 15.0, 2.0)
+    timed["modes"]["jit_feedback"]["per_call"]["prepare_us"] = 2.0   # recorded from 4f5a08b on
+    measured, _ = issue19(scale=synthetic_scale([timed]))[t[6], scale]
+    assert ("one_site: 15.00 us, of which cudaGraphLaunch 7.50 us (50%), copies 1.00 us and choosing the "
+            "executable 2.00 us; the rest 4.50 us") in measured
     measured, verdict = rows[t[7], scale]
     assert "N=100000 one_site: 0.02 KB per kernel = 1.50x one executable (0.01 KB per kernel)" in measured
     assert verdict == "missed at N=100000 in_place (2.50x); met at N=100000 one_site"

@@ -189,6 +189,11 @@ def test_describe_graph_weighs_the_executables(k):
     assert info.kernel_nodes == 10_000 and info.executables == 1, info
     assert info.exec_device_bytes > 0, info          # measured at registration (the upload included)
     assert info.max_executables == policy().policy_exec_budget(info.exec_device_bytes, 10_000) == 1
+    # One executable kept, and 2 x 10k kernel arguments point at the state: copied from the start,
+    # so XLA's alternating buffers never make a second 22 MB executable.
+    rows = step.bindings[g.device]
+    assert [r.mode for r in rows] == [BindingMode.COPIED_BY_COST] * 2, rows
+    assert "the graph keeps one executable" in rows[1].reason, rows[1].reason
     assert info.device_bytes == info.exec_device_bytes
     # Host figures are the process's resident size around each step: measured (>= 0) on Linux.
     assert min(info.exec_host_bytes, info.clone_host_bytes, info.binding_host_bytes) >= 0, info
