@@ -29,8 +29,12 @@
 // commit 3949ec3): rewriting one site in place, the launch after it included,
 // cost 2.9-4.0 us per call at 100k kernels and 5.9-35 us at 10k;
 // cudaGraphLaunch itself took 25-173 us of host time at 10k kernels and
-// 733-802 us at 100k (7-8 ns per node), hits or not. The copy's cost (CopyNs)
-// is assumed, not measured.
+// 733-802 us at 100k (7-8 ns per node), hits or not. A copy's host time is
+// measured (the process's copies so far, counters.copy_ns): inside JAX it was
+// 3.5-13 us per cudaMemcpyAsync of 4 KB (results/nvidia-h100-80gb-hbm3-run*.json
+// and -scale.json at ef0ef12), where the model had assumed 1.5 us. At those
+// prices a buffer with one site is cheaper to follow by a rewrite (one
+// kernel argument, ~4 us, and nothing added on the device) than to copy.
 //
 // Each decision leaves its reason, with the figures, in the buffer's binding
 // (BindMode::kCopiedByCost), which Replayable.bindings shows.
@@ -62,10 +66,22 @@ constexpr double kCopiesPerRewrite = 16.0;
 // A run-time switch needs this many recent calls of the graph and misses of the buffer.
 constexpr uint64_t kWarmCalls = 8;
 constexpr uint32_t kMinMisses = 4;
-// One device-to-device copy of `bytes` on XLA's stream, in ns, as the model
-// assumes it: the call and the copy's launch (host and device time) plus the
-// bytes at 1 TB/s.
-inline double CopyNs(uint64_t bytes) { return 2500.0 + static_cast<double>(bytes) / 1000.0; }
+// One device-to-device copy of `bytes` on XLA's stream, in ns: the host's
+// cudaMemcpyAsync (`host_ns`), the copy's start on the device and the bytes at
+// 1 TB/s (assumed, not measured).
+// Until the process has copied: inside JAX a cudaMemcpyAsync took 3.5-13 us (above), alone
+// ~4 us (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md).
+constexpr double kCopyHostNsGuess = 4000.0;
+constexpr double kCopyDeviceNs = 1000.0;
+inline double CopyNs(uint64_t bytes, double host_ns = kCopyHostNsGuess) {
+  return host_ns + kCopyDeviceNs + static_cast<double>(bytes) / 1000.0;
+}
+// The host time of one cudaMemcpyAsync, from this process's copies so far.
+inline double CopyHostNs() {
+  int64_t copies = counters.copy.load(std::memory_order_relaxed);
+  if (copies < 8) return kCopyHostNsGuess;
+  return static_cast<double>(counters.copy_ns.load(std::memory_order_relaxed)) / static_cast<double>(copies);
+}
 
 // Registration: copy a buffer with `sites` when the graph keeps one executable
 // and rewriting them once costs more than kCopiesPerRewrite copies (`copy_ns`).
@@ -109,7 +125,8 @@ inline std::vector<size_t> SameArray(const DeviceGraph& g, size_t i) {
 // Copies per call if the array of buffer `i` were copied: in for inputs, out for outputs.
 inline double CopyCost(const DeviceGraph& g, size_t i) {
   double ns = 0;
-  for (size_t j : SameArray(g, i)) ns += CopyNs(g.buffers[j].bytes);
+  double host = CopyHostNs();
+  for (size_t j : SameArray(g, i)) ns += CopyNs(g.buffers[j].bytes, host);
   return ns;
 }
 
