@@ -20,7 +20,11 @@ buffers in a feedback loop):
 Each mode's outputs are checked exactly against numpy (fresh integer input,
 outputs poisoned first). Prints host us per step (median over ``--calls``).
 
-``python benchmarks/handler_parts_probe.py [--sizes 1000,100000] [--calls 12]``
+``--with-jax`` starts JAX's GPU backend first (its threads and streams live
+in the process, as they do around the handler), to see whether they slow the
+same calls.
+
+``python benchmarks/handler_parts_probe.py [--sizes 1000,100000] [--calls 12] [--with-jax]``
 """
 
 from __future__ import annotations
@@ -147,7 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000,100000", help="kernels per graph, comma-separated")
     p.add_argument("--calls", type=int, default=12, help="calls per mode (default %(default)s)")
+    p.add_argument("--with-jax", action="store_true", help="start JAX's GPU backend first")
     args = p.parse_args(argv)
+    if args.with_jax:
+        import os
+
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+        import jax.numpy as jnp
+
+        jax.jit(lambda x: x * 2 + 1)(jnp.ones(1024)).block_until_ready()
+        print(f"JAX {jax.__version__} up on {jax.devices()}")
     from cuda.core import Device, Program, ProgramOptions
 
     dev = Device()
