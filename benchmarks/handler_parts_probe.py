@@ -164,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"JAX {jax.__version__} up on {jax.devices()}")
     from cuda.core import Device, Program, ProgramOptions
 
-    dev = Device()
-    dev.set_current()
+    try:
+        dev = Device()
+        dev.set_current()
+    except Exception as exc:  # no driver (a CPU machine) or no device
+        print(f"no CUDA device: the probe needs a GPU ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 1
     arch = "sm_" + "".join(str(v) for v in dev.compute_capability)
     kernel = Program(ADD_ONE, "c++", ProgramOptions(arch=arch)).compile("cubin").get_kernel("add_one")
     stream = dev.create_stream()
