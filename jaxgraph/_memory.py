@@ -11,11 +11,18 @@ array) using it lives.
 Freeing device memory is not permitted while a stream capture is underway
 (it may synchronize the device), so frees requested then are deferred until
 the last capture ends (:func:`hold_frees` / :func:`release_frees`), as
-PyTorch's caching allocator does.
+PyTorch's caching allocator does. Python's cyclic garbage collector is off for
+as long (and back on after, if it was on): a collection in the middle of a
+capture would run the finalizers of any library's objects that died in
+reference cycles (a CUDA module unloaded, a stream or buffer destroyed), and
+one of those calls is enough to invalidate the capture. On the H100 a test of
+1000 capture cycles failed now and then with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+before this (tests/GPU_RESULTS.md, session 4).
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import weakref
@@ -257,13 +264,20 @@ _frees_lock = threading.Lock()
 _frees_held = 0   # captures underway: frees wait until the last one ends
 _deferred_frees: list[tuple[int, int, Any, tuple]] = []
 _deferred_calls: list[Any] = []  # when_no_capture
+_gc_was_enabled = False  # whether the first hold_frees turned Python's collector off
 
 
 def hold_frees() -> None:
-    """Defer frees from now on (a capture began): freeing memory may synchronize the device."""
-    global _frees_held
+    """Defer frees from now on (a capture began): freeing memory may synchronize the device.
+
+    The first hold also turns Python's cyclic garbage collector off until the last release
+    (see the module's docstring)."""
+    global _frees_held, _gc_was_enabled
     with _frees_lock:
         _frees_held += 1
+        if _frees_held == 1:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
 
 
 def release_frees() -> None:
@@ -275,6 +289,8 @@ def release_frees() -> None:
         if _frees_held == 0:
             pending, _deferred_frees[:] = list(_deferred_frees), []
             calls, _deferred_calls[:] = list(_deferred_calls), []
+            if _gc_was_enabled:
+                gc.enable()
     for ptr, device, s, used_on in pending:
         try:
             _free_async(ptr, device, s, used_on) if s is not None else _free_sync(ptr, device)

@@ -144,3 +144,28 @@ def test_releases_wait_for_the_last_capture_to_end():
     assert calls == ["released"]
     _memory.when_no_capture(lambda: calls.append("now"))
     assert calls == ["released", "now"]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_waits_for_the_last_capture_to_end(enabled):
+    """No cyclic collection in the middle of a capture: it would run any library's finalizers
+    (a module unloaded, a stream destroyed), which can invalidate the capture. The collector
+    comes back as it was."""
+    import gc
+
+    from jaxgraph import _memory
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        _memory.hold_frees()  # two captures underway
+        _memory.hold_frees()
+        try:
+            assert not gc.isenabled()
+            _memory.release_frees()
+            assert not gc.isenabled()  # one capture still underway
+        finally:
+            _memory.release_frees()
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

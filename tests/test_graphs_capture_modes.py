@@ -29,6 +29,39 @@ def k():
 
 
 @pytest.mark.gpu
+def test_garbage_in_reference_cycles_is_not_collected_in_the_middle_of_a_capture(k, rng):
+    # Objects that die in cycles and free device memory when finalized, as other libraries'
+    # buffers, streams and modules do: a collection inside the capture (the allocations below
+    # cross the collector's threshold many times) would call cuMemFree, which invalidates it.
+    freed = []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+            (self.ptr,) = driver_call("cuMemAlloc", 256)
+
+        def __del__(self):
+            freed.append(driver_call("cuMemFree", self.ptr))
+
+    data = random_floats(rng)
+    x = jaxgraph.asarray(data)
+    y = jaxgraph.empty(N)
+    cycles = [Cycle() for _ in range(50)]        # allocated before: cuMemAlloc would invalidate it too
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        del cycles                              # garbage now, reachable only through their cycles
+        churn = [[i] for i in range(100_000)]   # ~140 times the default gen-0 threshold
+        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+        assert freed == []                      # nothing finalized while capturing
+    del churn
+    import gc
+
+    gc.collect()
+    assert len(freed) == 50                     # collected once the capture ended
+    replay_and_check(g, y, 2.0 * data)
+
+
+@pytest.mark.gpu
 def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
     data = random_floats(rng)
     x = jaxgraph.asarray(data)
