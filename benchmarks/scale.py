@@ -66,8 +66,8 @@ DEFAULT_POINTS = tuple((n, p) for n in (10_000, 100_000) for p in PATTERNS)
 XLA_FLAGS = "--xla_gpu_enable_command_buffer="  # off: every call takes the launch path
 ROTATE = 8  # inputs of jit_rotating
 WARMUP = 2 * ROTATE  # untimed calls of each jit mode first (the policy judges after 8 calls)
-COUNTERS = ("instantiate", "rebind", "copy", "to_copy", "handler_calls", "handler_ns", "launch_ns", "copy_ns",
-            "prepare_ns")
+COUNTERS = ("instantiate", "rebind", "copy", "node_copy", "to_copy", "handler_calls", "handler_ns", "launch_ns",
+            "copy_ns", "prepare_ns")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -355,7 +355,7 @@ def _per_call(totals: dict, calls: int) -> dict:
     """Counters per jitted call; the handler's host time in us per handler call."""
     if calls == 0:
         return {}
-    out = {c: totals[c] / calls for c in ("instantiate", "rebind", "copy", "to_copy")}
+    out = {c: totals.get(c, 0) / calls for c in ("instantiate", "rebind", "copy", "node_copy", "to_copy")}
     if totals["handler_calls"]:
         out["handler_us"] = totals["handler_ns"] / totals["handler_calls"] / 1e3
         out["launch_us"] = totals["launch_ns"] / totals["handler_calls"] / 1e3  # inside cudaGraphLaunch

@@ -21,7 +21,7 @@ def markdown(results: dict) -> str:
              f"{results.get('config', {}).get('repeats')} interleaved rounds.", "",
              "| N | pattern | eager us/kernel | jit_feedback | jit_rotating | handler us/call (feedback, rotating) "
              "| of which cudaGraphLaunch | of which copies | of which choosing the executable | instantiations/call "
-             "| rebinds/call | copies/call |",
+             "| rebinds/call | copies/call (on the stream, by copy nodes) |",
              "| --- " * 12 + "|"]
     for p in results["points"]:
         if "error" in p and not p.get("modes"):
@@ -36,7 +36,7 @@ def markdown(results: dict) -> str:
         lines.append(f"| {p['n']} | {p['pattern']} | {_median(m, 'eager')} | {_ratio(m, 'jit_feedback')} | "
                      f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('launch_us')} | {pair('copy_us')} | "
                      f"{pair('prepare_us')} | {pair('instantiate')} | "
-                     f"{pair('rebind')} | {pair('copy')} |")
+                     f"{pair('rebind')} | {pair('copy')}; {pair('node_copy')} |")
     lines += ["", "| N | pattern | capture s | registration s | first call s | host MB (capture, registration, "
               "first call) | device MB (same) | device KB per kernel | bindings |", "| --- " * 9 + "|"]
     for p in results["points"]:

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "common.h"
+#include "copy_nodes.h"
 #include "device_graph.h"
 #include "exec_cache.h"
 #include "graph_binding.h"
@@ -125,7 +126,7 @@ inline std::vector<size_t> SameArray(const DeviceGraph& g, size_t i) {
 // Copies per call if the array of buffer `i` were copied: in for inputs, out for outputs.
 inline double CopyCost(const DeviceGraph& g, size_t i) {
   double ns = 0;
-  double host = CopyHostNs();
+  double host = WantsCopyNodes(g) ? kCopyNodeHostNs : CopyHostNs();  // a copy node, or cudaMemcpyAsync
   for (size_t j : SameArray(g, i)) ns += CopyNs(g.buffers[j].bytes, host);
   return ns;
 }
@@ -186,6 +187,19 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
   g->bound.erase(std::remove_if(g->bound.begin(), g->bound.end(),
                                 [&](size_t j) { return std::find(group.begin(), group.end(), j) != group.end(); }),
                  g->bound.end());
+  counters.to_copy.fetch_add(1, std::memory_order_relaxed);
+  // A large graph copies by nodes of its executable (copy_nodes.h): the ones
+  // kept lack them, so they go, and the next call makes one that has them.
+  bool added = false;
+  if (WantsCopyNodes(*g)) {
+    for (size_t j : group) added |= AddCopyNode(g, j);
+  }
+  if (added) {
+    for (ExecSlot& slot : g->slots) cudaGraphExecDestroy(slot.exec);
+    g->slots.clear();
+    IndexSlots(g);
+    return e;
+  }
   // Executables pointing the array elsewhere: a few sites are rewritten in
   // place, else they are dropped (instantiating one afresh costs less than
   // rewriting many). Executables that differed only there now hold the same
@@ -218,7 +232,6 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
   }
   g->slots = std::move(kept);
   IndexSlots(g);
-  counters.to_copy.fetch_add(1, std::memory_order_relaxed);
   return e;
 }
 

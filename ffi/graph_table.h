@@ -182,6 +182,7 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   }
   g->dirty.assign(g->nodes.size(), 0);
   g->misses.assign(g->buffers.size(), 0);
+  g->copy_nodes.assign(g->buffers.size(), nullptr);
   for (const Binding& b : g->buffers) g->static_addr.push_back(b.base);
   g->template_addr = g->static_addr;
   g->nodes_addr = g->static_addr;
@@ -196,8 +197,17 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
   }
   int64_t launchable_from = device_launch_nodes.load();
   g->device_launchable = launchable_from >= 0 && g->nodes.size() >= static_cast<size_t>(launchable_from);
+  // A graph kept as one executable whatever it weighs chooses first, so that
+  // the copy nodes it may add (copy_nodes.h) are in its first executable.
+  if (WantsCopyNodes(*g)) {  // copied already (asked for, or unsafe to bind): by nodes of the executable
+    for (size_t i = 0; i < g->buffers.size(); ++i) {
+      if (g->buffers[i].Moves() && g->buffers[i].bytes > 0) AddCopyNode(g.get(), i);
+    }
+  }
+  g->max_execs = ExecBudget(-1, g->nodes.size());
+  if (g->max_execs <= 1) ChooseAtRegistration(g.get());
   AddFirstSlot(g.get());  // the first executable now, so the first call only launches
-  ChooseAtRegistration(g.get());
+  ChooseAtRegistration(g.get());  // with the executable weighed
   return g;
 }
 

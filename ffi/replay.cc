@@ -91,13 +91,15 @@ ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::Rema
 
 // Copies the inputs in (or, with `outputs`, the outputs out) that are copied:
 // all of them when `everything` (a graph spliced whole at its static addresses),
-// and the bound ones `also` names (a recording's plan, capture_policy.h).
+// and the bound ones `also` names (a recording's plan, capture_policy.h); on a
+// launch (`launch`), not those a node of the executable copies (copy_nodes.h).
 ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool outputs,
-                       bool everything, const std::vector<char>& also, cudaStream_t stream) {
+                       bool everything, const std::vector<char>& also, cudaStream_t stream, bool launch) {
   size_t begin = outputs ? g->num_inputs : 0, end = outputs ? g->buffers.size() : g->num_inputs;
   for (size_t i = begin; i < end; ++i) {
     const Binding& b = g->buffers[i];
     if (!b.Moves() && !everything && (also.empty() || !also[i])) continue;
+    if (launch && g->copy_nodes[i] != nullptr) continue;
     void* xla = reinterpret_cast<void*>(addresses[i]);
     void* static_array = reinterpret_cast<void*>(b.base);
     auto e = outputs ? Copy(xla, static_array, b.bytes, stream) : Copy(static_array, xla, b.bytes, stream);
@@ -124,7 +126,8 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   CapturePlan plan = splice ? PlanCapture(g) : CapturePlan{};
   bool whole = splice && (plan.whole || !g->unflattenable.empty());  // one child graph: copy everything
   if (whole) plan.copy.clear();
-  if (auto e = CopyBuffers(g, addresses, false, whole, plan.copy, stream); e.failure()) return e;
+  bool launch = !splice && g->conditionals == 0;
+  if (auto e = CopyBuffers(g, addresses, false, whole, plan.copy, stream, launch); e.failure()) return e;
   if (g->conditionals > 0) {
     if (auto e = LaunchConditional(g, stream, addresses); e.failure()) return e;
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
@@ -134,7 +137,15 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     if (g->template_addr != g->static_addr) {
       if (auto e = PointTemplateAt(g, g->static_addr); e.failure()) return e;
     }
-    if (auto e = SpliceWhole(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
+    if (!HasCopyNodes(*g)) {
+      if (auto e = SpliceWhole(reinterpret_cast<cudaGraph_t>(g->graph), stream); e.failure()) return e;
+    } else {  // XLA's recording copies on its stream, so the template goes without its copy nodes
+      cudaGraph_t clone = CloneWithoutCopyNodes(*g);
+      if (clone == nullptr) return ffi::Error::Internal("jaxgraph_replay: cloning the graph without its copy nodes failed");
+      ffi::Error e = SpliceWhole(clone, stream);
+      cudaGraphDestroy(clone);
+      if (e.failure()) return e;
+    }
     counters.Count(ReplayPath::kSpliceWhole);
   } else if (splice) {
     RetargetAll(g, SpliceAddresses(*g, addresses, plan));
@@ -145,24 +156,25 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     auto start = Clock::now();
     Prepared prepared;
     if (auto e = PrepareExec(g, addresses, &prepared); e.failure()) return e;
-    auto launch = Clock::now();
+    if (auto e = AimCopyNodes(g, prepared.slot, addresses); e.failure()) return e;
+    auto launched = Clock::now();
     err = cudaGraphLaunch(prepared.slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
     auto end = Clock::now();
-    counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launch).count(),
+    counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launched).count(),
                                  std::memory_order_relaxed);
-    counters.prepare_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(launch - start).count(),
+    counters.prepare_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(launched - start).count(),
                                   std::memory_order_relaxed);
     counters.Count(uncaptured ? ReplayPath::kUncapturedLaunch : ReplayPath::kLaunch);
     using Ns = std::chrono::duration<double, std::nano>;
-    NoteLaunch(g, prepared, Ns(launch - start).count(), Ns(end - launch).count());
-    if (auto e = CopyBuffers(g, addresses, true, false, plan.copy, stream); e.failure()) return e;
+    NoteLaunch(g, prepared, Ns(launched - start).count(), Ns(end - launched).count());
+    if (auto e = CopyBuffers(g, addresses, true, false, plan.copy, stream, true); e.failure()) return e;
     // After the copies out: a buffer switched to copying is copied from the next call. Not once
     // XLA has recorded the graph: a recording that copied one more buffer would differ in shape
     // from XLA's earlier ones, which XLA cannot update from (capture_policy.h).
     return g->capture_policy >= 0 ? ffi::Error::Success() : Adapt(g);
   }
-  return CopyBuffers(g, addresses, true, whole, plan.copy, stream);
+  return CopyBuffers(g, addresses, true, whole, plan.copy, stream, launch);
 }
 
 ffi::Error ReplayBody(cudaStream_t stream, int32_t device, ffi::RemainingArgs args,
@@ -321,11 +333,15 @@ NB_MODULE(_replay, m) {
     d["instantiate_ns"] = g->fresh_ns;
     d["device_launchable"] = g->device_launchable;
     d["launch_note"] = g->launch_note;
+    size_t copy_nodes = 0;
+    for (cudaGraphNode_t node : g->copy_nodes) copy_nodes += node != nullptr ? 1 : 0;
+    d["copy_nodes"] = copy_nodes;
     return d;
   }, nb::arg("id"), nb::arg("device"),
      "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), "
      "'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', "
-     "'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused); what it holds: "
+     "'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by memcpy nodes of the "
+     "executable); what it holds: "
      "'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at "
      "registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the "
      "process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, "
@@ -388,11 +404,13 @@ NB_MODULE(_replay, m) {
         {"instantiate", &counters.instantiate}, {"rebind", &counters.rebind}, {"copy", &counters.copy},
         {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},
         {"handler_calls", &counters.handler_calls}, {"handler_ns", &counters.handler_ns},
-        {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}, {"prepare_ns", &counters.prepare_ns}};
+        {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}, {"prepare_ns", &counters.prepare_ns},
+        {"node_copy", &counters.node_copy}, {"copy_node_set", &counters.copy_node_set}};
     for (const auto& [name, value] : others) c[name] = value->load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
-     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, "
+     "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies on the stream "
+     "(copy) and by memcpy nodes of the executable (node_copy; copy_node_set: those nodes pointed anew), "
      "bound buffers switched to copying by cost, executables replaced for want of room (evict), "
      "executables rewritten in place made afresh when hit again (refresh); handler calls and their "
      "total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and "

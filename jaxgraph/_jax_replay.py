@@ -173,6 +173,8 @@ class GraphInfo(NamedTuple):
     the device (graphs of thousands of kernels: the handler still launches
     them from the host, where their launch costs a small constant instead of
     time per node); ``launch_note`` says why not when CUDA refused that.
+    ``copy_nodes``: copied buffers such a graph copies by memcpy nodes of its
+    executable (pointed at each call's buffers) instead of on the stream.
     """
 
     paths: tuple
@@ -190,6 +192,7 @@ class GraphInfo(NamedTuple):
     instantiate_ns: float = -1.0
     device_launchable: bool = False
     launch_note: str = ""
+    copy_nodes: int = 0
 
     @property
     def device_bytes(self) -> int:
@@ -238,7 +241,8 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
                      d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
                      int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
                      int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]),
-                     float(d["instantiate_ns"]), bool(d["device_launchable"]), str(d["launch_note"]))
+                     float(d["instantiate_ns"]), bool(d["device_launchable"]), str(d["launch_note"]),
+                     int(d["copy_nodes"]))
 
 
 def retire(graph_id: int, device: int = -1) -> None:

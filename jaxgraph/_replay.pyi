@@ -32,7 +32,7 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by memcpy nodes of the executable); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
     """
 
 def live_graphs() -> int:
@@ -77,5 +77,5 @@ def codes() -> dict:
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies, bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and choosing, making or rewriting the executable (prepare_ns).
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies on the stream (copy) and by memcpy nodes of the executable (node_copy; copy_node_set: those nodes pointed anew), bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and choosing, making or rewriting the executable (prepare_ns).
     """

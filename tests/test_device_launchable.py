@@ -1,4 +1,5 @@
-"""Large graphs get executables launchable from the device, and the handler still launches them from the host.
+"""Large graphs get executables launchable from the device, and the handler still launches them from the host;
+their copied buffers are copied by memcpy nodes of the executable (ffi/copy_nodes.h).
 
 Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
 (the threshold, lowered here so a graph of a few dozen kernels qualifies), ``set_max_executables``
@@ -88,3 +89,145 @@ def test_a_large_graph_replays_exactly_from_device_launchable_executables(rng):
     assert changed["rebind"] + changed["instantiate"] >= 5, changed  # every new address was written somewhere
     print("with one executable:", changed)
     assert describe_graph(step.graph_id, g.device).device_launchable
+
+
+# ---------------------------------------------------------------------------
+# Copied buffers of such graphs: copied by memcpy nodes of the executable
+# ---------------------------------------------------------------------------
+
+
+COPY_WORKER = r'''
+import json, sys
+import numpy as np
+import jax, jax.numpy as jnp
+import jaxgraph
+from internals import counters, describe_graph, native_replay, set_capture_policy
+
+src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rng = np.random.default_rng(seed)
+N, KERNELS = 1024, 40
+add_one = jaxgraph.Kernel(open(src).read(), "add_one")
+add_one.handle
+x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+g = jaxgraph.CUDAGraph()
+with jaxgraph.graph(g):
+    add_one[N // 256, 256](y_s, x_s, N)
+    for _ in range(KERNELS - 1):
+        add_one[N // 256, 256](y_s, y_s, N)
+native_replay().set_device_launch_nodes(16)  # "large" from 16 kernels, for this test
+report, failures = {}, []
+
+def check(what, out, want):
+    got = np.asarray(out)
+    if not np.array_equal(got, want):
+        bad = np.flatnonzero(got != want)
+        failures.append(f"{what}: {bad.size} of {N} differ, e.g. got {got[bad[0]]}, want {want[bad[0]]}")
+
+def counted(phase, fn):
+    before = counters()
+    fn()
+    after = counters()
+    report[phase] = {k: after[k] - before[k] for k in after if not k.endswith("_ns")}
+
+for policy in ("bind", "whole"):
+    previous = set_capture_policy(policy)
+    try:
+        step = jaxgraph.replayable(g, [x_s], [y_s], bind="copy")
+        info = describe_graph(step.graph_id, g.device)
+        report[f"{policy}_info"] = [info.device_launchable, info.copy_nodes]
+        f = jax.jit(lambda x: step(x))
+        mixed = jax.jit(lambda x: step(step(x) * 2.0 - 3.0) + 1.0)  # XLA ops between: a command buffer under "on"
+        hosts = [rng.integers(-1000, 1000, N).astype(np.float32) for _ in range(4)]
+        arrays = [jnp.asarray(h) for h in hosts]
+
+        def loops():
+            x_s.fill_(np.float32(np.nan)); y_s.fill_(np.float32(np.nan))
+            held = []
+            for i in range(8):  # rotating inputs, results held: new addresses on every call
+                held.append(f(arrays[i % 4]))
+                check(f"{policy} call {i}", held[-1], hosts[i % 4] + KERNELS)
+            x = arrays[0]
+            for i in range(6):  # x = f(x): XLA's buffers alternate
+                x = f(x)
+            check(f"{policy} feedback", x, hosts[0] + 6 * KERNELS)
+
+        def mixed_calls():
+            for i in range(6):
+                want = (hosts[i % 4] + KERNELS) * np.float32(2) - np.float32(3) + KERNELS + 1
+                check(f"{policy} mixed {i}", mixed(arrays[i % 4]), want)
+
+        counted(f"{policy}_loops", loops)
+        counted(f"{policy}_mixed", mixed_calls)
+    finally:
+        set_capture_policy(previous)
+report["failures"] = failures
+np.save(out_path, np.zeros(1))
+print("REPORT " + json.dumps(report))
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(tmp_path, rng, mode):
+    # bind="copy": both static arrays copied on every call; the graph is device-launchable, so the
+    # copies are memcpy nodes of its executable (no cudaMemcpyAsync on a launch), aimed at each
+    # call's buffers. Under XLA's recording (mode "on", the mixed function) they copy on the
+    # stream as before, around the graph's nodes or a clone of it without the copy nodes (whole).
+    from graph_support import run_xla_worker
+
+    _, report = run_xla_worker(COPY_WORKER, ADD_ONE, tmp_path, mode, int(rng.integers(2**31)))
+    print(mode, report)
+    assert report["failures"] == [], report["failures"]
+    for policy in ("bind", "whole"):
+        assert report[f"{policy}_info"] == [True, 2], report
+        loops, mixed = report[f"{policy}_loops"], report[f"{policy}_mixed"]
+        if mode == "off":  # every replay a launch: in and out by nodes, aimed at each call's buffers
+            assert loops["launch"] == loops["handler_calls"] == 14, loops
+            assert loops["copy"] == 0 and loops["node_copy"] == 2 * 14 and loops["copy_node_set"] >= 14, loops
+            assert mixed["launch"] == 12 and mixed["copy"] == 0 and mixed["node_copy"] == 24, mixed
+        else:  # recorded by XLA: the copies go on its stream, into the recording
+            for phase in (loops, mixed):
+                spliced = phase["splice_whole"] + (phase["splice_nodes"] if policy == "bind" else 0)
+                assert spliced >= 1 and phase["copy"] >= 2 and phase["node_copy"] == 0, phase
+
+
+@pytest.mark.gpu
+def test_a_buffer_switched_to_copying_gets_copy_nodes_and_a_fresh_executable(rng):
+    # State updated in place by every kernel (2 x 40 sites), one executable, a new address on every
+    # call: rewriting 80 arguments per call costs more than copying, so the buffer switches; the
+    # graph being device-launchable, it is copied by nodes of a fresh executable from then on.
+    from jaxgraph import BindingMode
+
+    p = native_replay()
+    previous = p.set_device_launch_nodes(16)
+    try:
+        add_one = jaxgraph.Kernel(ADD_ONE, "add_one")
+        add_one.handle  # noqa: B018 - load before capture
+        s = jaxgraph.empty(N)
+        g = jaxgraph.CUDAGraph()
+        with jaxgraph.graph(g):
+            for _ in range(KERNELS):
+                add_one[N // 256, 256](s, s, N)
+        step = jaxgraph.replayable(g, [s], [s])
+    finally:
+        p.set_device_launch_nodes(previous)
+    assert [r.mode for r in step.bindings[g.device]] == [BindingMode.BOUND] * 2
+    p.set_max_executables(step.graph_id, g.device, 1)
+    s.fill_(np.float32(np.nan))
+    f, outs = jax.jit(step), []
+    for call in range(24):
+        x = rng.integers(-1000, 1000, N).astype(np.float32)
+        outs.append(f(jnp.asarray(x)))  # held: the next call gets new buffers
+        np.testing.assert_array_equal(np.asarray(outs[-1]), x + KERNELS, err_msg=f"call {call}")
+    rows = step.bindings[g.device]
+    assert [r.mode for r in rows] == [BindingMode.COPIED_BY_COST] * 2, rows
+    info = describe_graph(step.graph_id, g.device)
+    assert info.copy_nodes == 2 and info.executables == 1, info
+    before = counters()
+    for call in range(4):
+        x = rng.integers(-1000, 1000, N).astype(np.float32)
+        outs.append(f(jnp.asarray(x)))
+        np.testing.assert_array_equal(np.asarray(outs[-1]), x + KERNELS, err_msg=f"copied, call {call}")
+    change = {k: v - before[k] for k, v in counters().items()}
+    assert change["launch"] == 4 and change["copy"] == 0 and change["node_copy"] == 8, change
+    assert change["instantiate"] == 0 and change["rebind"] == 0, change  # nothing bound left to rewrite
