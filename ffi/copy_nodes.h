@@ -6,11 +6,14 @@
 // Why: on the H100 (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md,
 // session 4) a 4 KB cudaMemcpyAsync took 5.5-8 us of host time, alone or with
 // JAX up, while pointing a memcpy node of a 100k-kernel executable at a new
-// address took 0.5-2 us and left the launch after it as fast; with the copy
-// in the graph a call that repeats its addresses makes one CUDA call (the
-// launch) instead of three. Only graphs whose executables are launchable from
-// the device (thousands of kernels: device_graph.h) get them: there the
-// handler's host time per call is what matters, and the executable is one.
+// address took 0.5-2 us. In the handler (benchmarks/scale.py, in-place state,
+// XLA's buffers alternating, so both nodes are aimed anew on every call) the
+// call went from 30.2 to 25.7 us at 100k kernels and from 19.7 to 12.1 us at
+// 10k (scale runs at ef0ef12 and 7155474); a call whose addresses repeat
+// launches and copies nothing itself. Only graphs whose executables are
+// launchable from the device (thousands of kernels: device_graph.h) get them:
+// there the handler's host time per call is what matters, and they keep one
+// executable (exec_cache.h).
 //
 // The template's copy nodes hold placeholders (the static array onto itself)
 // and are never launched so: each executable records what its nodes point at
@@ -32,9 +35,14 @@
 
 namespace jaxgraph {
 
-// Host ns to point one copy node of an executable at a new address (measured
-// 0.5-2 us at 100k kernels, see above): the model's price of a copy by node.
-constexpr double kCopyNodeHostNs = 1000.0;
+// Host ns to point one copy node of an executable at a new address, the
+// slower launch after it included: the model's price of a copy by node when
+// the address keeps changing. Alone 0.5-2 us at 100k kernels (above); in the
+// handler 2-6 us at 10k-100k (benchmarks/scale.py at 7155474, XLA's buffers
+// alternating: 3.7-12 us for two, and launches 1.7-5 us slower), about what
+// rewriting one kernel argument costs there (4.1-4.5 us), which also adds no
+// copy on the device: a buffer with one site stays bound.
+constexpr double kCopyNodeHostNs = 4000.0;
 
 // Whether `g`'s copied buffers are copied by nodes of its executables.
 inline bool WantsCopyNodes(const DeviceGraph& g) {

@@ -196,7 +196,12 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     g->unflattenable = "the graph's nodes could not be ordered";
   }
   int64_t launchable_from = device_launch_nodes.load();
-  g->device_launchable = launchable_from >= 0 && g->nodes.size() >= static_cast<size_t>(launchable_from);
+  size_t kernels = g->nodes.size();  // read for binding; with bind='copy' nothing was read: the graph's nodes
+  if (!options.bind && cudaGraphGetNodes(reinterpret_cast<cudaGraph_t>(g->graph), nullptr, &kernels) != cudaSuccess) {
+    cudaGetLastError();
+    kernels = 0;
+  }
+  g->device_launchable = launchable_from >= 0 && kernels >= static_cast<size_t>(launchable_from);
   // A graph kept as one executable whatever it weighs chooses first, so that
   // the copy nodes it may add (copy_nodes.h) are in its first executable.
   if (WantsCopyNodes(*g)) {  // copied already (asked for, or unsafe to bind): by nodes of the executable
