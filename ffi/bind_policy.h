@@ -100,12 +100,16 @@ inline double MissNs(size_t sites, double site_ns, double fresh_ns) {
 
 // After `calls` recent calls of the graph, `misses` of which found the
 // buffer's address in no executable and no room for another (so one was
-// replaced): copy when the misses cost more per call than the copy.
+// replaced): copy when the misses cost more per call than the copy, by enough
+// that kMissWindow calls of the difference pay for the switch itself
+// (`switch_ns`: a graph copying by nodes makes its executable afresh, 0.8-1.8 s
+// at 100k kernels, where a one-site buffer's rewrite and its copy by node cost
+// about the same: scale run at 0ec63b4, tests/GPU_RESULTS.md).
 inline bool CopyAfterMisses(uint32_t misses, uint64_t calls, size_t sites, double site_ns, double copy_ns,
-                            double fresh_ns = -1) {
+                            double fresh_ns = -1, double switch_ns = 0) {
   if (calls < kWarmCalls || misses < kMinMisses) return false;
   double share = static_cast<double>(misses) / static_cast<double>(calls);
-  return share * MissNs(sites, site_ns, fresh_ns) > copy_ns;
+  return share * MissNs(sites, site_ns, fresh_ns) - copy_ns > switch_ns / static_cast<double>(kMissWindow);
 }
 
 // Buffers that are one static array with buffer `i`: itself, and the inputs
@@ -269,7 +273,10 @@ inline ffi::Error Adapt(DeviceGraph* g) {
     const Binding& b = g->buffers[i];
     if (b.mode != BindMode::kBound || g->misses[i] < kMinMisses) continue;  // switched already, or no cause
     double copy = CopyCost(*g, i);
-    if (!CopyAfterMisses(g->misses[i], g->recent_calls, b.sites.size(), g->site_ns, copy, g->fresh_ns)) continue;
+    double switch_ns = WantsCopyNodes(*g) ? FreshNs(*g) : 0.0;  // copy nodes: a fresh executable (copy_nodes.h)
+    if (!CopyAfterMisses(g->misses[i], g->recent_calls, b.sites.size(), g->site_ns, copy, g->fresh_ns, switch_ns)) {
+      continue;
+    }
     double rewrite = SiteNs(*g) * static_cast<double>(b.sites.size());
     std::string why = "its address was new on " + std::to_string(g->misses[i]) + " of the last " +
                       std::to_string(g->recent_calls) + " calls, with no room for another executable, and " +

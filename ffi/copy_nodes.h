@@ -46,7 +46,7 @@ constexpr double kCopyNodeHostNs = 4000.0;
 
 // Whether `g`'s copied buffers are copied by nodes of its executables.
 inline bool WantsCopyNodes(const DeviceGraph& g) {
-  return g.device_launchable && g.conditionals == 0 && g.unflattenable.empty() && !g.borrowed_exec;
+  return g.device_launchable && g.conditionals == 0 && !g.borrowed_exec;
 }
 
 inline bool HasCopyNodes(const DeviceGraph& g) {

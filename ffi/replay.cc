@@ -374,11 +374,12 @@ NB_MODULE(_replay, m) {
   }, nb::arg("sites"), nb::arg("bytes"), nb::arg("max_execs"),
      "Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.");
   m.def("policy_copy_after_misses", [copies](uint32_t misses, uint64_t calls, size_t sites, double site_ns,
-                                             const std::vector<uint64_t>& bytes, double fresh_ns) {
-    return CopyAfterMisses(misses, calls, sites, site_ns, copies(bytes), fresh_ns);
+                                             const std::vector<uint64_t>& bytes, double fresh_ns, double switch_ns) {
+    return CopyAfterMisses(misses, calls, sites, site_ns, copies(bytes), fresh_ns, switch_ns);
   }, nb::arg("misses"), nb::arg("calls"), nb::arg("sites"), nb::arg("site_ns"), nb::arg("bytes"),
-     nb::arg("fresh_ns") = -1.0, "Whether a bound array whose address was new on `misses` of `calls` calls "
-     "switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown).");
+     nb::arg("fresh_ns") = -1.0, nb::arg("switch_ns") = 0.0,
+     "Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss "
+     "costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown; the switch itself `switch_ns`).");
   m.def("policy_fresh_pays", &FreshPays, nb::arg("fresh_ns"), nb::arg("rewrite_ns"), nb::arg("kernels"),
         nb::arg("launches"), "Whether a fresh executable beats rewriting in place (exec_cache.h).");
   m.def("codes", []() {

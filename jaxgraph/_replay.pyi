@@ -64,9 +64,9 @@ def policy_copy_at_registration(sites: int, bytes: Sequence[int], max_execs: int
     Whether registration copies a static array with `sites` kernel arguments, copied as buffers of `bytes`.
     """
 
-def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float, bytes: Sequence[int], fresh_ns: float = -1.0) -> bool:
+def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float, bytes: Sequence[int], fresh_ns: float = -1.0, switch_ns: float = 0.0) -> bool:
     """
-    Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown).
+    Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown; the switch itself `switch_ns`).
     """
 
 def policy_fresh_pays(fresh_ns: float, rewrite_ns: float, kernels: int, launches: float) -> bool:

@@ -73,6 +73,11 @@ def test_misses_switch_a_buffer_to_copying_by_measured_cost():
     # One site at what a rewrite measured at 100k kernels (~4.1 us): no dearer than a copy (a copy's
     # cudaMemcpyAsync alone took 3.5-13 us inside JAX, and it adds work on the device).
     assert not p.policy_copy_after_misses(8, 8, 1, 4100.0, [4096])
+    # A graph copying by nodes makes its executable afresh to switch (~0.8 s at 100k kernels): one
+    # site rewritten at ~70 us a call does not pay for that within the window; 200,000 sites do.
+    assert p.policy_copy_after_misses(8, 8, 1, 70_000.0, [4096])
+    assert not p.policy_copy_after_misses(8, 8, 1, 70_000.0, [4096], 8e8, 8e8)
+    assert p.policy_copy_after_misses(8, 8, 200_000, 1000.0, [4096, 4096], 8e8, 8e8)
     assert p.policy_copy_after_misses(8, 8, 1, 700_000.0, [4096])         # measured: a rewrite costs more
     # A miss costs a rewrite or a fresh executable, whichever is less.
     assert not p.policy_copy_after_misses(8, 8, 20_000, -1.0, [4096, 4096], 3000.0)  # fresh: 3 us < copies
