@@ -131,7 +131,7 @@ inline ffi::Error AimCopyNodes(DeviceGraph* g, ExecSlot* slot, const std::vector
     slot->copy_addr[i] = addresses[i];
     counters.copy_node_set.fetch_add(1, std::memory_order_relaxed);
   }
-  counters.node_copy.fetch_add(copies, std::memory_order_relaxed);
+  if (copies > 0) counters.node_copy.fetch_add(copies, std::memory_order_relaxed);
   return ffi::Error::Success();
 }
 

@@ -82,9 +82,10 @@ struct ExecSlot {
 // Executables kept per graph and device, at most (exec_cache.h: fewer when
 // large). Lookups are by hash, so the cap bounds memory, not time: 256 of a
 // 100-kernel graph take ~60 MB of device memory. 64 was too few for one
-// program's address sets: the harness's replayable meets ~70-80 under command
-// buffers off (its jit modes and call sites together), so at 64 it kept
-// evicting and its output switched to copying (results at 6c3190c).
+// program's address sets: under command buffers off the harness's one
+// replayable, met by all its jit modes and call sites, kept evicting at 64 and
+// a buffer switched to copying (results at 6c3190c); at 256 nothing is copied
+// there (results at ef0ef12).
 constexpr size_t kMaxExecs = 256;
 
 // What one registered graph's copies take, measured at registration (-1:

@@ -4,9 +4,10 @@
 //
 // - A graph keeps up to max_execs executables: kMaxExecs (256), fewer when one
 //   is large (its device memory is measured at registration, and they share
-//   kExecBudgetBytes); a graph of kOneExecNodes kernels or more keeps one. One program commonly
-//   meets a graph with dozens of address sets (XLA alternating its buffers,
-//   several call sites in one jit, rotating inputs), each recurring.
+//   kExecBudgetBytes); a graph of kOneExecNodes kernels or more keeps one.
+//   One program commonly meets a graph with dozens of address sets (XLA
+//   alternating its buffers, several call sites in one jit, rotating inputs),
+//   each recurring.
 // - A call whose addresses an executable holds launches it as it is: one hash
 //   lookup (BoundKey -> slot) and one comparison of the bound addresses.
 // - A new address set fills a free slot with a fresh executable. With no room,

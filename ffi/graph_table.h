@@ -202,13 +202,15 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     kernels = 0;
   }
   g->device_launchable = launchable_from >= 0 && kernels >= static_cast<size_t>(launchable_from);
-  // A graph kept as one executable whatever it weighs chooses first, so that
-  // the copy nodes it may add (copy_nodes.h) are in its first executable.
-  if (WantsCopyNodes(*g)) {  // copied already (asked for, or unsafe to bind): by nodes of the executable
+  // Buffers copied already (asked for, or unsafe to bind) of a graph that
+  // copies by nodes of its executable: their nodes now, before it is made.
+  if (WantsCopyNodes(*g)) {
     for (size_t i = 0; i < g->buffers.size(); ++i) {
       if (g->buffers[i].Moves() && g->buffers[i].bytes > 0) AddCopyNode(g.get(), i);
     }
   }
+  // A graph kept as one executable whatever it weighs chooses first, so that
+  // the copy nodes it may add are in its first executable too.
   g->max_execs = ExecBudget(-1, g->nodes.size());
   if (g->max_execs <= 1) ChooseAtRegistration(g.get());
   AddFirstSlot(g.get());  // the first executable now, so the first call only launches
