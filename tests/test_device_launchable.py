@@ -103,17 +103,11 @@ import jax, jax.numpy as jnp
 import jaxgraph
 from internals import counters, describe_graph, native_replay, set_capture_policy
 
-src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+from test_device_launchable import KERNELS, N, _chain  # this file's chain (the tests folder is on the path)
+
+seed, out_path = int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(seed)
-N, KERNELS = 1024, 40
-add_one = jaxgraph.Kernel(open(src).read(), "add_one")
-add_one.handle
-x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
-g = jaxgraph.CUDAGraph()
-with jaxgraph.graph(g):
-    add_one[N // 256, 256](y_s, x_s, N)
-    for _ in range(KERNELS - 1):
-        add_one[N // 256, 256](y_s, y_s, N)
+g, x_s, y_s = _chain(KERNELS)
 native_replay().set_device_launch_nodes(16)  # "large" from 16 kernels, for this test
 report, failures = {}, []
 
