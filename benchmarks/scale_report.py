@@ -37,6 +37,21 @@ def markdown(results: dict) -> str:
                      f"{_ratio(m, 'jit_rotating')} | {pair('handler_us')} | {pair('launch_us')} | {pair('copy_us')} | "
                      f"{pair('prepare_us')} | {pair('instantiate')} | "
                      f"{pair('rebind')} | {pair('copy')}; {pair('node_copy')} |")
+    lines += ["", "Handler host time in a burst (us; feedback, rotating): the first call after the device went idle, "
+              "then per call over the next calls, queued while the earlier ones run.", "",
+              "| N | pattern | calls | first call | per call after it | of which cudaGraphLaunch "
+              "| of which choosing the executable |", "| --- " * 7 + "|"]
+    for p in results["points"]:
+        bursts = {k: p.get("modes", {}).get(k, {}).get("burst") for k in ("jit_feedback", "jit_rotating")}
+        if not all(bursts.values()):
+            continue
+
+        def burst(part: str, field: str) -> str:
+            return ", ".join(fmt(b[part].get(field)) for b in bursts.values())
+
+        lines.append(f"| {p['n']} | {p['pattern']} | {bursts['jit_feedback']['calls']} | "
+                     f"{burst('first', 'handler_us')} | {burst('steady', 'handler_us')} | "
+                     f"{burst('steady', 'launch_us')} | {burst('steady', 'prepare_us')} |")
     lines += ["", "| N | pattern | capture s | registration s | first call s | host MB (capture, registration, "
               "first call) | device MB (same) | device KB per kernel | bindings |", "| --- " * 9 + "|"]
     for p in results["points"]:

@@ -213,6 +213,17 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
     measured, _ = issue19(scale=synthetic_scale([timed]))[t[6], scale]
     assert ("one_site: 15.00 us, of which cudaGraphLaunch 7.50 us (50%), copies 1.00 us and choosing the "
             "executable 2.00 us; the rest 4.50 us") in measured
+    burst = scale_point("in_place", 1.0, 30.0, 2.0)  # the rounds' mean 30 us; per call in the burst 12 us
+    burst["modes"]["jit_feedback"]["burst"] = {"calls": 32, "first": {"handler_us": 41.0},
+                                               "steady": {"handler_us": 12.0, "launch_us": 6.0, "copy_us": 0.0,
+                                                          "prepare_us": 4.0}}
+    measured, verdict = issue19(scale=synthetic_scale([burst]))[t[6], scale]
+    assert ("in_place: per call over 32 calls after the first 12.00 us, of which cudaGraphLaunch 6.00 us (50%), "
+            "copies 0.00 us and choosing the executable 4.00 us; the rest 2.00 us (the first call, on an idle "
+            "device: 41.00 us; the timed rounds' mean: 30.00 us)") in measured
+    assert verdict == "met; not measured at one_site"
+    burst["modes"]["jit_feedback"]["burst"]["steady"]["handler_us"] = 21.0
+    assert issue19(scale=synthetic_scale([burst]))[t[6], scale][1] == "missed at all: in_place (21.00 us); not measured at one_site"
     measured, verdict = rows[t[7], scale]
     assert "N=100000 one_site: 0.02 KB per kernel = 1.50x one executable (0.01 KB per kernel)" in measured
     assert verdict == "missed at N=100000 in_place (2.50x); met at N=100000 one_site"

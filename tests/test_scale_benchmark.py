@@ -63,6 +63,13 @@ def test_markdown_reports_ratios_counters_and_memory():
     # growth over the baseline per phase; device KB per kernel from the first call's growth (75 MB / 10k)
     assert "100.0, 200.0, 300.0" in memory and "25.00, 50.00, 75.00" in memory and "| 7.680 |" in memory
     assert "| 100000 | one_site | failed: timed out after 180 s" in text
+    assert "| 10000 | in_place | 32 |" not in text  # no burst recorded, no burst row
+    for key, first, steady in (("jit_feedback", 30.0, 9.0), ("jit_rotating", 35.0, 11.0)):
+        results["points"][0]["modes"][key]["burst"] = {
+            "calls": 32, "first": {"handler_us": first}, "steady": {"handler_us": steady, "launch_us": 5.0,
+                                                                    "prepare_us": 2.0}}
+    row = next(line for line in scale.markdown(results).splitlines() if line.startswith("| 10000 | in_place | 32 |"))
+    assert row == "| 10000 | in_place | 32 | 30.00, 35.00 | 9.000, 11.00 | 5.000, 5.000 | 2.000, 2.000 |"
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU failure path")
