@@ -23,15 +23,18 @@
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 -rdc=true benchmarks/launch_wrapper_probe.cu \
 //        -lcudadevrt -o /tmp/probe && /tmp/probe 100:401 1000:201 10000 100000
+//   /tmp/probe bg=event 100000:41     (another thread polling an event meanwhile; see `background`)
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #define CK(x)                                                                                  \
@@ -71,6 +74,14 @@ __global__ void launcher(cudaGraphExec_t chain, cudaGraphExec_t out, Table* tabl
     if (cudaGraphLaunch(out, cudaStreamGraphTailLaunch) != cudaSuccess) __trap();
   }
 }
+
+// What else the process does while the calls are timed (the first argument `bg=...`): nothing;
+// another thread polling an event (`event`) or the stream (`stream`) in a loop, as PjRt's threads
+// wait for XLA's work; or, before each call (untimed), the stream made to wait for an event recorded
+// on another stream (`wait`), as XLA orders its streams before a computation.
+static std::string background = "none";
+static cudaStream_t other_stream;
+static cudaEvent_t other_event;
 
 static double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -112,13 +123,30 @@ static void Run(const char* name, int n, int calls, cudaStream_t s, Pair xla, fl
   CK(cudaEventCreate(&e1));
   std::vector<double> host;
   CK(cudaEventRecord(e0, s));
+  std::atomic<bool> stop{false};
+  std::thread poller;
+  if (background == "event" || background == "stream") {
+    CK(cudaEventRecord(other_event, s));
+    poller = std::thread([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        cudaError_t e = background == "event" ? cudaEventQuery(other_event) : cudaStreamQuery(s);
+        if (e != cudaSuccess && e != cudaErrorNotReady) std::exit(2);
+      }
+    });
+  }
   for (int c = 0; c < calls; ++c) {
+    if (background == "wait") {
+      CK(cudaEventRecord(other_event, other_stream));
+      CK(cudaStreamWaitEvent(s, other_event, 0));
+    }
     float* src = c % 2 ? xla.b : xla.a;
     float* dst = c % 2 ? xla.a : xla.b;
     auto t0 = std::chrono::steady_clock::now();
     call(src, dst);
     host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
+  stop = true;
+  if (poller.joinable()) poller.join();
   CK(cudaEventRecord(e1, s));
   CK(cudaMemcpyAsync(got.data(), result, kBytes, cudaMemcpyDeviceToHost, s));
   CK(cudaStreamSynchronize(s));
@@ -278,10 +306,18 @@ static void Probe(int n, int calls) {
   CK(cudaStreamDestroy(s));
 }
 
-// Arguments: sizes, each N or N:calls (calls odd; default 21), e.g. 100:401 1000:201 100000.
+// Arguments: [bg=none|event|stream|wait] sizes, each N or N:calls (calls odd; default 21),
+// e.g. bg=event 100:401 1000:201 100000.
 int main(int argc, char** argv) {
+  CK(cudaStreamCreateWithFlags(&other_stream, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&other_event, cudaEventDisableTiming));
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg.rfind("bg=", 0) == 0) {
+      background = arg.substr(3);
+      std::printf("background: %s\n", background.c_str());
+      continue;
+    }
     size_t colon = arg.find(':');
     int calls = colon == std::string::npos ? 21 : std::atoi(arg.c_str() + colon + 1);
     Probe(std::atoi(arg.c_str()), calls | 1);
