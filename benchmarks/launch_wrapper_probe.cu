@@ -78,7 +78,9 @@ __global__ void launcher(cudaGraphExec_t chain, cudaGraphExec_t out, Table* tabl
 // What else the process does while the calls are timed (the first argument `bg=...`): nothing;
 // another thread polling an event (`event`) or the stream (`stream`) in a loop, as PjRt's threads
 // wait for XLA's work; or, before each call (untimed), the stream made to wait for an event recorded
-// on another stream (`wait`), as XLA orders its streams before a computation.
+// on another stream (`wait`), as XLA orders its streams before a computation; or, before each call
+// (untimed), 64 MB of host memory written over (`trash`), so the call finds the CPU caches cold, as
+// a handler does after XLA's and Python's work between two calls.
 static std::string background = "none";
 static cudaStream_t other_stream;
 static cudaEvent_t other_event;
@@ -134,7 +136,11 @@ static void Run(const char* name, int n, int calls, cudaStream_t s, Pair xla, fl
       }
     });
   }
+  static std::vector<char> junk(64 << 20);
   for (int c = 0; c < calls; ++c) {
+    if (background == "trash") {
+      for (size_t i = 0; i < junk.size(); i += 64) junk[i] = char(c + i);
+    }
     if (background == "wait") {
       CK(cudaEventRecord(other_event, other_stream));
       CK(cudaStreamWaitEvent(s, other_event, 0));
@@ -306,7 +312,7 @@ static void Probe(int n, int calls) {
   CK(cudaStreamDestroy(s));
 }
 
-// Arguments: [bg=none|event|stream|wait] sizes, each N or N:calls (calls odd; default 21),
+// Arguments: [bg=none|event|stream|wait|trash] sizes, each N or N:calls (calls odd; default 21),
 // e.g. bg=event 100:401 1000:201 100000.
 int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&other_stream, cudaStreamNonBlocking));
