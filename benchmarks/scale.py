@@ -30,7 +30,7 @@ buffers off, so every call takes the launch path, and
   no executables);
 - per call of each jit mode, from the native counters: the handler's host time,
   instantiations, executable rebinds and buffer copies;
-- the handler's host time in a burst (:data:`BURST` calls back to back after
+- the handler's host time in a burst (``scale_modes.BURST`` calls back to back after
   the timed rounds): on the first call, which finds XLA's stream idle, and per
   call over the rest, with the graph in flight as in a long ``x = f(x)`` loop.
   A timed round at 100k holds only 3-4 calls, so its mean weighs the first
@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -60,6 +60,8 @@ if __package__ in (None, ""):  # run as a file: import the harness as the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import harness, stats, targets  # noqa: E402
+from benchmarks.scale_modes import (COUNTERS, counted_delta, eager_mode, feedback_mode,  # noqa: E402
+                                    handler_burst, per_call, rotating_mode)
 from benchmarks.scale_report import markdown  # noqa: E402
 from benchmarks.workload import BLOCK, SOURCE  # noqa: E402
 
@@ -72,9 +74,6 @@ DEFAULT_POINTS = tuple((n, p) for n in (10_000, 100_000) for p in PATTERNS)
 XLA_FLAGS = "--xla_gpu_enable_command_buffer="  # off: every call takes the launch path
 ROTATE = 8  # inputs of jit_rotating
 WARMUP = 2 * ROTATE  # untimed calls of each jit mode first (the policy judges after 8 calls)
-BURST = 32  # calls of the handler burst after the first (module docstring)
-COUNTERS = ("instantiate", "rebind", "copy", "node_copy", "to_copy", "handler_calls", "handler_ns", "launch_ns",
-            "copy_ns", "prepare_ns")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -223,7 +222,7 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     start = time.perf_counter()
     got = np.asarray(jax.block_until_ready(f(jnp.asarray(x))))
     out["phases_s"]["first_call"] = time.perf_counter() - start
-    out["first_call_counters"] = _delta(before, counters(), 1)
+    out["first_call_counters"] = counted_delta(before, counters(), 1)
     out["memory"]["first_call"] = _memory()
     out["check"]["first_call"] = _expect(got, x, n)
     xs = [jnp.asarray(_fresh(rng)) for _ in range(ROTATE)]
@@ -238,8 +237,8 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
         return _expect(np.asarray(jax.block_until_ready(y)), x0, 2 * n)
 
     out["check"]["jit_feedback"] = feedback_check()
-    modes = {"eager": _eager_mode(graph, n), "jit_feedback": _feedback_mode(f, xs[0], n),
-             "jit_rotating": _rotating_mode(f_rotating, xs, n)}
+    modes = {"eager": eager_mode(graph, n), "jit_feedback": feedback_mode(f, xs[0], n),
+             "jit_rotating": rotating_mode(f_rotating, xs, n)}
     for key in ("jit_feedback", "jit_rotating"):
         modes[key].run(WARMUP)  # the cache filled and the bind-or-copy policy settled before timing
     for mode in modes.values():
@@ -255,10 +254,10 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
         if key != "eager" and samples[key] and samples["eager"]:
             record["ratio"] = [s / e for s, e in zip(samples[key], samples["eager"])]
         if "counters" in mode.info:
-            record["per_call"] = _per_call(mode.info["counters"], mode.info["calls_counted"])
+            record["per_call"] = per_call(mode.info["counters"], mode.info["calls_counted"])
         out["modes"][key] = record
     for key in ("jit_feedback", "jit_rotating"):
-        out["modes"][key]["burst"] = _handler_burst(modes[key])
+        out["modes"][key]["burst"] = handler_burst(modes[key])
     out["check"]["after"] = feedback_check()  # still exact after the policy had its say
     out["memory"]["end"] = _memory()
     out["bindings"] = [str(b) for b in step.bindings[graph.device]]
@@ -288,124 +287,6 @@ def _capture(kernel: Any, n: int, pattern: str, arrays: list) -> tuple:
             launch(scratch[i % 2], scratch[(i - 1) % 2], ELEMENTS)
         launch(y_s, scratch[(n - 2) % 2], ELEMENTS)
     return g, x_s, y_s
-
-
-def _eager_mode(graph: Any, n: int) -> harness.Mode:
-    import jaxgraph
-
-    def run(calls: int) -> float:
-        jaxgraph.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            graph.replay()
-        jaxgraph.synchronize()
-        return time.perf_counter() - start
-
-    return harness.Mode("eager", run, per_call=n)
-
-
-def _feedback_mode(f: Any, x0: Any, n: int) -> harness.Mode:
-    """``x = f(x)``: XLA's output buffer becomes the next input, so addresses alternate."""
-    def calls_of(calls: int) -> Any:
-        x = x0
-        for _ in range(calls):
-            x = f(x)
-        return x
-
-    return _counted_mode("jit_feedback", n, x0, calls_of)
-
-
-def _rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
-    """``f(xs[i % 8])``, the last 8 results kept: a different input and output address on every call."""
-    ys = [None] * len(xs)  # the last 8 results alive: each call's result lands at a new address too
-    turn = [0]             # the rotation goes on across samples, whatever their calls
-
-    def calls_of(calls: int) -> Any:
-        for _ in range(calls):
-            i = turn[0] = (turn[0] + 1) % len(xs)
-            ys[i] = f(xs[i])
-        return ys
-
-    return _counted_mode("jit_rotating", n, xs, calls_of)
-
-
-def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any]) -> harness.Mode:
-    """A jit mode timing ``calls_of(calls)`` (it returns what to wait for), from ``inputs`` ready to
-    its results ready; each run adds the native counters' change to ``mode.info`` (:func:`_accumulate`)."""
-    import jax
-
-    mode = harness.Mode(key, lambda calls: 0.0, per_call=n)
-
-    def run(calls: int) -> float:
-        from jaxgraph._replay_codes import counters
-
-        jax.block_until_ready(inputs)
-        before = counters()
-        start = time.perf_counter()
-        jax.block_until_ready(calls_of(calls))
-        seconds = time.perf_counter() - start
-        _accumulate(mode, before, counters(), calls)
-        return seconds
-
-    mode.run = run
-    mode.calls_of, mode.inputs = calls_of, inputs  # for _handler_burst
-    return mode
-
-
-def _handler_burst(mode: harness.Mode) -> dict:
-    """The handler's counters on the first call after the device went idle, and per call over the next
-    :data:`BURST` calls, queued while the earlier ones still run."""
-    import jax
-    from jaxgraph._replay_codes import counters
-
-    jax.block_until_ready(mode.inputs)
-    c0 = counters()
-    first = mode.calls_of(1)
-    c1 = _after_handler_calls(c0["handler_calls"] + 1)  # its handler done, its graph still running
-    rest = mode.calls_of(BURST)
-    jax.block_until_ready((first, rest))
-    c2 = counters()
-    if c2["handler_calls"] - c1["handler_calls"] != BURST:
-        raise RuntimeError(f"the burst ran {c2['handler_calls'] - c1['handler_calls']} handler calls, not {BURST}")
-    return {"first": _delta(c0, c1, 1), "steady": _delta(c1, c2, BURST), "calls": BURST}
-
-
-def _after_handler_calls(target: int, timeout_s: float = 30.0) -> dict:
-    """The counters once the handler has run ``target`` calls in all (JAX may call it from another thread)."""
-    from jaxgraph._replay_codes import counters
-
-    deadline = time.perf_counter() + timeout_s
-    while (now := counters())["handler_calls"] < target:
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"the replay handler did not run within {timeout_s} s")
-        time.sleep(0)
-    return now
-
-
-def _accumulate(mode: harness.Mode, before: dict, after: dict, calls: int) -> None:
-    """Add the counters of a timed sample (not calibration runs) to ``mode.info``."""
-    if "counters" not in mode.info:
-        return
-    for c in COUNTERS:
-        mode.info["counters"][c] += after.get(c, 0) - before.get(c, 0)
-    mode.info["calls_counted"] += calls
-
-
-def _per_call(totals: dict, calls: int) -> dict:
-    """Counters per jitted call; the handler's host time in us per handler call."""
-    if calls == 0:
-        return {}
-    out = {c: totals.get(c, 0) / calls for c in ("instantiate", "rebind", "copy", "node_copy", "to_copy")}
-    if totals["handler_calls"]:
-        out["handler_us"] = totals["handler_ns"] / totals["handler_calls"] / 1e3
-        out["launch_us"] = totals["launch_ns"] / totals["handler_calls"] / 1e3  # inside cudaGraphLaunch
-        out["copy_us"] = totals["copy_ns"] / totals["handler_calls"] / 1e3  # inside cudaMemcpyAsync
-        out["prepare_us"] = totals.get("prepare_ns", 0) / totals["handler_calls"] / 1e3  # choosing the executable
-    return out
-
-
-def _delta(before: dict, after: dict, calls: int) -> dict:
-    return _per_call({c: after.get(c, 0) - before.get(c, 0) for c in COUNTERS}, calls)
 
 
 def _memory() -> dict:
