@@ -22,6 +22,7 @@ COUNTERS = ("instantiate", "rebind", "copy", "node_copy", "to_copy", "handler_ca
 
 
 def eager_mode(graph: Any, n: int) -> harness.Mode:
+    """``g.replay()`` back to back, from an idle device to the last replay done: the floor."""
     import jaxgraph
 
     def run(calls: int) -> float:
