@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -46,10 +47,11 @@ enum class ReplayPath : int {
 };
 // Their names, by code (codes() and counters() in replay.cc).
 inline constexpr const char* kPathNames[] = {"launch", "splice_nodes", "splice_whole", "uncaptured_launch"};
+inline constexpr int kPaths = static_cast<int>(std::size(kPathNames));
 
 // How the handlers ran graphs, for tests and profiles.
 struct ReplayCounters {
-  std::atomic<int64_t> paths[4] = {0, 0, 0, 0};  // calls per ReplayPath
+  std::atomic<int64_t> paths[kPaths] = {};  // calls per ReplayPath
   std::atomic<int64_t> rebind{0};        // kernel-node argument updates in executables
   std::atomic<int64_t> instantiate{0};   // executables made
   std::atomic<int64_t> copy{0};          // buffers copied in or out

@@ -388,7 +388,7 @@ NB_MODULE(_replay, m) {
     binding["copied"] = static_cast<int>(BindMode::kCopied);
     binding["unused"] = static_cast<int>(BindMode::kUnused);
     binding["copied_by_cost"] = static_cast<int>(BindMode::kCopiedByCost);
-    for (int p = 0; p < 4; ++p) path[kPathNames[p]] = p;
+    for (int p = 0; p < kPaths; ++p) path[kPathNames[p]] = p;
     capture["auto"] = static_cast<int>(CapturePolicy::kAuto);
     capture["bind"] = static_cast<int>(CapturePolicy::kBind);
     capture["copy"] = static_cast<int>(CapturePolicy::kCopy);
@@ -400,7 +400,7 @@ NB_MODULE(_replay, m) {
   }, "The codes describe_bindings and describe_graph use, by name.");
   m.def("counters", []() {
     nb::dict c;
-    for (int p = 0; p < 4; ++p) c[kPathNames[p]] = counters.paths[p].load();
+    for (int p = 0; p < kPaths; ++p) c[kPathNames[p]] = counters.paths[p].load();
     const std::pair<const char*, const std::atomic<int64_t>*> others[] = {
         {"instantiate", &counters.instantiate}, {"rebind", &counters.rebind}, {"copy", &counters.copy},
         {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},
