@@ -271,13 +271,13 @@ def _handler(results: dict) -> tuple[str, str]:
         total, launch, copy = pc["handler_us"], pc.get("launch_us", 0.0), pc.get("copy_us", 0.0)
         prepare = pc.get("prepare_us")  # recorded from 4f5a08b on
         chose = "" if prepare is None else f" and choosing the executable {verdicts.fmt(prepare)} us"
-        text = (f"{p['pattern']}: {verdicts.fmt(total)} us, of which cudaGraphLaunch {verdicts.fmt(launch)} us "
-                f"({launch / total:.0%}), copies {verdicts.fmt(copy)} us{chose}; the rest "
+        over = f"per call over {burst['calls']} calls after the first " if burst else ""
+        text = (f"{p['pattern']}: {over}{verdicts.fmt(total)} us, of which cudaGraphLaunch {verdicts.fmt(launch)} "
+                f"us ({launch / total:.0%}), copies {verdicts.fmt(copy)} us{chose}; the rest "
                 f"{verdicts.fmt(total - launch - copy - (prepare or 0.0))} us")
         if burst:
-            text = (f"{p['pattern']}: per call over {burst['calls']} calls after the first " + text.split(": ", 1)[1]
-                    + f" (the first call, on an idle device: {verdicts.fmt(burst['first']['handler_us'])} us; "
-                    f"the timed rounds' mean: {verdicts.fmt(rounds.get('handler_us'))} us)")
+            text += (f" (the first call, on an idle device: {verdicts.fmt(burst['first']['handler_us'])} us; "
+                     f"the timed rounds' mean: {verdicts.fmt(rounds.get('handler_us'))} us)")
         parts.append(text)
         ok[p["pattern"]], how[p["pattern"]] = total < 20.0, f"{verdicts.fmt(total)} us"
     return _with_missing(results, "`jit_feedback`, per call: " if parts else "", parts, ok, how)
