@@ -34,7 +34,10 @@
 // 3.5-13 us per cudaMemcpyAsync of 4 KB (results/nvidia-h100-80gb-hbm3-run*.json
 // and -scale.json at ef0ef12), where the model had assumed 1.5 us. At those
 // prices a buffer with one site is cheaper to follow by a rewrite (one
-// kernel argument, ~4 us, and nothing added on the device) than to copy.
+// kernel argument, ~4 us, and nothing added on the device) than to copy. Not
+// in a graph that copies by nodes of its executable (copy_nodes.h): there a
+// copy costs the host one stored address, so a buffer whose address keeps
+// missing switches to copying even with one site.
 //
 // Each decision leaves its reason, with the figures, in the buffer's binding
 // (BindMode::kCopiedByCost), which Replayable.bindings shows.
@@ -102,9 +105,9 @@ inline double MissNs(size_t sites, double site_ns, double fresh_ns) {
 // buffer's address in no executable and no room for another (so one was
 // replaced): copy when the misses cost more per call than the copy, by enough
 // that kMissWindow calls of the difference pay for the switch itself
-// (`switch_ns`: a graph copying by nodes makes its executable afresh, 0.8-1.8 s
-// at 100k kernels, where a one-site buffer's rewrite and its copy by node cost
-// about the same: scale run at 0ec63b4, tests/GPU_RESULTS.md).
+// (`switch_ns`: what the switch itself costs. Adapt passes nothing: a large
+// graph's copy nodes are in its executables from registration, copy_nodes.h,
+// where adding them later made the executable afresh, 0.8-1.8 s at 100k).
 inline bool CopyAfterMisses(uint32_t misses, uint64_t calls, size_t sites, double site_ns, double copy_ns,
                             double fresh_ns = -1, double switch_ns = 0) {
   if (calls < kWarmCalls || misses < kMinMisses) return false;
@@ -130,8 +133,11 @@ inline std::vector<size_t> SameArray(const DeviceGraph& g, size_t i) {
 // Copies per call if the array of buffer `i` were copied: in for inputs, out for outputs.
 inline double CopyCost(const DeviceGraph& g, size_t i) {
   double ns = 0;
-  double host = WantsCopyNodes(g) ? kCopyNodeHostNs : CopyHostNs();  // a copy node, or cudaMemcpyAsync
-  for (size_t j : SameArray(g, i)) ns += CopyNs(g.buffers[j].bytes, host);
+  for (size_t j : SameArray(g, i)) {
+    // A copy node runs on every call, copying or not: copying adds its address and the bytes.
+    ns += HasCopyNodes(g) ? CopyNs(g.buffers[j].bytes, kRingCopyHostNs) - kCopyDeviceNs
+                          : CopyNs(g.buffers[j].bytes, CopyHostNs());
+  }
   return ns;
 }
 
@@ -192,18 +198,7 @@ inline ffi::Error SwitchToCopy(DeviceGraph* g, size_t i, const std::string& why)
                                 [&](size_t j) { return std::find(group.begin(), group.end(), j) != group.end(); }),
                  g->bound.end());
   counters.to_copy.fetch_add(1, std::memory_order_relaxed);
-  // A large graph copies by nodes of its executable (copy_nodes.h): the ones
-  // kept lack them, so they go, and the next call makes one that has them.
-  bool added = false;
-  if (WantsCopyNodes(*g)) {
-    for (size_t j : group) added |= AddCopyNode(g, j);
-  }
-  if (added) {
-    for (ExecSlot& slot : g->slots) cudaGraphExecDestroy(slot.exec);
-    g->slots.clear();
-    IndexSlots(g);
-    return e;
-  }
+  // (A large graph's copy nodes are in its executables already: copy_nodes.h.)
   // Executables pointing the array elsewhere: a few sites are rewritten in
   // place, else they are dropped (instantiating one afresh costs less than
   // rewriting many). Executables that differed only there now hold the same
@@ -273,8 +268,7 @@ inline ffi::Error Adapt(DeviceGraph* g) {
     const Binding& b = g->buffers[i];
     if (b.mode != BindMode::kBound || g->misses[i] < kMinMisses) continue;  // switched already, or no cause
     double copy = CopyCost(*g, i);
-    double switch_ns = WantsCopyNodes(*g) ? FreshNs(*g) : 0.0;  // copy nodes: a fresh executable (copy_nodes.h)
-    if (!CopyAfterMisses(g->misses[i], g->recent_calls, b.sites.size(), g->site_ns, copy, g->fresh_ns, switch_ns)) {
+    if (!CopyAfterMisses(g->misses[i], g->recent_calls, b.sites.size(), g->site_ns, copy, g->fresh_ns)) {
       continue;
     }
     double rewrite = SiteNs(*g) * static_cast<double>(b.sites.size());

@@ -1,33 +1,34 @@
-// Copies inside the executable: a copied buffer of a large graph is copied by
-// a memcpy node of the graph (an input's before its first kernels, an output's
-// after its last), pointed at each call's XLA buffer, instead of by a
-// cudaMemcpyAsync before or after the launch. Included by bind_policy.h.
+// Copies inside the executable: each static buffer of a large graph has a
+// copy node in the graph (an input's before its first kernels, an output's
+// after its last), a kernel that reads the call's XLA address from the graph's
+// address ring (copy_ring.h) and copies, or returns at once where the entry
+// holds 0 (a bound buffer). A last node frees the call's entry. Included by
+// bind_policy.h.
 //
-// Why: on the H100 (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md,
-// session 4) a 4 KB cudaMemcpyAsync took 5.5-8 us of host time, alone or with
-// JAX up, while pointing a memcpy node of a 100k-kernel executable at a new
-// address took 0.5-2 us. In the handler (benchmarks/scale.py, in-place state,
-// XLA's buffers alternating, so both nodes are aimed anew on every call) the
-// call went from 30.2 to 25.7 us at 100k kernels and from 19.7 to 12.1 us at
-// 10k (scale runs at ef0ef12 and 7155474); a call whose addresses repeat
-// launches and copies nothing itself. Only graphs whose executables are
-// launchable from the device (thousands of kernels: device_graph.h) get them:
-// there the handler's host time per call is what matters, and they keep one
-// executable (exec_cache.h).
+// Why: on the H100 a 4 KB cudaMemcpyAsync took 5.5-8 us of host time
+// (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md, session 4), and
+// memcpy nodes aimed at each call's buffers, as here before, took two
+// cudaGraphExecMemcpyNodeSetParams1D per call once XLA alternated its buffers:
+// 4.3-7.1 us of a 15-22 us call at 100k kernels (scale runs at 7112b1b). A
+// call now writes its addresses to pinned memory and launches. Only graphs
+// whose executables are launchable from the device (thousands of kernels:
+// device_graph.h) get the nodes: there each copy node's few microseconds on
+// the device are lost in milliseconds of kernels, the handler's host time is
+// what matters, and they keep one executable (exec_cache.h). Every buffer
+// gets its node at registration, bound or not, so switching one to copying
+// changes nothing in the executable (bind_policy.h).
 //
-// The template's copy nodes hold placeholders (the static array onto itself)
-// and are never launched so: each executable records what its nodes point at
-// (ExecSlot::copy_addr, 0 for a placeholder) and a launch points them at the
-// call's buffers first. The nodes stay out of XLA's recordings: the node by
-// node splice takes the template's nodes as ordered at registration (before
-// any copy node), and a whole splice takes a clone without them; both copy on
-// the stream as before.
+// The nodes stay out of XLA's recordings: the node by node splice takes the
+// template's nodes as ordered at registration (before any copy node), and a
+// whole splice takes a clone without them; both copy on the stream.
 
 #ifndef JAXGRAPH_FFI_COPY_NODES_H_
 #define JAXGRAPH_FFI_COPY_NODES_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -35,25 +36,25 @@
 
 namespace jaxgraph {
 
-// Host ns to point one copy node of an executable at a new address, the
-// slower launch after it included: the model's price of a copy by node when
-// the address keeps changing. Alone 0.5-2 us at 100k kernels (above); in the
-// handler 2-6 us at 10k-100k (benchmarks/scale.py at 7155474, XLA's buffers
-// alternating: 3.7-12 us for two, and launches 1.7-5 us slower), about what
-// rewriting one kernel argument costs there (4.1-4.5 us), which also adds no
-// copy on the device: a buffer with one site stays bound.
-constexpr double kCopyNodeHostNs = 4000.0;
+// The copy nodes' kernels, loaded in the graph's device's context (Python:
+// jaxgraph/_copy_ring.py): jaxgraph_ring_copy and jaxgraph_ring_advance.
+struct RingKernels {
+  uint64_t copy = 0;
+  uint64_t advance = 0;
+};
 
-// Whether `g`'s copied buffers are copied by nodes of its executables.
-inline bool WantsCopyNodes(const DeviceGraph& g) {
-  return g.device_launchable && g.conditionals == 0 && !g.borrowed_exec;
-}
+// Host ns a call spends on one copied buffer: one address stored in the ring
+// (a store to pinned memory; not measured, the model's price).
+constexpr double kRingCopyHostNs = 100.0;
 
-inline bool HasCopyNodes(const DeviceGraph& g) {
-  for (cudaGraphNode_t node : g.copy_nodes) {
-    if (node != nullptr) return true;
-  }
-  return false;
+// Whether `g`'s buffers are copied by nodes of its executables (from registration on).
+inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
+
+// Buffers copied by nodes on a launch now: the ones not bound.
+inline size_t NodeCopied(const DeviceGraph& g) {
+  size_t n = 0;
+  for (size_t i = 0; i < g.copy_nodes.size(); ++i) n += g.copy_nodes[i] != nullptr && g.buffers[i].Moves();
+  return n;
 }
 
 // The template's nodes with no dependency (`roots`) or no dependent (else).
@@ -82,55 +83,97 @@ inline cudaError_t EndNodes(cudaGraph_t graph, bool roots, std::vector<cudaGraph
   return cudaSuccess;
 }
 
-// Adds buffer `i`'s copy node to the template: an input's before every root, an
-// output's after every leaf, at placeholder addresses. Returns false, the
-// template as it was, where CUDA refuses (the buffer is then copied on the stream).
-inline bool AddCopyNode(DeviceGraph* g, size_t i) {
-  auto graph = reinterpret_cast<cudaGraph_t>(g->graph);
-  bool input = i < g->num_inputs;
-  std::vector<cudaGraphNode_t> ends;
-  if (EndNodes(graph, input, &ends) != cudaSuccess || ends.empty()) {
-    cudaGetLastError();
-    return false;
-  }
-  void* array = reinterpret_cast<void*>(g->buffers[i].base);
-  cudaGraphNode_t node = nullptr;
-  const cudaGraphNode_t* deps = input ? nullptr : ends.data();
-  cudaError_t err = cudaGraphAddMemcpyNode1D(&node, graph, deps, input ? 0 : ends.size(), array, array,
-                                             g->buffers[i].bytes, cudaMemcpyDeviceToDevice);
-  if (err == cudaSuccess && input) {
-    std::vector<cudaGraphNode_t> from(ends.size(), node);
-    err = cudaGraphAddDependencies(graph, from.data(), ends.data(), nullptr, ends.size());
-    if (err != cudaSuccess) cudaGraphDestroyNode(node);
-  }
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  g->copy_nodes[i] = node;
-  return true;
+// One kernel node of `function` after `deps` with these arguments (values
+// the driver copies), or nullptr with the error in `why`.
+inline cudaGraphNode_t AddKernel(cudaGraph_t graph, uint64_t function, const std::vector<cudaGraphNode_t>& deps,
+                                 unsigned blocks, unsigned threads, std::vector<void*> args, std::string* why) {
+  CUDA_KERNEL_NODE_PARAMS params;
+  std::memset(&params, 0, sizeof(params));
+  params.func = reinterpret_cast<CUfunction>(function);
+  params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
+  params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
+  params.kernelParams = args.data();
+  CUgraphNode node = nullptr;
+  CUresult r = DriverApi::Get().add_kernel(&node, reinterpret_cast<CUgraph>(graph),
+                                           reinterpret_cast<const CUgraphNode*>(deps.data()), deps.size(), &params);
+  if (r != CUDA_SUCCESS) *why = DriverError("cuGraphAddKernelNode", r);
+  return r == CUDA_SUCCESS ? reinterpret_cast<cudaGraphNode_t>(node) : nullptr;
 }
 
-// Points `slot`'s copy nodes at this call's buffers where they point elsewhere.
-inline ffi::Error AimCopyNodes(DeviceGraph* g, ExecSlot* slot, const std::vector<uint64_t>& addresses) {
-  int64_t copies = 0;
-  for (size_t i = 0; i < g->copy_nodes.size(); ++i) {
-    if (g->copy_nodes[i] == nullptr) continue;
-    ++copies;
-    if (slot->copy_addr[i] == addresses[i]) continue;
-    void* xla = reinterpret_cast<void*>(addresses[i]);
-    void* array = reinterpret_cast<void*>(g->buffers[i].base);
-    bool input = i < g->num_inputs;
-    cudaError_t err = cudaGraphExecMemcpyNodeSetParams1D(slot->exec, g->copy_nodes[i], input ? array : xla,
-                                                         input ? xla : array, g->buffers[i].bytes,
-                                                         cudaMemcpyDeviceToDevice);
-    if (err != cudaSuccess) {  // the node may point anywhere now: the executable cannot be launched
-      slot->copy_addr[i] = 0;
-      return ffi::Error::Internal(RuntimeError("cudaGraphExecMemcpyNodeSetParams1D", err));
-    }
-    slot->copy_addr[i] = addresses[i];
-    counters.copy_node_set.fetch_add(1, std::memory_order_relaxed);
+// Blocks of 256 threads for copying `bytes` 16 at a time, 8 per thread, at most 1024.
+inline unsigned CopyBlocks(uint64_t bytes) {
+  uint64_t blocks = (bytes + 256 * 16 * 8 - 1) / (256 * 16 * 8);
+  return static_cast<unsigned>(std::clamp<uint64_t>(blocks, 1, 1024));
+}
+
+// Gives every buffer of `g` its copy node and the graph its advance node, fed
+// by a new ring. Returns "" or why not (the template then as it was, the
+// buffers copied on the stream).
+inline std::string AddCopyNodes(DeviceGraph* g, const RingKernels& kernels) {
+  auto graph = reinterpret_cast<cudaGraph_t>(g->graph);
+  if (!DriverApi::Get().add_kernel) return "the driver lacks cuGraphAddKernelNode";
+  std::vector<cudaGraphNode_t> roots, leaves, added;
+  if (EndNodes(graph, true, &roots) != cudaSuccess || EndNodes(graph, false, &leaves) != cudaSuccess ||
+      roots.empty()) {
+    cudaGetLastError();
+    return "its roots and leaves could not be read";
   }
+  if (std::string why = g->ring.Allocate(static_cast<uint64_t>(copy_ring_slots.load()), g->buffers.size());
+      !why.empty()) {
+    return why;
+  }
+  std::string why;
+  uint64_t ring = reinterpret_cast<uint64_t>(g->ring.entries()), slots = g->ring.slots, stride = g->ring.stride;
+  uint64_t seq = reinterpret_cast<uint64_t>(g->ring.seq), done = reinterpret_cast<uint64_t>(g->ring.host);
+  std::vector<cudaGraphNode_t> nodes(g->buffers.size(), nullptr), outs;
+  for (size_t i = 0; i < g->buffers.size() && why.empty(); ++i) {
+    uint64_t index = i, array = g->buffers[i].base, bytes = g->buffers[i].bytes;
+    int out = i < g->num_inputs ? 0 : 1;
+    if (bytes == 0) continue;
+    nodes[i] = AddKernel(graph, kernels.copy, out ? leaves : std::vector<cudaGraphNode_t>{}, CopyBlocks(bytes), 256,
+                         {&ring, &slots, &stride, &seq, &index, &array, &bytes, &out}, &why);
+    if (nodes[i] == nullptr) break;
+    added.push_back(nodes[i]);
+    if (out) {
+      outs.push_back(nodes[i]);
+    } else {  // before every root
+      std::vector<cudaGraphNode_t> from(roots.size(), nodes[i]);
+      cudaError_t err = cudaGraphAddDependencies(graph, from.data(), roots.data(), nullptr, roots.size());
+      if (err != cudaSuccess) why = RuntimeError("cudaGraphAddDependencies", err);
+    }
+  }
+  cudaGraphNode_t advance = nullptr;
+  if (why.empty()) advance = AddKernel(graph, kernels.advance, outs.empty() ? leaves : outs, 1, 1, {&seq, &done}, &why);
+  if (advance == nullptr) {
+    for (cudaGraphNode_t node : added) cudaGraphDestroyNode(node);
+    cudaGetLastError();
+    g->ring.Release(g->device);
+    return why;
+  }
+  g->copy_nodes = nodes;
+  g->ring_advance = advance;
+  return "";
+}
+
+// Writes this call's addresses into the ring entry the next launch takes: a
+// copied buffer's XLA address, 0 for a bound one (its node copies nothing).
+// Call Launched() on the ring after the launch succeeds.
+inline ffi::Error WriteRingEntry(DeviceGraph* g, const std::vector<uint64_t>& addresses) {
+  bool waited = false;
+  uint64_t* entry = g->ring.NextEntry(&waited);
+  if (waited) counters.ring_wait.fetch_add(1, std::memory_order_relaxed);
+  if (entry == nullptr) {
+    return ffi::Error::Internal("jaxgraph_replay: the graph's " + std::to_string(g->ring.slots) + " calls in flight "
+                                "did not finish within " + std::to_string(static_cast<int>(kCopyRingWaitSeconds)) +
+                                " s (the device stopped making progress?)");
+  }
+  int64_t copies = 0;
+  for (size_t i = 0; i < g->buffers.size(); ++i) {
+    bool copied = g->copy_nodes[i] != nullptr && g->buffers[i].Moves();
+    entry[i] = copied ? addresses[i] : 0;
+    copies += copied;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the entry before the launch that reads it
   if (copies > 0) counters.node_copy.fetch_add(copies, std::memory_order_relaxed);
   return ffi::Error::Success();
 }
@@ -143,7 +186,9 @@ inline cudaGraph_t CloneWithoutCopyNodes(const DeviceGraph& g) {
     cudaGetLastError();
     return nullptr;
   }
-  for (cudaGraphNode_t node : g.copy_nodes) {
+  std::vector<cudaGraphNode_t> ours(g.copy_nodes);
+  ours.push_back(g.ring_advance);
+  for (cudaGraphNode_t node : ours) {
     cudaGraphNode_t twin = nullptr;
     if (node == nullptr) continue;
     if (cudaGraphNodeFindInClone(&twin, node, clone) != cudaSuccess || cudaGraphDestroyNode(twin) != cudaSuccess) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common.h"
+#include "copy_ring.h"
 #include "graph_binding.h"
 #include "graph_splice.h"
 
@@ -63,8 +64,8 @@ struct ReplayCounters {
   std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
   std::atomic<int64_t> copy_ns{0};        // the part of handler_ns inside cudaMemcpyAsync
   std::atomic<int64_t> prepare_ns{0};     // the part of handler_ns choosing the executable (PrepareExec)
-  std::atomic<int64_t> node_copy{0};      // buffers copied by memcpy nodes of the executable (copy_nodes.h)
-  std::atomic<int64_t> copy_node_set{0};  // those nodes pointed at a new address
+  std::atomic<int64_t> node_copy{0};      // buffers copied by copy nodes of the executable (copy_nodes.h)
+  std::atomic<int64_t> ring_wait{0};      // launches that waited for a free entry of the ring (copy_ring.h)
 
   void Count(ReplayPath path) { paths[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
 };
@@ -78,7 +79,6 @@ struct ExecSlot {
   uint64_t last_use = 0;  // 0: never launched
   uint64_t launches = 0;  // since it took these addresses
   size_t updated = 0;     // kernels updated in place since it was instantiated (each runs slower)
-  std::vector<uint64_t> copy_addr;  // per buffer: the XLA address its copy node points at (0: none yet)
 };
 
 // Executables kept per graph and device, at most (exec_cache.h: fewer when
@@ -136,7 +136,9 @@ struct DeviceGraph {
   std::vector<uint64_t> static_addr;    // per buffer: its static array
   std::vector<uint64_t> template_addr;  // per buffer: where the clone's nodes point now
   std::vector<uint64_t> nodes_addr;     // per bound buffer: where the argument copies in `nodes` point
-  std::vector<cudaGraphNode_t> copy_nodes;  // per buffer: its memcpy node in the clone, or null (copy_nodes.h)
+  std::vector<cudaGraphNode_t> copy_nodes;  // per buffer: its copy node in the clone, or null (copy_nodes.h)
+  cudaGraphNode_t ring_advance = nullptr;   // the node after all others that frees the call's ring entry
+  CopyRing ring;                            // the addresses copy nodes read, one entry per call in flight
   std::vector<ExecSlot> slots;     // reserved for kMaxExecs: a slot never moves while others are added
   std::unordered_map<uint64_t, size_t> slot_of;  // BoundKey -> index in slots (IndexSlots)
   uint64_t calls = 0;
@@ -160,6 +162,7 @@ struct DeviceGraph {
       if (!borrowed_exec) cudaGraphExecDestroy(slot.exec);
     }
     if (graph != nullptr && owns_graph) cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph));
+    ring.Release(device);
   }
 };
 
@@ -251,7 +254,6 @@ inline ExecSlot& AddSlot(DeviceGraph* g) {
   ExecSlot slot;
   slot.exec = Instantiate(g);
   slot.addr = g->template_addr;
-  slot.copy_addr.assign(g->buffers.size(), 0);  // copy nodes at their placeholders
   slot.key = BoundKey(*g, slot.addr);
   g->slots.push_back(std::move(slot));
   g->slot_of[g->slots.back().key] = g->slots.size() - 1;
@@ -355,7 +357,6 @@ inline ffi::Error InstantiateAt(DeviceGraph* g, const std::vector<uint64_t>& add
   (*slot)->last_use = 0;
   (*slot)->launches = 0;
   (*slot)->updated = 0;
-  (*slot)->copy_addr.assign(g->buffers.size(), 0);
   IndexSlots(g);
   return ffi::Error::Success();
 }

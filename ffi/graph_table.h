@@ -61,6 +61,7 @@ struct RegisterOptions {
   bool bind = true;                // false: copy every buffer (bind="copy")
   bool drop_unreferenced = false;  // leave out inputs nothing in the graph refers to
   uint64_t borrowed_exec = 0;      // the CUDAGraph's executable, for a conditional graph
+  RingKernels ring;                // the copy nodes' kernels (none: copies on the stream)
 };
 
 // Pairs each input with the output of the same static buffer (XLA aliases
@@ -202,11 +203,11 @@ inline std::unique_ptr<DeviceGraph> BuildDeviceGraph(int device, uint64_t graph,
     kernels = 0;
   }
   g->device_launchable = launchable_from >= 0 && kernels >= static_cast<size_t>(launchable_from);
-  // Buffers copied already (asked for, or unsafe to bind) of a graph that
-  // copies by nodes of its executable: their nodes now, before it is made.
-  if (WantsCopyNodes(*g)) {
-    for (size_t i = 0; i < g->buffers.size(); ++i) {
-      if (g->buffers[i].Moves() && g->buffers[i].bytes > 0) AddCopyNode(g.get(), i);
+  // Such a graph copies its buffers by nodes of its executable, fed by a ring
+  // of addresses (copy_nodes.h): every buffer's node now, before it is made.
+  if (g->device_launchable && options.ring.copy != 0 && options.ring.advance != 0) {
+    if (std::string why = AddCopyNodes(g.get(), options.ring); !why.empty()) {
+      g->launch_note = "its copied buffers are copied on the stream, not by nodes of its executable: " + why;
     }
   }
   // A graph kept as one executable whatever it weighs chooses first, so that

@@ -156,10 +156,13 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
     auto start = Clock::now();
     Prepared prepared;
     if (auto e = PrepareExec(g, addresses, &prepared); e.failure()) return e;
-    if (auto e = AimCopyNodes(g, prepared.slot, addresses); e.failure()) return e;
+    if (HasCopyNodes(*g)) {
+      if (auto e = WriteRingEntry(g, addresses); e.failure()) return e;
+    }
     auto launched = Clock::now();
     err = cudaGraphLaunch(prepared.slot->exec, stream);
     if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaGraphLaunch", err));
+    if (HasCopyNodes(*g)) g->ring.Launched();
     auto end = Clock::now();
     counters.launch_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(end - launched).count(),
                                  std::memory_order_relaxed);
@@ -239,7 +242,8 @@ std::tuple<int64_t, std::vector<bool>> RegisterFromPython(int64_t id, int device
                                                           const AliasList& aliases, const KernelFlags& kernels,
                                                           bool bind, bool trust_foreign, bool drop_unreferenced,
                                                           const std::vector<uint64_t>& bodies,
-                                                          uint64_t borrowed_exec) {
+                                                          uint64_t borrowed_exec,
+                                                          const std::vector<uint64_t>& ring_kernels) {
   RegisterOptions options;
   options.scan.kernels = &kernels;
   options.scan.trust_foreign = trust_foreign;
@@ -247,6 +251,10 @@ std::tuple<int64_t, std::vector<bool>> RegisterFromPython(int64_t id, int device
   options.bind = bind;
   options.drop_unreferenced = drop_unreferenced;
   options.borrowed_exec = borrowed_exec;
+  if (!ring_kernels.empty() && ring_kernels.size() != 2) {
+    throw std::invalid_argument("ring_kernels: (copy, advance) CUfunctions, or none");
+  }
+  if (ring_kernels.size() == 2) options.ring = RingKernels{ring_kernels[0], ring_kernels[1]};
   auto [out_id, kept] = RegisterGraph(id, device, graph, inputs, outputs, aliases, options);
   return {out_id, kept};
 }
@@ -297,7 +305,7 @@ NB_MODULE(_replay, m) {
   m.def("register_graph", &RegisterFromPython, nb::arg("id"), nb::arg("device"), nb::arg("graph"),
         nb::arg("inputs"), nb::arg("outputs"), nb::arg("aliases"), nb::arg("kernels"),
         nb::arg("bind"), nb::arg("trust_foreign"), nb::arg("drop_unreferenced"), nb::arg("bodies"),
-        nb::arg("borrowed_exec"),
+        nb::arg("borrowed_exec"), nb::arg("ring_kernels") = std::vector<uint64_t>{},
         "Enter a captured graph for one device (a clone, or the template itself when it has "
         "conditional nodes), find how its static buffers (address, bytes) bind to XLA's; return "
         "(table id, which inputs stay operands). `id` <= 0 asks for a new id. `aliases`: (input, "
@@ -305,7 +313,9 @@ NB_MODULE(_replay, m) {
         "read-only pointer) of the kernels jaxgraph launched; `trust_foreign`: bind outputs that "
         "other kernels receive; `drop_unreferenced`: leave out inputs nothing refers to; `bodies`: "
         "the conditional bodies the capture made; `borrowed_exec`: the CUDAGraph's executable, "
-        "shared where CUDA allows one executable of a conditional graph.");
+        "shared where CUDA allows one executable of a conditional graph; `ring_kernels`: the copy nodes' "
+        "(copy, advance) CUfunctions in the device's context, for a graph large enough to copy by nodes "
+        "(none: its copies go on the stream).");
   m.def("unregister_graph", &UnregisterGraph, nb::arg("id"), nb::arg("device") = -1,
         "Retire a graph id on `device` (every device when < 0); idempotent.");
   m.def("detach_graph", &DetachGraph, nb::arg("id"), nb::arg("device") = -1,
@@ -333,19 +343,24 @@ NB_MODULE(_replay, m) {
     d["instantiate_ns"] = g->fresh_ns;
     d["device_launchable"] = g->device_launchable;
     d["launch_note"] = g->launch_note;
-    size_t copy_nodes = 0;
-    for (cudaGraphNode_t node : g->copy_nodes) copy_nodes += node != nullptr ? 1 : 0;
-    d["copy_nodes"] = copy_nodes;
+    d["copy_nodes"] = NodeCopied(*g);
     return d;
   }, nb::arg("id"), nb::arg("device"),
      "How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), "
      "'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', "
-     "'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by memcpy nodes of the "
+     "'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by copy nodes of the "
      "executable); what it holds: "
      "'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at "
      "registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the "
      "process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, "
      "measured; -1 not yet).");
+  m.def("set_copy_ring_slots", [](int64_t slots) {
+    if (slots < 1) throw std::invalid_argument("copy ring slots must be >= 1, got " + std::to_string(slots));
+    return copy_ring_slots.exchange(slots);
+  }, nb::arg("slots"), "Calls of one graph in flight before the handler waits for the device, for graphs "
+     "registered from now on (their copy nodes' address ring, ffi/copy_ring.h); returns the previous value. For tests.");
+  m.def("device_launch_nodes", []() { return device_launch_nodes.load(); },
+        "The kernel nodes from which a graph gets device-launchable executables and copy nodes (< 0: never).");
   m.def("set_device_launch_nodes", [](int64_t nodes) { return device_launch_nodes.exchange(nodes); },
         nb::arg("nodes"), "Graphs registered from now on with at least `nodes` kernel nodes get device-launchable "
         "executables (< 0: none); returns the previous threshold. For tests and benchmarks.");
@@ -406,12 +421,12 @@ NB_MODULE(_replay, m) {
         {"to_copy", &counters.to_copy}, {"evict", &counters.evict}, {"refresh", &counters.refresh},
         {"handler_calls", &counters.handler_calls}, {"handler_ns", &counters.handler_ns},
         {"launch_ns", &counters.launch_ns}, {"copy_ns", &counters.copy_ns}, {"prepare_ns", &counters.prepare_ns},
-        {"node_copy", &counters.node_copy}, {"copy_node_set", &counters.copy_node_set}};
+        {"node_copy", &counters.node_copy}, {"ring_wait", &counters.ring_wait}};
     for (const auto& [name, value] : others) c[name] = value->load();
     return c;
   }, "How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, "
      "uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies on the stream "
-     "(copy) and by memcpy nodes of the executable (node_copy; copy_node_set: those nodes pointed anew), "
+     "(copy) and by copy nodes of the executable (node_copy; ring_wait: launches that waited for the ring), "
      "bound buffers switched to copying by cost, executables replaced for want of room (evict), "
      "executables rewritten in place made afresh when hit again (refresh); handler calls and their "
      "total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and "

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from . import _driver, _memory
+from ._copy_ring import ring_functions
 from ._native import native, register_ffi_targets
 from ._replay_codes import BufferBinding, binding_from_row, paths_from_codes
 
@@ -173,8 +174,9 @@ class GraphInfo(NamedTuple):
     the device (graphs of thousands of kernels: the handler still launches
     them from the host, where their launch costs a small constant instead of
     time per node); ``launch_note`` says why not when CUDA refused that.
-    ``copy_nodes``: copied buffers such a graph copies by memcpy nodes of its
-    executable (pointed at each call's buffers) instead of on the stream.
+    ``copy_nodes``: copied buffers such a graph copies by copy nodes of its
+    executable (which find each call's buffers in an address ring the handler
+    fills: ``jaxgraph._copy_ring``) instead of on the stream.
     """
 
     paths: tuple
@@ -225,7 +227,7 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
         graph_id, source.device, source.template, [(a.ptr, a.nbytes) for a in inputs],
         [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
         bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
-        int(source.exec))
+        int(source.exec), ring_functions(source.device, source.template))
     return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
 
 

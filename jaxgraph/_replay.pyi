@@ -12,9 +12,9 @@ def cpu_registrations() -> dict:
     FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.
     """
 
-def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], aliases: Sequence[tuple[int, int]], kernels: Mapping[int, str], bind: bool, trust_foreign: bool, drop_unreferenced: bool, bodies: Sequence[int], borrowed_exec: int) -> tuple[int, list[bool]]:
+def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], aliases: Sequence[tuple[int, int]], kernels: Mapping[int, str], bind: bool, trust_foreign: bool, drop_unreferenced: bool, bodies: Sequence[int], borrowed_exec: int, ring_kernels: Sequence[int] = []) -> tuple[int, list[bool]]:
     """
-    Enter a captured graph for one device (a clone, or the template itself when it has conditional nodes), find how its static buffers (address, bytes) bind to XLA's; return (table id, which inputs stay operands). `id` <= 0 asks for a new id. `aliases`: (input, output) pairs the caller aliases in XLA; `kernels`: handle -> one flag per parameter ('r' read-only pointer) of the kernels jaxgraph launched; `trust_foreign`: bind outputs that other kernels receive; `drop_unreferenced`: leave out inputs nothing refers to; `bodies`: the conditional bodies the capture made; `borrowed_exec`: the CUDAGraph's executable, shared where CUDA allows one executable of a conditional graph.
+    Enter a captured graph for one device (a clone, or the template itself when it has conditional nodes), find how its static buffers (address, bytes) bind to XLA's; return (table id, which inputs stay operands). `id` <= 0 asks for a new id. `aliases`: (input, output) pairs the caller aliases in XLA; `kernels`: handle -> one flag per parameter ('r' read-only pointer) of the kernels jaxgraph launched; `trust_foreign`: bind outputs that other kernels receive; `drop_unreferenced`: leave out inputs nothing refers to; `bodies`: the conditional bodies the capture made; `borrowed_exec`: the CUDAGraph's executable, shared where CUDA allows one executable of a conditional graph; `ring_kernels`: the copy nodes' (copy, advance) CUfunctions in the device's context, for a graph large enough to copy by nodes (none: its copies go on the stream).
     """
 
 def unregister_graph(id: int, device: int = -1) -> None:
@@ -32,17 +32,26 @@ def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, st
 
 def describe_graph(id: int, device: int) -> dict:
     """
-    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by memcpy nodes of the executable); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
+    How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by copy nodes of the executable); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
     """
 
-def live_graphs() -> int:
-    """Number of live (graph, device) entries."""
+def set_copy_ring_slots(slots: int) -> int:
+    """
+    Calls of one graph in flight before the handler waits for the device, for graphs registered from now on (their copy nodes' address ring, ffi/copy_ring.h); returns the previous value. For tests.
+    """
+
+def device_launch_nodes() -> int:
+    """
+    The kernel nodes from which a graph gets device-launchable executables and copy nodes (< 0: never).
+    """
 
 def set_device_launch_nodes(nodes: int) -> int:
     """
     Graphs registered from now on with at least `nodes` kernel nodes get device-launchable executables (< 0: none); returns the previous threshold. For tests and benchmarks.
     """
-    ...
+
+def live_graphs() -> int:
+    """Number of live (graph, device) entries."""
 
 def set_max_executables(id: int, device: int, count: int) -> int:
     """
@@ -77,5 +86,5 @@ def codes() -> dict:
 
 def counters() -> dict:
     """
-    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies on the stream (copy) and by memcpy nodes of the executable (node_copy; copy_node_set: those nodes pointed anew), bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and choosing, making or rewriting the executable (prepare_ns).
+    How the handlers ran graphs: calls per replay path (launch, splice_nodes, splice_whole, uncaptured_launch), executables made, kernel-node rebinds in executables, buffer copies on the stream (copy) and by copy nodes of the executable (node_copy; ring_wait: launches that waited for the ring), bound buffers switched to copying by cost, executables replaced for want of room (evict), executables rewritten in place made afresh when hit again (refresh); handler calls and their total host time in ns, the part of it inside cudaGraphLaunch (launch_ns), cudaMemcpyAsync (copy_ns) and choosing, making or rewriting the executable (prepare_ns).
     """

@@ -119,8 +119,8 @@ def counters() -> dict[str, int]:
     (executables made), ``rebind`` (kernel arguments rewritten in place in executables), ``copy``,
     ``to_copy`` (bound buffers switched to copying by their cost), ``evict`` (calls whose addresses
     no executable held, with no room for another: one was replaced, afresh or rewritten in place),
-    ``node_copy`` (buffers copied by memcpy nodes of the executable, not counted in ``copy``) and
-    ``copy_node_set`` (those nodes pointed at a new address),
+    ``node_copy`` (buffers copied by copy nodes of the executable, not counted in ``copy``),
+    ``ring_wait`` (launches that waited for the device to free an entry of those nodes' address ring),
     ``refresh`` (executables rewritten in place, made afresh when their addresses recurred; each
     also counts in ``instantiate``), ``handler_calls``, ``handler_ns``, and the parts of
     ``handler_ns`` spent inside ``cudaGraphLaunch`` on the launch path (``launch_ns``), inside

@@ -275,6 +275,16 @@ extern "C" __global__ void spin_copy(float* out, const float* in, long long cycl
 }
 """
 
+# Spins for `cycles` clock ticks, then y = x + 1: a kernel slow enough that calls queue up.
+SPIN_ADD_ONE = r"""
+extern "C" __global__ void spin_add_one(float* y, const float* x, long long cycles, int n) {
+  long long start = clock64();
+  while (clock64() - start < cycles) { }
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] + 1.0f;
+}
+"""
+
 # ---------------------------------------------------------------------------
 # Loops and conditional nodes: bookkeeping done by the graph's own kernels
 # ---------------------------------------------------------------------------

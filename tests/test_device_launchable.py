@@ -1,5 +1,6 @@
 """Large graphs get executables launchable from the device, and the handler still launches them from the host;
-their copied buffers are copied by memcpy nodes of the executable (ffi/copy_nodes.h).
+their copied buffers are copied by copy nodes of the executable (ffi/copy_nodes.h; their address ring:
+tests/test_copy_ring.py).
 
 Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
 (the threshold, lowered here so a graph of a few dozen kernels qualifies), ``set_max_executables``
@@ -85,14 +86,16 @@ def test_a_large_graph_replays_exactly_from_device_launchable_executables(rng):
         np.testing.assert_array_equal(np.asarray(direct(x)), h + KERNELS, err_msg=f"rewritten, call {call}")
     after = counters()
     assert after["launch"] - before["launch"] >= 12, (before, after)
-    changed = {k: after[k] - middle[k] for k in ("rebind", "instantiate")}
-    assert changed["rebind"] + changed["instantiate"] >= 5, changed  # every new address was written somewhere
+    changed = {k: after[k] - middle[k] for k in ("rebind", "instantiate", "node_copy")}
+    # Every new address was written somewhere, or (once it kept missing) the input switched to
+    # copying and its copy node took it: either way something per call.
+    assert changed["rebind"] + changed["instantiate"] + changed["node_copy"] >= 6, changed
     print("with one executable:", changed)
     assert describe_graph(step.graph_id, g.device).device_launchable
 
 
 # ---------------------------------------------------------------------------
-# Copied buffers of such graphs: copied by memcpy nodes of the executable
+# Copied buffers of such graphs: copied by copy nodes of the executable
 # ---------------------------------------------------------------------------
 
 
@@ -164,8 +167,8 @@ print("REPORT " + json.dumps(report))
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(tmp_path, rng, mode):
     # bind="copy": both static arrays copied on every call; the graph is device-launchable, so the
-    # copies are memcpy nodes of its executable (no cudaMemcpyAsync on a launch), aimed at each
-    # call's buffers. Under XLA's recording (mode "on", the mixed function) they copy on the
+    # copies are copy nodes of its executable (no cudaMemcpyAsync on a launch), which read each
+    # call's buffers from the graph's address ring. Under XLA's recording (mode "on", the mixed function) they copy on the
     # stream as before, around the graph's nodes or a clone of it without the copy nodes (whole).
     from graph_support import run_xla_worker
 
@@ -177,7 +180,7 @@ def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(t
         loops, mixed = report[f"{policy}_loops"], report[f"{policy}_mixed"]
         if mode == "off":  # every replay a launch: in and out by nodes, aimed at each call's buffers
             assert loops["launch"] == loops["handler_calls"] == 14, loops
-            assert loops["copy"] == 0 and loops["node_copy"] == 2 * 14 and loops["copy_node_set"] >= 14, loops
+            assert loops["copy"] == 0 and loops["node_copy"] == 2 * 14, loops
             assert mixed["launch"] == 12 and mixed["copy"] == 0 and mixed["node_copy"] == 24, mixed
         else:  # recorded by XLA: the copies go on its stream, into the recording
             for phase in (loops, mixed):  # (a call before XLA records is a launch: copied by nodes)
@@ -187,10 +190,11 @@ def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(t
 
 
 @pytest.mark.gpu
-def test_a_buffer_switched_to_copying_gets_copy_nodes_and_a_fresh_executable(rng):
+def test_a_buffer_switched_to_copying_is_copied_by_the_copy_nodes_of_its_executable(rng):
     # State updated in place by every kernel (2 x 40 sites), one executable, a new address on every
     # call: rewriting 80 arguments per call costs more than copying, so the buffer switches; the
-    # graph being device-launchable, it is copied by nodes of a fresh executable from then on.
+    # graph being device-launchable, its executable has had copy nodes since registration, and
+    # they copy it from then on.
     from jaxgraph import BindingMode
 
     p = native_replay()

@@ -1,0 +1,151 @@
+"""A large graph's copy nodes and their address ring (ffi/copy_nodes.h, ffi/copy_ring.h, jaxgraph/_copy_ring.py).
+
+A graph of thousands of kernels copies its copied buffers by kernel nodes of its one executable;
+each call's XLA addresses reach them through a ring of entries in pinned host memory, so a call
+whose buffers alternate makes no CUDA call but the launch. Checked here: the kernels compile on
+the CPU; calls queued past the ring's size wait for the device and stay exact, including a graph
+retired with calls in flight; a bound buffer whose address keeps missing switches to copying
+without a new executable, and from then on a call rewrites nothing.
+
+Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
+(lowered so a graph of a few dozen kernels qualifies), ``set_copy_ring_slots`` (a ring of two
+entries), ``set_max_executables``, ``internals.counters`` and ``internals.describe_graph``.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxgraph  # noqa: E402
+from internals import counters, describe_graph, native_replay  # noqa: E402
+from kernels import ADD_ONE, SPIN_ADD_ONE  # noqa: E402
+
+N = 1024
+
+
+def test_the_copy_node_kernels_compile_to_cubin_without_a_device():
+    from jaxgraph._copy_ring import ring_kernels
+
+    kernels = ring_kernels("sm_90")
+    assert sorted(kernels) == ["jaxgraph_ring_advance", "jaxgraph_ring_copy"]
+    for k in kernels.values():
+        assert k.cubin[:4] == b"\x7fELF" and k.arch == "sm_90", k
+
+
+def test_the_ring_size_is_a_thousand_calls_and_must_be_positive():
+    p = native_replay()
+    previous = p.set_copy_ring_slots(8)
+    try:
+        assert previous == 1024
+        with pytest.raises(ValueError, match="copy ring slots must be >= 1, got 0"):
+            p.set_copy_ring_slots(0)
+        assert p.set_copy_ring_slots(previous) == 8
+    finally:
+        p.set_copy_ring_slots(previous)
+
+
+def _large(capture, slots=None):
+    """A replayable of `capture()`'s graph, device-launchable from 16 kernels, its ring of `slots` entries."""
+    p = native_replay()
+    launch_nodes = p.set_device_launch_nodes(16)
+    ring = p.set_copy_ring_slots(slots) if slots else None
+    try:
+        return capture()
+    finally:
+        p.set_device_launch_nodes(launch_nodes)
+        if ring is not None:
+            p.set_copy_ring_slots(ring)
+
+
+@pytest.mark.gpu
+def test_calls_queued_past_the_ring_wait_for_the_device_and_stay_exact(rng):
+    kernels, cycles = 24, 30_000  # ~17 us a kernel: ~0.4 ms a call, far more than the host's
+
+    def capture():
+        spin = jaxgraph.Kernel(SPIN_ADD_ONE, "spin_add_one")
+        spin.handle  # noqa: B018 - load before capture
+        x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+        g = jaxgraph.CUDAGraph()
+        with jaxgraph.graph(g):
+            spin[N // 256, 256](y_s, x_s, cycles, N)
+            for _ in range(kernels - 1):
+                spin[N // 256, 256](y_s, y_s, cycles, N)
+        return g, x_s, y_s, jaxgraph.replayable(g, [x_s], [y_s], bind="copy")
+
+    g, x_s, y_s, step = _large(capture, slots=2)
+    info = describe_graph(step.graph_id, g.device)
+    assert info.device_launchable and info.copy_nodes == 2, info
+    x_s.fill_(np.float32(np.nan)), y_s.fill_(np.float32(np.nan))
+    f = jax.jit(step)
+    x0 = rng.integers(-1000, 1000, N).astype(np.float32)
+    before = counters()
+    outs, x = [], jnp.asarray(x0)
+    for _ in range(12):  # all held: every call writes a new buffer, read from the previous one
+        x = f(x)
+        outs.append(x)
+    for c, out in enumerate(outs):
+        np.testing.assert_array_equal(np.asarray(out), x0 + (c + 1) * kernels, err_msg=f"call {c}")
+    change = {k: v - before[k] for k, v in counters().items()}
+    assert change["launch"] == 12 and change["node_copy"] == 24 and change["copy"] == 0, change
+    assert change["ring_wait"] >= 1, change  # two entries, twelve calls queued: the host waited
+    # Retired with calls in flight: the ring's memory outlives them, their results stay exact.
+    outs, x = [], jnp.asarray(x0)
+    for _ in range(6):
+        x = f(x)
+        outs.append(x)
+    step.close()
+    del f, step
+    for c, out in enumerate(outs):
+        np.testing.assert_array_equal(np.asarray(out), x0 + (c + 1) * kernels, err_msg=f"retired, call {c}")
+
+
+@pytest.mark.gpu
+def test_a_one_site_buffer_that_keeps_missing_switches_to_copying_with_no_new_executable(rng):
+    # One kernel reads the input, one writes the output: one site each. With one executable and
+    # XLA alternating its buffers (x = f(x)), every call misses; rewriting a site costs more than
+    # storing an address for the copy nodes the executable has had since registration.
+    from jaxgraph import BindingMode
+
+    kernels = 20
+
+    def capture():
+        add_one = jaxgraph.Kernel(ADD_ONE, "add_one")
+        add_one.handle  # noqa: B018 - load before capture
+        x_s, t, y_s = jaxgraph.empty(N), jaxgraph.empty(N), jaxgraph.empty(N)
+        g = jaxgraph.CUDAGraph()
+        with jaxgraph.graph(g):
+            add_one[N // 256, 256](t, x_s, N)
+            for _ in range(kernels - 2):
+                add_one[N // 256, 256](t, t, N)
+            add_one[N // 256, 256](y_s, t, N)
+        return g, x_s, y_s, jaxgraph.replayable(g, [x_s], [y_s])
+
+    g, x_s, y_s, step = _large(capture)
+    assert [r.mode for r in step.bindings[g.device]] == [BindingMode.BOUND] * 2
+    native_replay().set_max_executables(step.graph_id, g.device, 1)
+    made = counters()["instantiate"]
+    y_s.fill_(np.float32(np.nan))
+    f = jax.jit(step)
+    x0 = rng.integers(-1000, 1000, N).astype(np.float32)
+    x = jnp.asarray(x0)
+    for call in range(16):
+        x = f(x)
+        np.testing.assert_array_equal(np.asarray(x), x0 + (call + 1) * kernels, err_msg=f"call {call}")
+    rows = step.bindings[g.device]
+    assert [r.mode for r in rows] == [BindingMode.COPIED_BY_COST] * 2, rows
+    info = describe_graph(step.graph_id, g.device)
+    assert info.copy_nodes == 2 and info.executables == 1, info
+    before = counters()
+    for call in range(4):
+        x = f(x)
+        np.testing.assert_array_equal(np.asarray(x), x0 + (call + 17) * kernels, err_msg=f"copied, call {call}")
+    change = {k: v - before[k] for k, v in counters().items()}
+    assert change["launch"] == 4 and change["node_copy"] == 8 and change["copy"] == 0, change
+    assert change["rebind"] == 0 and change["instantiate"] == 0, change  # nothing to rewrite or make
+    print("executables made while alternating:", before["instantiate"] - made)
