@@ -12,6 +12,11 @@ The step is ``examples/gray_scott.py``'s: ``2 * substeps + 2`` kernels
   launched by XLA or recorded into its command buffers;
 - ``graphed_fori``: the example's graphed step (``make_graphed_callables``
   over ``GrayScott.step``, which updates u and v in place), one replay a trip;
+- ``graphed_fori_min1``: the same, its ``jax.jit`` given
+  ``compiler_options={"xla_gpu_graph_min_graph_size": 1}``: XLA may record
+  the loop's body (the replay, the store of the total, the trip counter:
+  3 commands, under the default minimum of 5) as one command buffer, in this
+  computation only, whatever ``XLA_FLAGS`` says;
 - ``graphed_fresh``: the step as the example wrote it before: new arrays
   for u and v and a memset for the total (so XLA copies u and v into the
   loop's carry every trip, and jaxgraph copies the total out of its array);
@@ -168,7 +173,8 @@ def compiled_facts(hlo: str) -> dict:
     return {"loop_array_copies": copies, "custom_calls": hlo.count("custom-call(")}
 
 
-def _fori(jax: Any, step: Callable, steps: int) -> Callable:
+def _fori(jax: Any, step: Callable, steps: int, options: dict | None = None) -> Callable:
+    """``steps`` trips of ``step`` in a jitted fori_loop; ``options``: the jit's ``compiler_options``."""
     import jax.numpy as jnp
 
     def body(i, carry):
@@ -176,7 +182,8 @@ def _fori(jax: Any, step: Callable, steps: int) -> Callable:
         u, v, m = step(u, v)
         return u, v, masses.at[i].set(m[0])
 
-    return jax.jit(lambda u, v: jax.lax.fori_loop(0, steps, body, (u, v, jnp.zeros(steps, jnp.float32))))
+    return jax.jit(lambda u, v: jax.lax.fori_loop(0, steps, body, (u, v, jnp.zeros(steps, jnp.float32))),
+                   compiler_options=options)
 
 
 def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayable: Any = None) -> harness.Mode:
@@ -244,6 +251,9 @@ def worker(args: argparse.Namespace) -> dict:
     for key, g in graphed.items():
         factories.append((key, lambda key=key, g=g: _mode(key, _fori(jax, g, steps), (u, v), want, steps,
                                                            g.replayable)))
+    g, min1 = graphed["graphed_fori"], {"xla_gpu_graph_min_graph_size": 1}
+    factories.insert(2, ("graphed_fori_min1", lambda: _mode("graphed_fori_min1", _fori(jax, g, steps, min1), (u, v),
+                                                            want, steps, g.replayable)))
     loop = jaxgraph.graphed_loop(graphed["graphed_fori"], steps, feed={0: 0, 1: 1})
     factories.append(("loop_jit", lambda: _mode("loop_jit", jax.jit(loop), (u, v), want, steps)))
     records = harness.measure_group(f"[{args.worker}]", factories, args.repeats, args.target_ms / 1e3, 10_000)

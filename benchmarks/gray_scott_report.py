@@ -16,6 +16,7 @@ __all__ = ["MODES", "markdown", "summarize"]
 MODES = {
     "xla_fori": "XLA: the kernels as `Kernel.jax_call`s in the fori_loop",
     "graphed_fori": "jaxgraph: the example's graphed step (in place) in the fori_loop",
+    "graphed_fori_min1": "the same, jitted with `compiler_options={\"xla_gpu_graph_min_graph_size\": 1}`",
     "graphed_fresh": "the graphed step as before: new u, v and a memset for the total",
     "graphed_memset": "in place, the total zeroed by a memset node instead of a kernel",
     "graphed_forked": "in place, the zero kernel on a forked stream: a graph branch beside the first substep",

@@ -144,11 +144,13 @@ def test_the_loop_report_gives_what_a_while_trip_costs():
 
 
 def synthetic_gray_scott():
-    """Off 2.5x XLA, defaults 0.98x, on failed."""
+    """Off 2.5x XLA, defaults 0.98x (1.01x with min size 1 on the graphed jit), on failed."""
     def proc(xla, graphed):
         return {"modes": {"xla_fori": {"samples": [xla] * 3}, "graphed_fori": {"samples": [graphed] * 3}}}
 
-    processes = gray_scott_report.summarize({"off": proc(110.0, 44.0), "defaults": proc(43.0, 43.0 / 0.98)})
+    defaults = proc(43.0, 43.0 / 0.98)
+    defaults["modes"]["graphed_fori_min1"] = {"samples": [43.0 / 1.01] * 3}  # shown, not judged
+    processes = gray_scott_report.summarize({"off": proc(110.0, 44.0), "defaults": defaults})
     processes["on"] = {"setting": "on", "failed": "exit code 1"}
     return {"date": "2026-11-23T13:00:00+00:00", "git": "g123456", "command": "python benchmarks/gray_scott_bench.py",
             "device": "NVIDIA H100 80GB HBM3", "versions": {"jax": "0.11.2"}, "processes": processes}
@@ -196,7 +198,9 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
     assert verdict == "missed at on N=10 fixed (0.67x); met at the other 11"
     assert rows[t[2], full] == ("not measured (no `mixed` modes in this run)", "not measured")
     measured, verdict = rows[t[3], "gray_scott bench at g123456"]
-    assert measured.endswith("off 2.500x (2.50-2.50), defaults 0.980x (0.98-0.98), on: not measured")
+    assert measured.endswith("off 2.500x (2.50-2.50), defaults 0.980x (0.98-0.98), on: not measured; not judged, "
+                             "the graphed jit given `compiler_options={'xla_gpu_graph_min_graph_size': 1}`: "
+                             "defaults 1.010x")
     assert verdict == "missed at defaults (0.980x); met at off"
     assert rows[t[4], quick] == ("us per launch: cuda.core 4.00; `kernel[grid, block, 0, s]` bound 4.50 us (+0.50), "
                                  "`kernel.launch(...)` 5.50 us (+1.50)",
