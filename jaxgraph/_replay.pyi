@@ -35,6 +35,9 @@ def describe_graph(id: int, device: int) -> dict:
     How calls of a graph run: 'paths' (codes of codes()['path']), 'conditionals' (nodes, any depth), 'kernel_nodes' (read for binding), 'splice_whole_reason', 'borrowed_exec', 'exec_update_whole', 'device_launchable' (its executables), 'launch_note' (why not, if CUDA refused), 'copy_nodes' (copied buffers copied by copy nodes of the executable); what it holds: 'executables' kept now, 'max_executables', 'exec_device_bytes' (one executable's, measured at registration; -1 unknown), 'exec_host_bytes', 'clone_host_bytes', 'binding_host_bytes' (from the process's resident memory: approximate; -1 unknown); 'rewrite_ns_per_site', 'instantiate_ns' (host ns, measured; -1 not yet).
     """
 
+def live_graphs() -> int:
+    """Number of live (graph, device) entries."""
+
 def set_copy_ring_slots(slots: int) -> int:
     """
     Calls of one graph in flight before the handler waits for the device, for graphs registered from now on (their copy nodes' address ring, ffi/copy_ring.h); returns the previous value. For tests.
@@ -49,9 +52,6 @@ def set_device_launch_nodes(nodes: int) -> int:
     """
     Graphs registered from now on with at least `nodes` kernel nodes get device-launchable executables (< 0: none); returns the previous threshold. For tests and benchmarks.
     """
-
-def live_graphs() -> int:
-    """Number of live (graph, device) entries."""
 
 def set_max_executables(id: int, device: int, count: int) -> int:
     """
