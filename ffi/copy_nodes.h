@@ -87,12 +87,7 @@ inline cudaError_t EndNodes(cudaGraph_t graph, bool roots, std::vector<cudaGraph
 // the driver copies), or nullptr with the error in `why`.
 inline cudaGraphNode_t AddKernel(cudaGraph_t graph, uint64_t function, const std::vector<cudaGraphNode_t>& deps,
                                  unsigned blocks, unsigned threads, std::vector<void*> args, std::string* why) {
-  CUDA_KERNEL_NODE_PARAMS params;
-  std::memset(&params, 0, sizeof(params));
-  params.func = reinterpret_cast<CUfunction>(function);
-  params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
-  params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
-  params.kernelParams = args.data();
+  CUDA_KERNEL_NODE_PARAMS params = KernelNodeParams(function, blocks, threads, args.data());
   CUgraphNode node = nullptr;
   CUresult r = DriverApi::Get().add_kernel(&node, reinterpret_cast<CUgraph>(graph),
                                            reinterpret_cast<const CUgraphNode*>(deps.data()), deps.size(), &params);

@@ -263,12 +263,7 @@ class Builder {
                      std::vector<Arg> args, unsigned threads = 1) {
     std::vector<void*> pointers;
     for (Arg& a : args) pointers.push_back(a.data());
-    CUDA_KERNEL_NODE_PARAMS params;
-    std::memset(&params, 0, sizeof(params));
-    params.func = reinterpret_cast<CUfunction>(function);
-    params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
-    params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
-    params.kernelParams = pointers.data();
+    CUDA_KERNEL_NODE_PARAMS params = KernelNodeParams(function, blocks, threads, pointers.data());
     CUgraphNode node = nullptr;
     CheckDriver(d_.add_kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params),
                 "cuGraphAddKernelNode");

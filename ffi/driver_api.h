@@ -10,6 +10,7 @@
 #ifndef JAXGRAPH_FFI_DRIVER_API_H_
 #define JAXGRAPH_FFI_DRIVER_API_H_
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -187,6 +188,18 @@ class DriverApi {
       launch_kernel{&symbols_, "cuLaunchKernel", kLaunching};
   DriverFn<CUresult (*)(CUgraphExec, CUstream)> graph_launch{&symbols_, "cuGraphLaunch", kLaunching};
 };
+
+// A one-dimensional kernel node's parameters: `function` (a CUfunction) on
+// `blocks` x `threads`, its arguments' addresses in `args` (the driver copies them).
+inline CUDA_KERNEL_NODE_PARAMS KernelNodeParams(uint64_t function, unsigned blocks, unsigned threads, void** args) {
+  CUDA_KERNEL_NODE_PARAMS params;
+  std::memset(&params, 0, sizeof(params));
+  params.func = reinterpret_cast<CUfunction>(function);
+  params.gridDimX = blocks, params.gridDimY = 1, params.gridDimZ = 1;
+  params.blockDimX = threads, params.blockDimY = 1, params.blockDimZ = 1;
+  params.kernelParams = args;
+  return params;
+}
 
 // "call failed with CUDA_ERROR_X: explanation" for a driver result.
 inline std::string DriverError(const char* call, CUresult result) {
