@@ -173,7 +173,8 @@ class GraphInfo(NamedTuple):
     ``device_launchable``: its executables are instantiated launchable from
     the device (graphs of thousands of kernels: the handler still launches
     them from the host, where their launch costs a small constant instead of
-    time per node); ``launch_note`` says why not when CUDA refused that.
+    time per node); ``launch_note`` says why not when CUDA refused that, or
+    why such a graph's copies go on the stream.
     ``copy_nodes``: copied buffers such a graph copies by copy nodes of its
     executable (which find each call's buffers in an address ring the handler
     fills: ``jaxgraph._copy_ring``) instead of on the stream.
