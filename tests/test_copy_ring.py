@@ -4,8 +4,8 @@ A graph of thousands of kernels copies its copied buffers by kernel nodes of its
 each call's XLA addresses reach them through a ring of entries in pinned host memory, so a call
 whose buffers alternate makes no CUDA call but the launch. Checked here: the kernels compile on
 the CPU; calls queued past the ring's size wait for the device and stay exact, including a graph
-retired with calls in flight; a bound buffer whose address keeps missing switches to copying
-without a new executable, and from then on a call rewrites nothing.
+retired with calls in flight; the same on a second device; a bound buffer whose address keeps
+missing switches to copying without a new executable, and from then on a call rewrites nothing.
 
 Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
 (lowered so a graph of a few dozen kernels qualifies), ``set_copy_ring_slots`` (a ring of two
@@ -63,22 +63,23 @@ def _large(capture, slots=None):
             p.set_copy_ring_slots(ring)
 
 
+def _spin_chain(kernels, cycles):
+    """A chain of `kernels` spin_add_one kernels, x -> y, both copied (bind="copy"), on the current device."""
+    spin = jaxgraph.Kernel(SPIN_ADD_ONE, "spin_add_one")
+    spin.handle  # noqa: B018 - load before capture
+    x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        spin[N // 256, 256](y_s, x_s, cycles, N)
+        for _ in range(kernels - 1):
+            spin[N // 256, 256](y_s, y_s, cycles, N)
+    return g, x_s, y_s, jaxgraph.replayable(g, [x_s], [y_s], bind="copy")
+
+
 @pytest.mark.gpu
 def test_calls_queued_past_the_ring_wait_for_the_device_and_stay_exact(rng):
     kernels, cycles = 24, 30_000  # ~17 us a kernel: ~0.4 ms a call, far more than the host's
-
-    def capture():
-        spin = jaxgraph.Kernel(SPIN_ADD_ONE, "spin_add_one")
-        spin.handle  # noqa: B018 - load before capture
-        x_s, y_s = jaxgraph.empty(N), jaxgraph.empty(N)
-        g = jaxgraph.CUDAGraph()
-        with jaxgraph.graph(g):
-            spin[N // 256, 256](y_s, x_s, cycles, N)
-            for _ in range(kernels - 1):
-                spin[N // 256, 256](y_s, y_s, cycles, N)
-        return g, x_s, y_s, jaxgraph.replayable(g, [x_s], [y_s], bind="copy")
-
-    g, x_s, y_s, step = _large(capture, slots=2)
+    g, x_s, y_s, step = _large(lambda: _spin_chain(kernels, cycles), slots=2)
     info = describe_graph(step.graph_id, g.device)
     assert info.device_launchable and info.copy_nodes == 2, info
     x_s.fill_(np.float32(np.nan)), y_s.fill_(np.float32(np.nan))
@@ -103,6 +104,32 @@ def test_calls_queued_past_the_ring_wait_for_the_device_and_stay_exact(rng):
     del f, step
     for c, out in enumerate(outs):
         np.testing.assert_array_equal(np.asarray(out), x0 + (c + 1) * kernels, err_msg=f"retired, call {c}")
+
+
+@pytest.mark.gpu
+def test_copy_nodes_work_on_a_second_device(rng):
+    # The ring's counter is allocated on the graph's device, its kernels loaded in that device's
+    # context; its pinned entries are reachable from every device.
+    if len(jax.devices("gpu")) < 2 or jaxgraph.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    kernels = 20
+    jaxgraph.set_device(1)
+    try:
+        g, x_s, y_s, step = _large(lambda: _spin_chain(kernels, 1000))
+    finally:
+        jaxgraph.set_device(0)
+    assert g.device == 1
+    info = describe_graph(step.graph_id, 1)
+    assert info.device_launchable and info.copy_nodes == 2, info
+    f = jax.jit(step)
+    x0 = rng.integers(-1000, 1000, N).astype(np.float32)
+    x = jax.device_put(x0, jax.devices("gpu")[1])
+    before = counters()
+    for call in range(6):  # x = f(x) on device 1: XLA alternates its buffers there
+        x = f(x)
+        np.testing.assert_array_equal(np.asarray(x), x0 + (call + 1) * kernels, err_msg=f"call {call}")
+    change = {k: v - before[k] for k, v in counters().items()}
+    assert change["launch"] == 6 and change["node_copy"] == 12 and change["copy"] == 0, change
 
 
 @pytest.mark.gpu
