@@ -41,7 +41,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ns", type=run._ints, default=(10, 100), help="chain lengths (default 10,100)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per N (default 3)")
-    p.add_argument("--target-ms", type=float, default=5.0, help="wall time per sample (default 5)")
+    # As long as the harness's samples: shorter ones read XLA's modes slower (benchmarks/config.py, QUICK).
+    p.add_argument("--target-ms", type=float, default=25.0, help="wall time per sample (default 25)")
     p.add_argument("--settings", default=",".join(JAX_SETTINGS),
                    help="comma-separated subset of " + ",".join(JAX_SETTINGS))
     p.add_argument("--timeout-s", type=float, default=180.0, help="per worker process (default 180)")
