@@ -88,7 +88,7 @@ def test_issue_19_judges_every_run_and_names_the_one_that_missed(three_runs):
     for i in (1, 2, 3):
         assert f"- quick run {i} of 3: [`{SLUG}-quick-run{i}.json`]({SLUG}-quick-run{i}.json)" in text
     rows = table(text, "## Issue 19")
-    label = (f"quick run, 3 runs, 3 rounds of 5 ms samples: run 1 [`{SLUG}-quick-run1.json`]({SLUG}-quick-run1.json) "
+    label = (f"quick run, 3 runs, 3 rounds of 25 ms samples: run 1 [`{SLUG}-quick-run1.json`]({SLUG}-quick-run1.json) "
              f"at r123456, run 2 [`{SLUG}-quick-run2.json`]({SLUG}-quick-run2.json) at r123456, "
              f"run 3 [`{SLUG}-quick-run3.json`]({SLUG}-quick-run3.json) at r123456")
     measured, verdict = rows[T[0], label]  # holds in 2 of 3: missed, the run named
@@ -129,7 +129,7 @@ def test_a_single_run_is_judged_alone_and_never_joins_an_old_group(three_runs, m
     assert "runs" not in single and (three_runs / f"{SLUG}-quick-run1.json").exists()  # left over, not judged
     assert runs.load(three_runs, f"{SLUG}-quick.json") == (single, f"{SLUG}-quick.json")
     rows = table((three_runs / f"{SLUG}-targets.md").read_text(), "## Issue 19")
-    assert rows[T[0], "quick run at r123456, 3 rounds of 5 ms samples"][1] == \
+    assert rows[T[0], "quick run at r123456, 3 rounds of 25 ms samples"][1] == \
         "missed at on jit_loop N=100 (1.070x); met at the other 5"
     assert runs.main(["--out", str(three_runs), "--stem", f"{SLUG}-quick"]) == 1  # no group to put side by side
 
