@@ -8,8 +8,14 @@ N ``add_one`` kernels (``benchmarks/workload.py``):
 - ``graph_exec``: the CUDAGraph's own executable, as ``raw`` launches it;
 - ``fresh``: a new ``cuGraphInstantiate`` of the same template;
 - ``fresh_uploaded``: the same, ``cuGraphUpload``-ed to the stream first;
+- ``alternating``: two fresh executables of the template launched in turn, as
+  the replay handler launches one per XLA address set when XLA alternates its
+  output buffers (``jit_loop``'s fixed input, each result kept until the next);
 - ``jit``: ``jax.jit(replayable)`` on a fixed input (host wall clock over the
-  calls, the last waited for), the harness's ``jit_loop``.
+  calls, the last waited for), the harness's ``jit_loop``: its results are kept
+  one call, so XLA alternates two output buffers and the handler two executables;
+- ``jit_dropped``: the same with each result dropped at once, so XLA can hand
+  the next call the same buffer and the handler launches one executable.
 
 Printed before and after JAX starts, with the GPU's clocks, so a slow floor
 can be told apart from a slow GPU.
@@ -73,15 +79,18 @@ def main() -> int:
         uploaded = call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0)
         call("cuGraphUpload", uploaded, h)
         execs = {"graph_exec": driver.CUgraphExec(g.raw_cuda_graph_exec()), "fresh": fresh,
-                 "fresh_uploaded": uploaded}
+                 "fresh_uploaded": uploaded,
+                 "alternating": (call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0),
+                                 call("cuGraphInstantiate", driver.CUgraph(g.raw_cuda_graph()), 0))}
         for name, exe in execs.items():
-            x = random_input(rng)
-            x_s.copy_(x)
-            y_s.fill_(np.nan)
-            jaxgraph.synchronize()
-            call("cuGraphLaunch", exe, h)
-            call("cuStreamSynchronize", h)
-            print(f"N={n} {name}: {check_result(y_s.numpy(), x, n)}")
+            for one in exe if isinstance(exe, tuple) else (exe,):
+                x = random_input(rng)
+                x_s.copy_(x)
+                y_s.fill_(np.nan)
+                jaxgraph.synchronize()
+                call("cuGraphLaunch", one, h)
+                call("cuStreamSynchronize", h)
+                print(f"N={n} {name}: {check_result(y_s.numpy(), x, n)}")
         chains[n] = (g, x_s, y_s, execs)
 
     def measure(tag: str, extra=None) -> None:
@@ -89,18 +98,20 @@ def main() -> int:
         for n, (_g, _x, _y, execs) in chains.items():
             samples = {name: [] for name in execs}
             if extra:
-                samples["jit"] = []
+                samples.update(jit=[], jit_dropped=[])
             for _ in range(args.rounds):
                 for name, exe in execs.items():
-                    call("cuGraphLaunch", exe, h)
+                    turns = exe if isinstance(exe, tuple) else (exe,)
+                    call("cuGraphLaunch", turns[-1], h)
                     start.record(stream)
-                    for _ in range(args.launches):
-                        call("cuGraphLaunch", exe, h)
+                    for i in range(args.launches):
+                        call("cuGraphLaunch", turns[i % len(turns)], h)
                     end.record(stream)
                     end.synchronize()
                     samples[name].append(start.elapsed_time(end) * 1000.0 / (args.launches * n))
                 if extra:
-                    samples["jit"].append(extra(n, args.launches))
+                    samples["jit"].append(extra(n, args.launches, True))
+                    samples["jit_dropped"].append(extra(n, args.launches, False))
             floor = np.median(samples["fresh"])
             row = ", ".join(f"{k} {np.median(v):.4f} ({np.median(v) / floor:.3f}x; {min(v):.3f}-{max(v):.3f})"
                             for k, v in samples.items())
@@ -137,26 +148,37 @@ def main() -> int:
 
     jitted = {}
     for n, (g, x_s, y_s, _e) in chains.items():
-        f = jax.jit(jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s]))
+        step = jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s])
+        f = jax.jit(step)
         x = random_input(rng)
         a = jnp.asarray(x)
         print(f"N={n} jit: {check_result(np.asarray(f(a)), x, n)}")
-        jitted[n] = (f, a)
+        jitted[n] = (f, a, step)
 
-    def jit_time(n: int, launches: int) -> float:
-        f, a = jitted[n]
+    def jit_time(n: int, launches: int, keep: bool) -> float:
+        f, a, _ = jitted[n]
         for _ in range(3):
             out = f(a)
         jax.block_until_ready(out)
+        del out
         jaxgraph.synchronize()
         t = time.perf_counter()
+        out = None
         for _ in range(launches * 4):
-            out = f(a)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - t) * 1e6 / (launches * 4 * n)
+            if keep:
+                out = f(a)  # the last result alive while the next call runs: two buffers in turn
+            else:
+                f(a)  # dropped at once: its buffer is free for the next call
+        jax.block_until_ready(out if keep else f(a))
+        return (time.perf_counter() - t) * 1e6 / ((launches * 4 + (not keep)) * n)
 
     measure("after a jitted replay of each chain", jit_time)
     print("   ", context())
+    from jaxgraph._jax_replay import describe_graph
+
+    for n, (_f, _a, step) in jitted.items():
+        print(f"N={n} jit: the replay handler keeps {describe_graph(step.graph_id, step.devices[0]).executables} "
+              "executables")
 
     # The same chains captured on buffers XLA allocated (jax.Array operands): is it the memory?
     kept = []
