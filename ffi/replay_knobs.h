@@ -65,6 +65,9 @@ inline void DefineKnobs(nanobind::module_& m) {
      nb::arg("fresh_ns") = -1.0, nb::arg("switch_ns") = 0.0,
      "Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss "
      "costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown; the switch itself `switch_ns`).");
+  m.def("policy_copy_host_ns", &CopyHostNs,
+        "Host ns the policy prices one cudaMemcpyAsync at now: a guess until the process has copied 8 times, then "
+        "the mean of its copies so far.");
   m.def("policy_fresh_pays", &FreshPays, nb::arg("fresh_ns"), nb::arg("rewrite_ns"), nb::arg("kernels"),
         nb::arg("launches"), "Whether a fresh executable beats rewriting in place (exec_cache.h).");
 }

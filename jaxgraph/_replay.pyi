@@ -78,6 +78,11 @@ def policy_copy_after_misses(misses: int, calls: int, sites: int, site_ns: float
     Whether a bound array whose address was new on `misses` of `calls` calls switches to copying (a miss costs a rewrite at `site_ns` per site, or `fresh_ns`; -1 unknown; the switch itself `switch_ns`).
     """
 
+def policy_copy_host_ns() -> float:
+    """
+    Host ns the policy prices one cudaMemcpyAsync at now: a guess until the process has copied 8 times, then the mean of its copies so far.
+    """
+
 def policy_fresh_pays(fresh_ns: float, rewrite_ns: float, kernels: int, launches: float) -> bool:
     """Whether a fresh executable beats rewriting in place (exec_cache.h)."""
 
