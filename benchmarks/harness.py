@@ -47,6 +47,15 @@ class Mode:
     ``run(calls)`` performs ``calls`` calls and returns the seconds they took,
     starting with the device idle and ending when the work is done. A sample
     is that time divided by ``calls * per_call``, in ``unit``.
+
+    With ``steady``, each sample also times a short burst of ``calls // 8``
+    calls and records ``(long - short) / (calls - calls // 8)`` per item in
+    ``steady_samples``: the cost of a call once calls are streaming, without
+    the burst's fixed start and end. Timed from idle by the host's clock, a
+    burst of jitted calls carries JAX's first dispatch after idle and its wait
+    for the last result, 0.2-0.45 ms each on the H100, while the floor's CUDA
+    events carry neither (``benchmarks/stamp_probe.py``); over a 25 ms sample
+    that alone reads as 1-2% over the floor.
     """
 
     key: str
@@ -59,6 +68,8 @@ class Mode:
     info: dict = dataclasses.field(default_factory=dict)  # recorded with the samples (e.g. fori trips)
     counters: Callable[[], dict] | None = None  # the process's event counters, read around each sample
     counter_samples: list = dataclasses.field(default_factory=list)  # per sample: counters' change per call
+    steady: bool = False       # also record steady_samples (see above)
+    steady_samples: list = dataclasses.field(default_factory=list)
 
     def sample(self) -> float:
         """Time ``self.calls`` calls; return the time per ``per_call`` item in ``unit``."""
@@ -72,6 +83,16 @@ class Mode:
                 gc.enable()
         if before is not None:  # read after the timed calls: never inside them
             self.counter_samples.append(counter_deltas(before, self.counters(), self.calls))
+        if self.steady and self.calls >= 16:
+            short = self.calls // 8
+            gc.disable()
+            try:
+                short_seconds = self.run(short)
+            finally:
+                if enabled:
+                    gc.enable()
+            self.steady_samples.append((seconds - short_seconds) / ((self.calls - short) * self.per_call)
+                                       * SCALE[self.unit])
         return seconds / (self.calls * self.per_call) * SCALE[self.unit]
 
 
@@ -217,6 +238,8 @@ def measure_group(label: str, factories: list[tuple[str, Callable[[], Mode]]], r
         records[mode.key]["samples"] = samples[mode.key]
         if mode.counter_samples:
             records[mode.key]["counters"] = _median_counters(mode.counter_samples)
+        if mode.steady_samples:
+            records[mode.key]["steady_samples"] = mode.steady_samples
         if mode.key in errors:
             records[mode.key]["error"] = errors[mode.key]
     return records

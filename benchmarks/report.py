@@ -67,7 +67,9 @@ def _header(results: dict) -> list[str]:
         " · ".join(f for f in facts if f), "",
         "A chain of N dependent `add_one` kernels (y = x + 1 on 4096 float32). Cells: median **us per "
         "kernel** (time per call / N) and, in parentheses, the ratio to the raw `cuGraphLaunch` floor "
-        "measured in the same process. Spread (min-max, quartiles) and every sample are in the JSON. "
+        "measured in the same process; `jit_loop` and `jit_changing` also give it for streaming calls "
+        "(the burst's fixed start and end left out: `harness.Mode.steady`). Spread (min-max, quartiles) "
+        "and every sample are in the JSON. "
         "Host timings drift 10-30% between processes: compare ratios, not times across tables.", "",
     ]
 
@@ -96,7 +98,8 @@ def _cell(proc: dict, mode: str, n: str) -> str:
         return "skipped" if "skipped" in entry else "error"
     text = fmt(entry["stats"]["median"])
     if mode != "raw" and entry.get("ratio") is not None:
-        text += f" ({entry['ratio']:.2f}x)"
+        steady = entry.get("steady_ratio")
+        text += f" ({entry['ratio']:.2f}x" + (f", streaming {steady:.2f}x)" if steady is not None else ")")
     return text + (" (error)" if "error" in entry else "")
 
 

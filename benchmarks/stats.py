@@ -57,7 +57,8 @@ def summarize_process(proc: dict) -> dict:
     """A copy of one worker's record with ``stats`` and ``ratio`` added to every measured entry.
 
     ``ratio`` is the mode's median over the floor's median at the same N in the
-    same process; ``ratio_min``/``ratio_max`` span the per-round paired ratios.
+    same process; ``ratio_min``/``ratio_max`` span the per-round paired ratios;
+    ``steady_ratio``, where the mode recorded ``steady_samples``, is theirs.
     """
     out = copy.deepcopy(proc)
     modes = out.get("modes", {})
@@ -74,6 +75,9 @@ def summarize_process(proc: dict) -> dict:
             pairs = paired_ratios(entry["samples"], base["samples"])
             if pairs:
                 entry["ratio_min"], entry["ratio_max"] = min(pairs), max(pairs)
+            if entry.get("steady_samples"):  # harness.Mode.steady: streaming calls, the burst's ends left out
+                entry["steady_stats"] = summarize(entry["steady_samples"])
+                entry["steady_ratio"] = entry["steady_stats"]["median"] / statistics.median(base["samples"])
     for entry in out.get("scalars", {}).values():
         if entry.get("samples"):
             entry["stats"] = summarize(entry["samples"])

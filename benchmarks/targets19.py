@@ -51,6 +51,7 @@ EAGER_FORMS = {"jaxgraph_bound": "`kernel[grid, block, 0, s]` bound", "jaxgraph_
 SCALE_N = 100_000
 PATTERNS = ("one_site", "in_place")
 NOT_MEASURED = ("not measured", "not measured")
+STEADY_LABEL = "ratio to the floor of streaming calls (in parentheses: bursts timed from idle)"
 
 NOTES = """\
 ### Notes
@@ -64,6 +65,15 @@ NOTES = """\
   plain `<device>.json` is the last of them and names the others), and a row then judges every run
   of the group: *met in 3 of 3 runs*, or which run missed where, each place's figures side by side
   (`<device>-runs.md` has them as tables). A single run is judged alone.
+- **Replay in jit against the floor** is judged on streaming calls where the run measured them
+  (`steady_ratio`: each sample also times a burst of 1/8 the calls, and the difference leaves out
+  the burst's start and end; `harness.Mode.steady`), the 25 ms bursts timed from an idle device
+  shown in parentheses. The floor is CUDA events around `cuGraphLaunch` calls; a jitted burst,
+  timed by the host's clock, also carries JAX's first dispatch after idle and its wait for the
+  last result, 0.2-0.45 ms each on the H100, for any jitted function. The GPU's own clock
+  (`benchmarks/stamp_probe.py`) saw the graph run as fast inside jit as launched raw, and
+  1.7-2.3 us more between two jitted calls than between two raw launches (PjRt's work per
+  execution on XLA's stream). Runs made before `steady_ratio` existed are judged on the bursts.
 - **Mixed mode** compares `mixed` with `mixed_calls` (fixed input) and `mixed_changing` with
   `mixed_calls_changing` (8 inputs in turn): "ahead" is the `jax_call` program's time over the
   replay program's. N = 1 is below the target's range: its figures are shown, not judged.
@@ -160,18 +170,24 @@ def _harness_judges() -> dict:
 
 
 def _floor(results: dict, settings: tuple[str, ...], limit: float) -> Figures:
-    parts, ok, how = [], {}, {}
+    parts, ok, how, streaming = [], {}, {}, False
     for key in settings:
         cells = []
         for n in (n for n in verdicts.ns(results, key) if int(n) >= 100):
             for mode in ("jit_loop", "jit_changing"):
-                r = verdicts.ratio(results, key, mode, n)
-                if r is not None:
-                    cells.append(f"{mode} N={n} {r:.3f}x")  # three decimals: 1.053x is over 1.05x
-                    ok[f"{key} {mode} N={n}"], how[f"{key} {mode} N={n}"] = r <= limit, f"{r:.3f}x"
+                burst = verdicts.ratio(results, key, mode, n)
+                if burst is None:
+                    continue
+                steady = verdicts.steady_ratio(results, key, mode, n)
+                r = burst if steady is None else steady  # judged: streaming calls where the run has them
+                streaming |= steady is not None
+                cells.append(f"{mode} N={n} {r:.3f}x"  # three decimals: 1.053x is over 1.05x
+                             + ("" if steady is None else f" (bursts {burst:.3f}x)"))
+                ok[f"{key} {mode} N={n}"], how[f"{key} {mode} N={n}"] = r <= limit, f"{r:.3f}x"
         if cells:
             parts.append(f"{key}: " + ", ".join(cells))
-    return Figures("; ".join(parts) or "not measured", ok, how, "ratio to the floor")
+    return Figures("; ".join(parts) or "not measured", ok, how,
+                   STEADY_LABEL if streaming else "ratio to the floor")
 
 
 def _floor_105(results: dict) -> Figures:

@@ -10,7 +10,8 @@ the same over a group of runs (``run.py --runs K``).
 
 from __future__ import annotations
 
-__all__ = ["entry", "fmt", "median", "ns", "over_runs", "per_call", "ratio", "runs_words", "source_line", "verdict"]
+__all__ = ["entry", "fmt", "median", "ns", "over_runs", "per_call", "ratio", "runs_words", "source_line",
+           "steady_ratio", "verdict"]
 
 
 def entry(results: dict, key: str, mode: str, n: str) -> dict:
@@ -28,6 +29,11 @@ def ratio(results: dict, key: str, mode: str, n: str) -> float | None:
     """Median over the raw ``cuGraphLaunch`` floor's median in the same process, or ``None``."""
     record = entry(results, key, mode, n)
     return record.get("ratio") if "stats" in record else None
+
+
+def steady_ratio(results: dict, key: str, mode: str, n: str) -> float | None:
+    """The streaming calls' median (``harness.Mode.steady``) over the floor's median, or ``None``."""
+    return entry(results, key, mode, n).get("steady_ratio")
 
 
 def per_call(results: dict, key: str, mode: str, n: str) -> float | None:

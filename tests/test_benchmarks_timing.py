@@ -49,6 +49,27 @@ def test_sampling_is_round_robin_and_a_failing_mode_drops_out():
     assert "a" not in errors
 
 
+def test_steady_samples_leave_out_the_burst_fixed_start_and_end():
+    # Each burst costs 0.5 ms at its ends plus 1 ms a call: the sample reads the ends, the steady one not.
+    bursts = []
+
+    def run_calls(calls):
+        bursts.append(calls)
+        return 0.5e-3 + calls * 1e-3
+
+    mode = harness.Mode("jit_loop", run_calls, per_call=10, calls=40, steady=True)
+    sample = mode.sample()
+    assert bursts == [40, 5]  # the sample's burst, then one of 1/8 the calls
+    assert sample == pytest.approx((0.5e-3 + 40e-3) / 400 * 1e6)
+    assert mode.steady_samples == [pytest.approx(100.0)]  # 1 ms a call of 10 kernels: 100 us per kernel
+    plain = harness.Mode("raw", run_calls, per_call=10, calls=40)
+    plain.sample()
+    assert plain.steady_samples == [] and bursts[-1] == 40  # no extra burst without steady
+    short = harness.Mode("jit_loop", run_calls, per_call=10, calls=15, steady=True)
+    short.sample()
+    assert short.steady_samples == []  # too few calls to split
+
+
 def test_calibration_aims_at_the_target_and_caps_calls():
     mode = fake_mode("a", 1e-4)
     assert harness.calibrate(mode, 0.025, 20_000) == 250 and mode.calls == 250
