@@ -51,7 +51,7 @@ EAGER_FORMS = {"jaxgraph_bound": "`kernel[grid, block, 0, s]` bound", "jaxgraph_
 SCALE_N = 100_000
 PATTERNS = ("one_site", "in_place")
 NOT_MEASURED = ("not measured", "not measured")
-STEADY_LABEL = "ratio to the floor of streaming calls (in parentheses: bursts timed from idle)"
+STEADY_LABEL = "ratio to the floor of streaming calls (each run's bursts from idle: its tables)"
 
 NOTES = """\
 ### Notes
@@ -70,9 +70,9 @@ NOTES = """\
   the burst's start and end; `harness.Mode.steady`), the 25 ms bursts timed from an idle device
   shown in parentheses. The floor is CUDA events around `cuGraphLaunch` calls; a jitted burst,
   timed by the host's clock, also carries JAX's first dispatch after idle and its wait for the
-  last result, 0.2-0.45 ms each on the H100, for any jitted function. The GPU's own clock
-  (`benchmarks/stamp_probe.py`) saw the graph run as fast inside jit as launched raw, and
-  1.7-2.3 us more between two jitted calls than between two raw launches (PjRt's work per
+  last result (the dispatch alone 0.16-0.45 ms on the H100, for any jitted function). The GPU's
+  own clock (`benchmarks/stamp_probe.py`) saw the graph run as fast inside jit as launched raw,
+  and 1.2-2.3 us more between two jitted calls than between two raw launches (PjRt's work per
   execution on XLA's stream). Runs made before `steady_ratio` existed are judged on the bursts.
 - **Mixed mode** compares `mixed` with `mixed_calls` (fixed input) and `mixed_changing` with
   `mixed_calls_changing` (8 inputs in turn): "ahead" is the `jax_call` program's time over the
