@@ -35,7 +35,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.exec_update_cost import capture_chain  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
+from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
 def clocks() -> str:
@@ -59,17 +60,8 @@ def main() -> int:
         print("floor_probe.py needs a CUDA GPU: none found")
         return 0
 
-    def call(name, *a):
-        err, *values = getattr(driver, name)(*a)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{name} failed: {err}")
-        return values[0] if len(values) == 1 else (values or None)
-
     rng = np.random.default_rng()
-    kernel = jaxgraph.Kernel(SOURCE, "add_one")
-    stream = jaxgraph.Stream()
-    h = driver.CUstream(int(stream))
-    start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
+    kernel, stream, h, start, end = kit()
     chains = {}
     for n in args.n:
         captured = capture_chain(kernel, n)

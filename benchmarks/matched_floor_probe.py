@@ -36,7 +36,8 @@ if __package__ in (None, ""):
 
 from benchmarks.exec_update_cost import capture_chain  # noqa: E402
 from benchmarks.placement_probe import RawBuffer  # noqa: E402
-from benchmarks.workload import ELEMENTS, SOURCE, Chain, check_result, random_input  # noqa: E402
+from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.workload import ELEMENTS, Chain, check_result, random_input  # noqa: E402
 
 
 def main() -> int:
@@ -54,17 +55,8 @@ def main() -> int:
     import jax.numpy as jnp
     from cuda.bindings import driver
 
-    def call(name, *a):
-        err, *values = getattr(driver, name)(*a)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{name} failed: {err}")
-        return values[0] if len(values) == 1 else (values or None)
-
     rng = np.random.default_rng()
-    kernel = jaxgraph.Kernel(SOURCE, "add_one")
-    stream = jaxgraph.Stream()
-    h = driver.CUstream(int(stream))
-    start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
+    kernel, stream, h, start, end = kit()
 
     def event_time(execs, calls: int) -> float:
         for e in execs:

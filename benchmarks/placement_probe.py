@@ -26,7 +26,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
+from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
 class RawBuffer:
@@ -52,18 +53,9 @@ def main() -> int:
         print("placement_probe.py needs a CUDA GPU: none found")
         return 0
 
-    def call(name, *a):
-        err, *values = getattr(driver, name)(*a)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{name} failed: {err}")
-        return values[0] if len(values) == 1 else (values or None)
-
     rng = np.random.default_rng()
-    kernel = jaxgraph.Kernel(SOURCE, "add_one")
+    kernel, stream, h, start, end = kit()
     launch = kernel[GRID, BLOCK]
-    stream = jaxgraph.Stream()
-    h = driver.CUstream(int(stream))
-    start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
     keep = []
 
     def chain_on(buf) -> object:
