@@ -52,7 +52,7 @@ class Mode:
     calls and records ``(long - short) / (calls - calls // 8)`` per item in
     ``steady_samples``: the cost of a call once calls are streaming, without
     the burst's fixed start and end. Timed from idle by the host's clock, a
-    burst of jitted calls carries JAX's first dispatch after idle (0.16-0.45 ms
+    burst of jitted calls carries JAX's first dispatch after idle (0.16-0.60 ms
     on the H100, a trivial jitted function's too) and its wait for the last
     result, while the floor's CUDA events carry neither (``benchmarks/stamp_probe.py``); over a 25 ms sample
     that alone reads as 1-2% over the floor.

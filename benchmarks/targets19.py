@@ -70,7 +70,7 @@ NOTES = """\
   the burst's start and end; `harness.Mode.steady`), the 25 ms bursts timed from an idle device
   shown in parentheses. The floor is CUDA events around `cuGraphLaunch` calls; a jitted burst,
   timed by the host's clock, also carries JAX's first dispatch after idle and its wait for the
-  last result (the dispatch alone 0.16-0.45 ms on the H100, for any jitted function). The GPU's
+  last result (the dispatch alone 0.16-0.60 ms on the H100, for any jitted function). The GPU's
   own clock (`benchmarks/stamp_probe.py`) saw the graph run as fast inside jit as launched raw,
   and 1.2-2.3 us more between two jitted calls than between two raw launches (PjRt's work per
   execution on XLA's stream). Runs made before `steady_ratio` existed are judged on the bursts.
