@@ -13,7 +13,10 @@ per XLA flag setting (XLA reads XLA_FLAGS once, when it starts), each timing
   jit_loop   the captured chain as one jaxgraph replayable in jax.jit
   jit_fori   replays in a jitted lax.fori_loop, each output the next input
 
-and prints us per kernel with the ratio to the floor of the same process.
+and prints us per kernel with the ratio to the floor of the same process
+(for the replay in jit also that of streaming calls: each sample's burst of
+calls from an idle device, less a burst of 1/8 as many, which leaves out
+JAX's first dispatch after idle and its wait for the last result).
 Each mode's result is checked against numpy, exactly, before it is timed.
 ``python benchmarks/run.py`` measures every mode, with more repeats.
 """
@@ -69,8 +72,10 @@ def table(results, ns):
                     row.append(entry.get("skipped") or entry.get("error") or "–")
                 elif mode == config.FLOOR:
                     row.append(report.fmt(entry["stats"]["median"]))
-                else:
-                    row.append(f"{report.fmt(entry['stats']['median'])} ({entry['ratio']:.2f}x)")
+                else:  # replay in jit: also its streaming calls, without the burst's start and end
+                    steady = entry.get("steady_ratio")
+                    row.append(f"{report.fmt(entry['stats']['median'])} ({entry['ratio']:.2f}x"
+                               + (f"; streaming {steady:.2f}x)" if steady is not None else ")"))
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]

@@ -72,15 +72,16 @@ def test_compare_command_buffers_table_from_worker_records():
             for mode, f in factors.items()}
         return {"setting": setting, "modes": modes, "errors": []}
 
-    results = stats.merge({}, {"off": record("off", {"raw": 1.0, "jax_calls": 6.0, "jit_loop": 30.0}),
-                               "on": record("on", {"raw": 1.0, "jax_calls": 4.5, "jit_fori": 1.5})})
+    off = record("off", {"raw": 1.0, "jax_calls": 6.0, "jit_loop": 30.0})
+    off["modes"]["jit_loop"]["by_n"]["10"]["steady_samples"] = [21.0, 23.1]  # the harness's streaming calls
+    results = stats.merge({}, {"off": off, "on": record("on", {"raw": 1.0, "jax_calls": 4.5, "jit_fori": 1.5})})
     text = example.table(results, (10,))
     lines = text.splitlines()
     assert "N = 10 kernels: us per kernel (ratio to the raw floor of the same process)" in lines
     header = next(line for line in lines if line.startswith("| XLA setting"))
     assert all(name in header for name in example.COLUMNS.values())
     off = next(line for line in lines if line.startswith("| off:"))
-    assert "12.60 (6.00x)" in off and "63.00 (30.00x)" in off and "| 2.100 " in off
+    assert "12.60 (6.00x)" in off and "63.00 (30.00x; streaming 10.50x)" in off and "| 2.100 " in off
     on = next(line for line in lines if line.startswith("| on:"))
     assert "9.450 (4.50x)" in on and "3.150 (1.50x)" in on and "| – " in on  # jit_loop not measured there
     checked, problems = example.checks(results)
