@@ -54,8 +54,9 @@ class Mode:
     the burst's fixed start and end. Timed from idle by the host's clock, a
     burst of jitted calls carries JAX's first dispatch after idle (0.16-0.60 ms
     on the H100, a trivial jitted function's too) and its wait for the last
-    result, while the floor's CUDA events carry neither (``benchmarks/stamp_probe.py``); over a 25 ms sample
-    that alone reads as 1-2% over the floor.
+    result, while the floor's CUDA events carry neither
+    (``benchmarks/stamp_probe.py``); over a 25 ms sample that alone reads as
+    1-2% over the floor.
     """
 
     key: str
