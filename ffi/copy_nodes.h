@@ -50,10 +50,13 @@ constexpr double kRingCopyHostNs = 100.0;
 // Whether `g`'s buffers are copied by nodes of its executables (from registration on).
 inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
 
-// Buffers copied by nodes on a launch now: the ones not bound.
+// Whether buffer `i` is copied by its copy node on a launch now: it has one, and is not bound.
+inline bool CopiedByNode(const DeviceGraph& g, size_t i) { return g.copy_nodes[i] != nullptr && g.buffers[i].Moves(); }
+
+// Buffers copied by nodes on a launch now.
 inline size_t NodeCopied(const DeviceGraph& g) {
   size_t n = 0;
-  for (size_t i = 0; i < g.copy_nodes.size(); ++i) n += g.copy_nodes[i] != nullptr && g.buffers[i].Moves();
+  for (size_t i = 0; i < g.copy_nodes.size(); ++i) n += CopiedByNode(g, i);
   return n;
 }
 
@@ -164,7 +167,7 @@ inline ffi::Error WriteRingEntry(DeviceGraph* g, const std::vector<uint64_t>& ad
   }
   int64_t copies = 0;
   for (size_t i = 0; i < g->buffers.size(); ++i) {
-    bool copied = g->copy_nodes[i] != nullptr && g->buffers[i].Moves();
+    bool copied = CopiedByNode(*g, i);
     entry[i] = copied ? addresses[i] : 0;
     copies += copied;
   }

@@ -93,14 +93,15 @@ ffi::Error XlaAddresses(const DeviceGraph& g, ffi::RemainingArgs args, ffi::Rema
 // Copies the inputs in (or, with `outputs`, the outputs out) that are copied:
 // all of them when `everything` (a graph spliced whole at its static addresses),
 // and the bound ones `also` names (a recording's plan, capture_policy.h); on a
-// launch (`launch`), not those a node of the executable copies (copy_nodes.h).
+// launch (`launch`) of a graph with copy nodes, none: every buffer with bytes
+// has its node in the executable (copy_nodes.h).
 ffi::Error CopyBuffers(DeviceGraph* g, const std::vector<uint64_t>& addresses, bool outputs,
                        bool everything, const std::vector<char>& also, cudaStream_t stream, bool launch) {
+  if (launch && HasCopyNodes(*g)) return ffi::Error::Success();
   size_t begin = outputs ? g->num_inputs : 0, end = outputs ? g->buffers.size() : g->num_inputs;
   for (size_t i = begin; i < end; ++i) {
     const Binding& b = g->buffers[i];
     if (!b.Moves() && !everything && (also.empty() || !also[i])) continue;
-    if (launch && g->copy_nodes[i] != nullptr) continue;
     void* xla = reinterpret_cast<void*>(addresses[i]);
     void* static_array = reinterpret_cast<void*>(b.base);
     auto e = outputs ? Copy(xla, static_array, b.bytes, stream) : Copy(static_array, xla, b.bytes, stream);
