@@ -36,7 +36,7 @@ if __package__ in (None, ""):
 
 from benchmarks.exec_update_cost import capture_chain  # noqa: E402
 from benchmarks.placement_probe import RawBuffer  # noqa: E402
-from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
 from benchmarks.workload import ELEMENTS, Chain, check_result, random_input  # noqa: E402
 
 
@@ -56,17 +56,11 @@ def main() -> int:
     from cuda.bindings import driver
 
     rng = np.random.default_rng()
-    kernel, stream, h, start, end = kit()
+    probe = kit()
+    kernel = probe.kernel
 
     def event_time(execs, calls: int) -> float:
-        for e in execs:
-            call("cuGraphLaunch", e, h)
-        start.record(stream)
-        for i in range(calls):
-            call("cuGraphLaunch", execs[i % len(execs)], h)
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) * 1e-3
+        return timed_launches(probe, execs, calls)
 
     def instantiate(graph):
         return call("cuGraphInstantiate", graph, 0)

@@ -26,7 +26,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
@@ -54,8 +54,8 @@ def main() -> int:
         return 0
 
     rng = np.random.default_rng()
-    kernel, stream, h, start, end = kit()
-    launch = kernel[GRID, BLOCK]
+    probe = kit()
+    launch = probe.kernel[GRID, BLOCK]
     keep = []
 
     def chain_on(buf) -> object:
@@ -67,8 +67,8 @@ def main() -> int:
         keep.append(g)
         x = random_input(rng)
         call("cuMemcpyHtoD", buf.__cuda_array_interface__["data"][0], x.ctypes.data, x.nbytes)
-        call("cuGraphLaunch", exe, h)
-        call("cuStreamSynchronize", h)
+        call("cuGraphLaunch", exe, probe.handle)
+        call("cuStreamSynchronize", probe.handle)
         y = np.empty_like(x)
         call("cuMemcpyDtoH", y.ctypes.data, buf.__cuda_array_interface__["data"][0], y.nbytes)
         check_result(y, x, args.n)
@@ -78,13 +78,8 @@ def main() -> int:
         samples = {k: [] for k in execs}
         for _ in range(args.rounds):
             for k, exe in execs.items():
-                call("cuGraphLaunch", exe, h)
-                start.record(stream)
-                for _ in range(args.launches):
-                    call("cuGraphLaunch", exe, h)
-                end.record(stream)
-                end.synchronize()
-                samples[k].append(start.elapsed_time(end) * 1000.0 / (args.launches * args.n))
+                seconds = timed_launches(probe, [exe], args.launches)
+                samples[k].append(seconds * 1e6 / (args.launches * args.n))
         return samples
 
     def report(tag: str, samples: dict) -> None:

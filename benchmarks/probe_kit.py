@@ -7,11 +7,11 @@ call and that setup, written once.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from .workload import SOURCE
 
-__all__ = ["Kit", "driver_call", "kit"]
+__all__ = ["Kit", "driver_call", "kit", "timed_launches"]
 
 
 def driver_call(name: str, *args: Any) -> Any:
@@ -40,3 +40,16 @@ def kit() -> Kit:
     stream = jaxgraph.Stream()
     return Kit(jaxgraph.Kernel(SOURCE, "add_one"), stream, driver.CUstream(int(stream)),
                jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True))
+
+
+def timed_launches(k: Kit, execs: Sequence[Any], launches: int) -> float:
+    """Seconds between two CUDA events around ``launches`` ``cuGraphLaunch`` calls of ``execs`` in
+    turn on the kit's stream, each executable launched once before (uploaded, caches warm)."""
+    for e in execs:
+        driver_call("cuGraphLaunch", e, k.handle)
+    k.start.record(k.stream)
+    for i in range(launches):
+        driver_call("cuGraphLaunch", execs[i % len(execs)], k.handle)
+    k.end.record(k.stream)
+    k.end.synchronize()
+    return k.start.elapsed_time(k.end) * 1e-3
