@@ -1,8 +1,9 @@
-"""What the one-question probes share (``floor_probe.py``, ``placement_probe.py``, ``matched_floor_probe.py``).
+"""What the one-question probes share (``floor_probe.py``, ``placement_probe.py``,
+``matched_floor_probe.py``, ``stamp_probe.py``).
 
-Each probe launches executables itself through ``cuda.bindings`` and times
-them with CUDA events on a stream of its own; these are the checked driver
-call and that setup, written once.
+Each probe launches executables itself through ``cuda.bindings``, most of
+them timed with CUDA events on a stream of its own: the checked driver call,
+that setup and that timed loop, written once.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.probe_kit import driver_call as call  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 CAP = 4096
@@ -99,10 +100,8 @@ def main() -> int:
 
         def raw(calls: int) -> None:
             for _ in range(calls):
-                (err,) = driver.cuGraphLaunch(exe, h)
-                assert err == driver.CUresult.CUDA_SUCCESS, err
-            (err,) = driver.cuStreamSynchronize(h)
-            assert err == driver.CUresult.CUDA_SUCCESS, err
+                call("cuGraphLaunch", exe, h)
+            call("cuStreamSynchronize", h)
 
         first = {}
 
