@@ -150,6 +150,27 @@ def alternate_calls(f, xj, calls=12, settle=6):
     return out, seen, {key: after[key] - before[key] for key in after}
 
 
+def assert_switched_and_copied_by_nodes(step, device, call, calls=4):
+    """A large graph's two static buffers (one array, in and out) switched to copying: they are
+    ``COPIED_BY_COST``, copied by the two copy nodes of its one executable, and each of ``calls``
+    more calls (``call(i)`` returns the result and numpy's) is exact, launches, copies by those
+    nodes alone and rewrites or makes nothing. Returns the counters before those calls."""
+    from internals import counters, describe_graph
+
+    rows = step.bindings[device]
+    assert [r.mode for r in rows] == [jaxgraph.BindingMode.COPIED_BY_COST] * 2, rows
+    info = describe_graph(step.graph_id, device)
+    assert info.copy_nodes == 2 and info.executables == 1, info
+    before = counters()
+    for i in range(calls):
+        got, want = call(i)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"copied, call {i}")
+    change = {k: v - before[k] for k, v in counters().items()}
+    assert change["launch"] == calls and change["node_copy"] == 2 * calls and change["copy"] == 0, change
+    assert change["rebind"] == 0 and change["instantiate"] == 0, change  # nothing bound left to rewrite or make
+    return before
+
+
 MiB = 1 << 20
 
 
