@@ -75,26 +75,24 @@ class Mode:
     def sample(self) -> float:
         """Time ``self.calls`` calls; return the time per ``per_call`` item in ``unit``."""
         before = self.counters() if self.counters is not None else None
-        enabled = gc.isenabled()
-        gc.disable()  # a collection inside a timed loop is noise, not cost
-        try:
-            seconds = self.run(self.calls)
-        finally:
-            if enabled:
-                gc.enable()
+        seconds = self._timed(self.calls)
         if before is not None:  # read after the timed calls: never inside them
             self.counter_samples.append(counter_deltas(before, self.counters(), self.calls))
         if self.steady and self.calls >= 16:
             short = self.calls // 8
-            gc.disable()
-            try:
-                short_seconds = self.run(short)
-            finally:
-                if enabled:
-                    gc.enable()
-            self.steady_samples.append((seconds - short_seconds) / ((self.calls - short) * self.per_call)
+            self.steady_samples.append((seconds - self._timed(short)) / ((self.calls - short) * self.per_call)
                                        * SCALE[self.unit])
         return seconds / (self.calls * self.per_call) * SCALE[self.unit]
+
+    def _timed(self, calls: int) -> float:
+        """``run(calls)`` with the garbage collector held off: a collection inside a timed loop is noise."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self.run(calls)
+        finally:
+            if enabled:
+                gc.enable()
 
 
 def calibrate(mode: Mode, target_s: float, max_calls: int) -> int:
