@@ -10,7 +10,7 @@ show both sides: ``jit_loop`` (one fixed input; XLA's output alternates
 between two buffers, both recorded once), ``jit_changing`` (8 inputs),
 ``jit_cycle`` (rotating over ``CYCLE`` inputs: more address sets than XLA
 keeps, so calls record again) and ``mixed`` (3 replays between XLA ops).
-Each :class:`jaxgraph._replay_codes.CapturePolicy` is measured in turn (the
+Each :class:`jaxgraph._jax_interop.replay_codes.CapturePolicy` is measured in turn (the
 policy is process-wide and read when XLA records), each group with its own
 raw ``cuGraphLaunch`` floor, with the replay counters per call. Every mode is
 checked exactly against numpy first. Prints a markdown table.
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["XLA_FLAGS"] = config.SETTINGS["on"].xla_flags
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     import jaxgraph
-    from jaxgraph import _replay_codes
+    from jaxgraph._jax_interop import replay_codes as _replay_codes
 
     if jaxgraph.device_count() == 0:
         print("capture_policies needs a CUDA GPU", file=sys.stderr)

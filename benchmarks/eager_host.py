@@ -40,9 +40,9 @@ from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE  # noqa: E402
 def stubbed_kernel() -> tuple[Any, Any, Any, Any]:
     """An ``add_one`` kernel whose launches stop before the driver, two DeviceArrays and a stream."""
     import jaxgraph
-    from jaxgraph import _driver
-    from jaxgraph._array import _INTERNAL, DeviceArray
-    from jaxgraph._stream import Stream
+    from jaxgraph._cuda import driver as _driver
+    from jaxgraph._cuda.array import _INTERNAL, DeviceArray
+    from jaxgraph._cuda.stream import Stream
 
     kernel = jaxgraph.Kernel(SOURCE, "add_one", arch="sm_90")
     kernel._h_kernel, kernel._function_address = 1, 0xF00  # "loaded": no cubin load

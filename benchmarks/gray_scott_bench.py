@@ -40,7 +40,7 @@ first, then the modes are sampled in interleaved rounds
 (``harness.measure_group``): a sample is the host wall time of several
 back-to-back calls, the last waited for with ``jax.block_until_ready``, per
 step. Each process also records, per mode, the replay counters per step
-once warm (over 4 calls, after 7: ``jaxgraph._replay_codes.counters``, the
+once warm (over 4 calls, after 7: ``jaxgraph._jax_interop.replay_codes.counters``, the
 paths, executables made, rebinds, copies and the handler's host time), the
 replayable's bindings, and the array copies XLA compiled outside the entry
 computation (the loop's). Writes
@@ -190,7 +190,7 @@ def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayab
     """Compile, check against numpy, note counters and bindings; a Mode timing ``fn(*args)`` per step."""
     import jax
 
-    from jaxgraph import _replay_codes
+    from jaxgraph._jax_interop import replay_codes as _replay_codes
 
     before = _replay_codes.counters()
     jax.block_until_ready(fn(*args))  # compiles

@@ -94,7 +94,7 @@ def measure(setting: str, repeats: int, calls: int) -> dict:
 def _eager_probes(chain: Chain, rng: np.random.Generator) -> dict:
     import jaxgraph
     from cuda.bindings import driver as cu
-    from jaxgraph._native import native
+    from jaxgraph._cuda.native import native
 
     stream = jaxgraph.Stream()
     g = chain.graph
@@ -157,7 +157,7 @@ def _jit_probes(chain: Chain, kernel: Any, rng: np.random.Generator) -> dict:
 
 def _handler_counters() -> tuple[int, int]:
     try:
-        from jaxgraph._native import native
+        from jaxgraph._cuda.native import native
 
         c = native("replay").counters()
         return c["handler_calls"], c["handler_ns"]

@@ -185,8 +185,8 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     import jax.numpy as jnp
 
     import jaxgraph
-    from jaxgraph._native import native
-    from jaxgraph._replay_codes import counters
+    from jaxgraph._cuda.native import native
+    from jaxgraph._jax_interop.replay_codes import counters
 
     rng = np.random.default_rng()  # unseeded: every run checks new inputs
     kernel = jaxgraph.Kernel(SOURCE, "add_one")

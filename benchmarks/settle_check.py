@@ -32,7 +32,7 @@ def child(setting):
 
     import jaxgraph
     from benchmarks.workload import SOURCE, Chain, check_result, random_input
-    from jaxgraph import _replay_codes
+    from jaxgraph._jax_interop import replay_codes as _replay_codes
 
     print("jax", jax.__version__, "XLA_FLAGS", os.environ.get("XLA_FLAGS"), flush=True)
     k = jaxgraph.Kernel(SOURCE, "add_one")

@@ -69,7 +69,7 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
     stream = jaxgraph.Stream()
     counters = _replay_counters(log) if setting.uses_jax else None
     if setting.uses_jax and cfg.capture_policy is not None:
-        from jaxgraph import _replay_codes
+        from jaxgraph._jax_interop import replay_codes as _replay_codes
 
         _replay_codes.set_capture_policy(cfg.capture_policy)
         proc["capture_policy"] = cfg.capture_policy
@@ -183,10 +183,10 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
 
 
 def _replay_counters(log: Any) -> Any:
-    """The replay handler's counters as a callable (``jaxgraph._replay_codes.counters``), or ``None``
+    """The replay handler's counters as a callable (``jaxgraph._jax_interop.replay_codes.counters``), or ``None``
     where the native extension cannot say (the modes are then timed without them)."""
     try:
-        from jaxgraph import _replay_codes
+        from jaxgraph._jax_interop import replay_codes as _replay_codes
 
         _replay_codes.counters()
     except Exception as exc:

@@ -37,7 +37,7 @@
 namespace jaxgraph {
 
 // The copy nodes' kernels, loaded in the graph's device's context (Python:
-// jaxgraph/_copy_ring.py): jaxgraph_ring_copy and jaxgraph_ring_advance.
+// jaxgraph/_graphs/copy_ring.py): jaxgraph_ring_copy and jaxgraph_ring_advance.
 struct RingKernels {
   uint64_t copy = 0;
   uint64_t advance = 0;

@@ -3,7 +3,7 @@
 // typed custom call; and the eager launch entry point Kernel.launch uses.
 //
 // Kernels are registered once from Python into a handle table; HLO carries
-// only the small integer id, never a raw pointer. Python side: jaxgraph/_jax_launch.py.
+// only the small integer id, never a raw pointer. Python side: jaxgraph/_jax_interop/kernel_call.py.
 
 #include <cstdint>
 #include <cstring>

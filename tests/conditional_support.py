@@ -8,7 +8,7 @@ as PyTorch does. :class:`Conditionals` records the bodies and the kernels
 launched in them, which :func:`replayable` hands to the replay (the capture
 API records them itself).
 
-Tests internals (listed in tests/README.md): ``_replay_args.source_of`` patched with the
+Tests internals (listed in tests/README.md): ``_replay_spec.source_of`` patched with the
 bodies of hand-made conditional nodes; conditional nodes built with cuda.bindings inside a
 jaxgraph capture, beside the capture API.
 """
@@ -24,10 +24,10 @@ import numpy as np
 
 import graph_support
 import jaxgraph
-import jaxgraph._replayable
-from jaxgraph._kernel_load import node_handles
-from jaxgraph._replay_args import source_of
-from jaxgraph._signature import access_flags
+import jaxgraph._jax_interop.replayable
+from jaxgraph._kernels.load import node_handles
+from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._kernels.signature import access_flags
 from kernels import ACCUMULATE, AXPB, CONDITIONAL, LOOP_FLAG, SET_CONDITIONAL
 
 N = 4096
@@ -151,7 +151,7 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
     patched = dataclasses.replace(source, kernels=tuple(kernels.items()),
                                   bodies=tuple(cond.bodies) if bodies else ())
     # What the capture API records itself: the replayable is built from this source.
-    with mock.patch.object(jaxgraph._replayable, "source_of", lambda graph: patched):
+    with mock.patch.object(jaxgraph._jax_interop.replayable, "source_of", lambda graph: patched):
         return jaxgraph.replayable(g, inputs, outputs, **options)
 
 

@@ -14,13 +14,13 @@ __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counter
            "native_replay", "pool_of", "replayable_of_referenced", "set_capture_policy", "spec_replayable",
            "spec_sharded"]
 
-from jaxgraph._jax_replay import describe_graph
-from jaxgraph._memory import pool_from_token
-from jaxgraph._native import native
-from jaxgraph._replay_args import ReplaySpec
-from jaxgraph._replay_codes import counters, set_capture_policy
-from jaxgraph._replayable import Replayable, replayable_of_referenced
-from jaxgraph._sharded import DeviceCapture, ShardedGraph
+from jaxgraph._jax_interop.replay_native import describe_graph
+from jaxgraph._cuda.memory import pool_from_token
+from jaxgraph._cuda.native import native
+from jaxgraph._jax_interop.replay_spec import ReplaySpec
+from jaxgraph._jax_interop.replay_codes import counters, set_capture_policy
+from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
+from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
 
 
 def native_replay():

@@ -2,10 +2,10 @@
 
 An eager launch (``kernel[grid, block](...)``) and a call inside ``jax.jit``
 (``Kernel.jax_call``) check and encode arguments with the same code
-(``jaxgraph/_signature.py``), so the same mistake must give the same message on
+(``jaxgraph/_kernels/signature.py``), so the same mistake must give the same message on
 both, before anything reaches a GPU (these tests need none).
 
-Tests internals (listed in tests/README.md): ``Kernel._packer.values``, ``_signature.scalar_word``;
+Tests internals (listed in tests/README.md): ``Kernel._packer.values``, ``_kernels.signature.scalar_word``;
 eager launches and `jax_call` must encode each scalar to the same bytes; the encoder has no
 public face.
 """
@@ -77,7 +77,7 @@ def test_both_paths_encode_scalars_alike(axpy):
     """The same 8-byte words: what the eager launch packs and what jax_call bakes into HLO."""
     import struct
 
-    from jaxgraph._signature import scalar_word
+    from jaxgraph._kernels.signature import scalar_word
 
     a, n = axpy.params[2], axpy.params[3]
     for value, param in ((2.5, a), (np.float32(-0.125), a), (7, n), (-3, n), (np.int32(5), n)):

@@ -1,6 +1,6 @@
 """Device arrays: allocation, host copies, and zero-copy exchange with JAX, CuPy and torch.
 
-Tests internals (listed in tests/README.md): ``_memory.hold_frees``, ``when_no_capture``,
+Tests internals (listed in tests/README.md): ``_cuda.memory.hold_frees``, ``when_no_capture``,
 ``release_frees``; frees deferred while captures are underway.
 """
 
@@ -129,7 +129,7 @@ def test_torch_round_trip_is_zero_copy(rng):
 def test_releases_wait_for_the_last_capture_to_end():
     """A graph collected in the middle of another capture is released when the capture ends
     (destroying an executable then would invalidate the capture)."""
-    from jaxgraph import _memory
+    from jaxgraph._cuda import memory as _memory
 
     calls = []
     _memory.hold_frees()  # two captures underway
@@ -153,7 +153,7 @@ def test_the_garbage_collector_waits_for_the_last_capture_to_end(enabled):
     comes back as it was."""
     import gc
 
-    from jaxgraph import _memory
+    from jaxgraph._cuda import memory as _memory
 
     was = gc.isenabled()
     (gc.enable if enabled else gc.disable)()

@@ -5,8 +5,8 @@ hides it, and with no CUDA headers at all (NVIDIA's runtime wheel lacks the
 ``crt/`` headers that ``<cuda_device_runtime_api.h>`` needs). Tests of internals (the version
 check, made-up device arrays and node lists) say so in their names.
 
-Tests internals (listed in tests/README.md): ``_compile``, ``_predicates``, ``_graph_views``,
-``_introspect``; the set-conditional kernel compiled with the toolkit hidden, version checks
+Tests internals (listed in tests/README.md): ``_kernels.compile``, ``_graphs.predicates``, ``_graphs.views``,
+``_graphs.introspect``; the set-conditional kernel compiled with the toolkit hidden, version checks
 with NVRTC's version patched, views of made-up node data.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _graph_views, _predicates
+from jaxgraph._graphs import views as _views, predicates as _predicates
 from graph_support import null_array
 
 
@@ -36,7 +36,8 @@ def test_set_conditional_kernel_compiles_to_a_cubin_without_cuda_headers(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
     script = f"""
-from jaxgraph import _compile, _predicates
+from jaxgraph._kernels import compile as _compile
+from jaxgraph._graphs import predicates as _predicates
 for dtype in ("int32", "bool"):
     name = _predicates.setter_name(dtype)
     for options in (None, {{"include_path": []}}):   # jaxgraph's defaults, and no include directory at all
@@ -67,7 +68,7 @@ def _ptx(source, options):
 
 
 def test_declared_builtin_gives_the_same_ptx_as_the_cuda_header():
-    from jaxgraph._compile import _cuda_include_dir
+    from jaxgraph._kernels.compile import _cuda_include_dir
 
     home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     candidates = [_cuda_include_dir(), os.path.join(home, "include")]
@@ -137,7 +138,7 @@ def test_regions_outside_a_capture_are_refused():
     ("if_else", 12060, 12080, "12.8"), ("switch", 12040, 13000, "12.8"),
 ])
 def test_internal_version_check_names_the_cuda_each_region_needs(monkeypatch, kind, too_old, enough, need):
-    monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (13, 0))
+    monkeypatch.setattr("jaxgraph._kernels.compile.nvrtc_version", lambda: (13, 0))
     monkeypatch.setattr(_predicates, "driver_version", lambda: too_old)
     label = _predicates.KINDS[kind].label
     have = f"{too_old // 1000}.{too_old % 1000 // 10}"
@@ -145,7 +146,7 @@ def test_internal_version_check_names_the_cuda_each_region_needs(monkeypatch, ki
         _predicates.check_support(kind)
     monkeypatch.setattr(_predicates, "driver_version", lambda: enough)
     _predicates.check_support(kind)
-    monkeypatch.setattr("jaxgraph._compile.nvrtc_version", lambda: (12, 2))
+    monkeypatch.setattr("jaxgraph._kernels.compile.nvrtc_version", lambda: (12, 2))
     with pytest.raises(RuntimeError, match=rf"need NVRTC {need} or newer .* NVRTC is 12.2"):
         _predicates.check_support(kind)
 
@@ -178,7 +179,7 @@ def made_up_graph():
 
 
 def test_summary_lists_regions_nested():
-    text = _graph_views.summary_text("G", made_up_graph())
+    text = _views.summary_text("G", made_up_graph())
     lines = text.splitlines()
     assert "  4 nodes (3 conditional, 1 kernel), 3 dependencies, longest chain 4 nodes" in lines
     assert "    #1 WHILE: body 3 nodes (2 kernel, 1 conditional)" in lines
@@ -189,7 +190,7 @@ def test_summary_lists_regions_nested():
 
 
 def test_dot_draws_each_body_as_a_cluster():
-    dot = _graph_views.to_dot(made_up_graph())
+    dot = _views.to_dot(made_up_graph())
     for cluster in ("cluster_n1_b0", "cluster_n1_b0_n2_b0", "cluster_n2_b0", "cluster_n2_b1", "cluster_n3_b2"):
         assert f"subgraph {cluster} {{" in dot
     assert 'label="WHILE body"' in dot and 'label="IF/ELSE else"' in dot and 'label="SWITCH case 1"' in dot
@@ -199,6 +200,6 @@ def test_dot_draws_each_body_as_a_cluster():
 
 
 def test_nested_node_count_counts_every_body():
-    from jaxgraph._introspect import nested_node_count
+    from jaxgraph._graphs.introspect import nested_node_count
 
     assert nested_node_count(made_up_graph()) == 4 + 3 + 1 + 1 + 2

@@ -1,4 +1,4 @@
-"""A large graph's copy nodes and their address ring (ffi/copy_nodes.h, ffi/copy_ring.h, jaxgraph/_copy_ring.py).
+"""A large graph's copy nodes and their address ring (ffi/copy_nodes.h, ffi/copy_ring.h, jaxgraph/_graphs/copy_ring.py).
 
 A graph of thousands of kernels copies its copied buffers by kernel nodes of its one executable;
 each call's XLA addresses reach them through a ring of entries in pinned host memory, so a call
@@ -31,7 +31,7 @@ N = 1024
 
 
 def test_the_copy_node_kernels_compile_to_cubin_without_a_device():
-    from jaxgraph._copy_ring import ring_kernels
+    from jaxgraph._graphs.copy_ring import ring_kernels
 
     kernels = ring_kernels("sm_90")
     assert sorted(kernels) == ["jaxgraph_ring_advance", "jaxgraph_ring_copy"]

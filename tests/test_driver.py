@@ -1,6 +1,6 @@
 """The CUDA layer and the native library: what works with and without a driver.
 
-Tests internals (listed in tests/README.md): ``_driver``, the extensions ``_launch`` and
+Tests internals (listed in tests/README.md): ``_cuda.driver``, the extensions ``_launch`` and
 ``_replay``; the checked driver layer and the native library, with and without a driver.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _driver
+from jaxgraph._cuda import driver as _driver
 from conftest import HAS_GPU
 
 

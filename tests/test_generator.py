@@ -1,6 +1,6 @@
 """jaxgraph.Generator: Philox-4x32-10 on the device, eager and across graph replays.
 
-Tests internals (listed in tests/README.md): ``_generator._KERNELS_SOURCE``; the generator's own
+Tests internals (listed in tests/README.md): ``_graphs.generator._KERNELS_SOURCE``; the generator's own
 CUDA source compiles to a cubin on a CPU.
 """
 
@@ -44,7 +44,7 @@ def test_reference_uniform_is_in_unit_interval_and_exact_in_float32():
 
 
 def test_draw_kernels_and_header_compile_without_a_device(tmp_path):
-    from jaxgraph._generator import _KERNELS_SOURCE
+    from jaxgraph._graphs.generator import _KERNELS_SOURCE
 
     for name in ("jaxgraph_philox_fill_uniform", "jaxgraph_philox_fill_normal", "jaxgraph_philox_advance"):
         kernel = jaxgraph.Kernel(_KERNELS_SOURCE, name, arch="sm_90", cache_dir=tmp_path)

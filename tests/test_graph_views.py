@@ -4,7 +4,7 @@ Neither Graphviz's ``dot`` nor the ``graphviz`` package is installed on CI or
 the GPU machine, so the tests check the DOT text itself and the error that
 names what to install; the one test that draws an SVG skips without ``dot``.
 
-Tests internals (listed in tests/README.md): ``_graph_views``; summaries and DOT text of made-up
+Tests internals (listed in tests/README.md): ``_graphs.views``; summaries and DOT text of made-up
 node lists, with no graph behind them.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _graph_views
+from jaxgraph._graphs import views as _views
 from kernels import AXPY
 from graph_support import BLOCK, blocks, load_kernels
 
@@ -53,7 +53,7 @@ class FakePool:
 
 
 def test_dot_labels_kernels_with_name_grid_block_and_draws_every_dependency():
-    dot = _graph_views.to_dot(DATA, 'my "step"', lambda s: NAMES(s, s))
+    dot = _views.to_dot(DATA, 'my "step"', lambda s: NAMES(s, s))
     assert dot.startswith("digraph jaxgraph {") and dot.rstrip().endswith("}")
     assert 'label="my \\"step\\""' in dot  # quotes in the title are escaped
     assert 'n1 [label="#1 axpy<float>\\ngrid 16, block 256"' in dot
@@ -68,7 +68,7 @@ def test_dot_labels_kernels_with_name_grid_block_and_draws_every_dependency():
 
 def test_summary_counts_nodes_kernels_dependencies_and_memory():
     pools = [FakePool(3, 4 << 20, 1 << 20), FakePool(5, 1536, 0)]
-    text = _graph_views.summary_text("CUDAGraph on device 0 (ended)", DATA, pools, 2, lambda s: NAMES(s, s))
+    text = _views.summary_text("CUDAGraph on device 0 (ended)", DATA, pools, 2, lambda s: NAMES(s, s))
     lines = text.splitlines()
     assert lines[0] == "CUDAGraph on device 0 (ended)"
     assert lines[1] == "  6 nodes (4 kernel, 1 memset, 1 memcpy), 6 dependencies, longest chain 5 nodes"
@@ -79,7 +79,7 @@ def test_summary_counts_nodes_kernels_dependencies_and_memory():
     assert "memory: its pool (0, 3) holds 4.0 MiB (1.0 MiB free for later captures into it)" in text
     assert "memory: an input's pool (0, 5) holds 1.5 KiB (0 B free" in text
     assert lines[-1] == "  keeps 2 external input arrays alive"
-    assert _graph_views.summary_text("g", None) == "g: nothing captured"
+    assert _views.summary_text("g", None) == "g: nothing captured"
 
 
 @pytest.mark.parametrize("count, edges, longest", [
@@ -87,32 +87,32 @@ def test_summary_counts_nodes_kernels_dependencies_and_memory():
     (5, [[3, 1], [1, 0], [4, 0]], 3),  # dependencies need not follow creation order
 ])
 def test_longest_chain(count, edges, longest):
-    assert _graph_views.longest_chain(count, edges) == longest
+    assert _views.longest_chain(count, edges) == longest
 
 
 def test_render_to_dot_needs_no_graphviz(tmp_path):
-    dot = _graph_views.to_dot(DATA)
-    path = _graph_views.render_dot(dot, tmp_path / "g.dot")
+    dot = _views.to_dot(DATA)
+    path = _views.render_dot(dot, tmp_path / "g.dot")
     assert path.read_text() == dot
-    assert _graph_views.render_dot(dot, tmp_path / "g.txt", format="gv").read_text() == dot
+    assert _views.render_dot(dot, tmp_path / "g.txt", format="gv").read_text() == dot
 
 
 def test_render_without_graphviz_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match=r"drawing a svg needs Graphviz's `dot` program, which is not "
                                            r"installed here .*apt-get install graphviz.*render\('graph.dot'\)"):
-        _graph_views.render_dot(_graph_views.to_dot(DATA), tmp_path / "g.svg")
+        _views.render_dot(_views.to_dot(DATA), tmp_path / "g.svg")
     assert not (tmp_path / "g.svg").exists()
 
 
 def test_render_needs_a_format(tmp_path):
     with pytest.raises(ValueError, match="say format= or give the path a suffix"):
-        _graph_views.render_dot("digraph {}", tmp_path / "graph")
+        _views.render_dot("digraph {}", tmp_path / "graph")
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot program is not installed")
 def test_render_svg_with_graphviz(tmp_path):
-    path = _graph_views.render_dot(_graph_views.to_dot(DATA, "five nodes", lambda s: NAMES(s, s)), tmp_path / "g.svg")
+    path = _views.render_dot(_views.to_dot(DATA, "five nodes", lambda s: NAMES(s, s)), tmp_path / "g.svg")
     svg = path.read_text()
     assert "<svg" in svg and "axpy&lt;float&gt;" in svg
 

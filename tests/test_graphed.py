@@ -8,7 +8,7 @@ cotangents) is the real code. Graphed steps on the GPU are in
 test_graphed_gpu.py.
 
 Tests internals (listed in tests/README.md): ``GraphedCallable._create``,
-``_graphed._vjp_backward``, ``internals.spec_replayable``; the JAX plumbing of graphed
+``_graphed_callables._vjp_backward``, ``internals.spec_replayable``; the JAX plumbing of graphed
 callables on a CPU, over host-callback stand-ins.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._graphed import GraphedCallable, _vjp_backward
+from jaxgraph._jax_interop.graphed_callables import GraphedCallable, _vjp_backward
 from internals import spec_replayable
 
 X = np.zeros(8, np.float32)

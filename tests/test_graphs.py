@@ -6,8 +6,8 @@ numpy. Pools shared between graphs and kept inputs are in
 test_graphs_pools.py; exceptions, capture modes, threads and Graph in
 test_graphs_capture_modes.py.
 
-Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_memory.pool_from_token``),
-``_replay_args.source_of``, ``_graphs._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
+Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_cuda.memory.pool_from_token``),
+``_replay_spec.source_of``, ``_cuda_graph._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
 splicing, a failing launch.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import jaxgraph
 from graph_support import BLOCK, N, blocks, load_kernels, poison, random_floats, replay_and_check
 from internals import pool_of
-from jaxgraph._replay_args import source_of
+from jaxgraph._jax_interop.replay_spec import source_of
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +299,7 @@ def test_replay_end_hook_fires_when_the_launch_fails(k, rng, monkeypatch):
 
     invalid_value = int(driver.CUresult.CUDA_ERROR_INVALID_VALUE)
     # replay() launches through the native cuGraphLaunch: make that one fail.
-    monkeypatch.setattr(jaxgraph._graphs, "_native_graph_launch", lambda graph_exec, stream: invalid_value)
+    monkeypatch.setattr(jaxgraph._graphs.cuda_graph, "_native_graph_launch", lambda graph_exec, stream: invalid_value)
     with pytest.raises(jaxgraph.CudaError, match="cuGraphLaunch failed with CUDA_ERROR_INVALID_VALUE"):
         g.replay()
     assert events == ["start", "end"]

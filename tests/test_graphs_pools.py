@@ -4,8 +4,8 @@ Every replay runs on fresh random data, outputs are poisoned with NaN first,
 and results are checked against numpy; memory is checked with the driver's
 free-memory figure and the pools' reserved bytes.
 
-Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_memory.pool_from_token``),
-``_memory._pools``; a pool's reserved bytes, no pool left behind by capture and reset cycles.
+Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_cuda.memory.pool_from_token``),
+``_cuda.memory._pools``; a pool's reserved bytes, no pool left behind by capture and reset cycles.
 """
 
 import gc
@@ -18,7 +18,7 @@ import jaxgraph
 from graph_support import (BLOCK, MiB, N, blocks, free_device_bytes, load_kernels, poison, random_floats,
                            replay_and_check)
 from internals import pool_of
-from jaxgraph import _memory
+from jaxgraph._cuda import memory as _memory
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ its work is recorded into the same graph, and jaxgraph treats it as it treats
 the capture stream (inputs kept alive or watched, allocations from the graph's
 pool). Every replay runs on fresh random data with outputs poisoned first.
 
-Tests internals (listed in tests/README.md): ``_captures.any_underway``,
-``_memory.pool_from_token``, ``DeviceArray(..., _token=_INTERNAL)``; a view over memory only the
+Tests internals (listed in tests/README.md): ``_cuda.captures.any_underway``,
+``_cuda.memory.pool_from_token``, ``DeviceArray(..., _token=_INTERNAL)``; a view over memory only the
 graph still holds; pool accounting of forked streams.
 """
 
@@ -19,8 +19,8 @@ import pytest
 import jaxgraph
 from graph_support import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
                            replay_and_check)
-from jaxgraph import _captures, _memory
-from jaxgraph._array import _INTERNAL, DeviceArray
+from jaxgraph._cuda import captures as _captures, memory as _memory
+from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from kernels import SPIN_COPY
 
 pytestmark = pytest.mark.gpu

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._replay_source import ReplaySource
+from jaxgraph._graphs.replay_source import ReplaySource
 from internals import spec_replayable
 from kernels import AXPB
 

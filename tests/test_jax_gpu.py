@@ -5,7 +5,7 @@ in subprocesses (XLA_FLAGS must be set before JAX starts), which also prove
 that the replay is spliced into XLA's own CUDA graph when it records one.
 ``Kernel.jax_call`` is in test_jax_kernel_call.py.
 
-Tests internals (listed in tests/README.md): ``internals.counters``, ``_native``
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_cuda.native``
 replay tables; calls per replay path in each XLA setting; graphs leave the native tables.
 """
 
@@ -161,7 +161,7 @@ def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
 
 
 def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
-    from jaxgraph import _native
+    from jaxgraph._cuda import native as _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=3)
@@ -182,7 +182,7 @@ def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
 
 
 def test_collected_replayable_unregisters_its_graph(kernels):
-    from jaxgraph import _native
+    from jaxgraph._cuda import native as _native
 
     replay = _native.native("replay")
     g, x_s, y_s = capture_chain(kernels, launches=2)

@@ -2,8 +2,8 @@
 
 Every test draws fresh random inputs. Graph replay in jit is in test_jax_gpu.py.
 
-Tests internals (listed in tests/README.md): ``_native`` launch table,
-``_jax_launch.kernel_id``; a collected kernel leaves the native launch table.
+Tests internals (listed in tests/README.md): ``_cuda.native`` launch table,
+``_kernel_call.kernel_id``; a collected kernel leaves the native launch table.
 """
 
 import gc
@@ -121,11 +121,12 @@ def test_kernel_call_under_vmap(kernels, rng):
 
 
 def test_collected_kernel_is_retired_from_the_launch_table():
-    from jaxgraph import _jax_launch, _native
+    from jaxgraph._jax_interop import kernel_call as _kernel_call
+    from jaxgraph._cuda import native as _native
 
     launch = _native.native("launch")
     k = jaxgraph.Kernel(JAX_SRC, "inc")
-    _jax_launch.kernel_id(k)
+    _kernel_call.kernel_id(k)
     live = launch.live_kernels()
     del k
     gc.collect()

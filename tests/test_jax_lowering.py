@@ -5,7 +5,7 @@ on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
 
 Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``ReplaySpec``,
-``_jax_launch.kernel_id``, ``_native``; replay lowering without a graph; kernel ids; target
+``_kernel_call.kernel_id``, ``_cuda.native``; replay lowering without a graph; kernel ids; target
 registration.
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _jax_launch, _native
+from jaxgraph._jax_interop import kernel_call as _kernel_call
+from jaxgraph._cuda import native as _native
 from internals import ReplaySpec, spec_replayable
 from kernels import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
 from conftest import enable_x64
@@ -71,7 +72,7 @@ def test_kernel_call_lowers_to_one_launch_with_its_attributes(saxpy):
     text = lower(lambda y, x: saxpy.jax_call(y, x, 2.5, n, inout=("y",)), f32(n), f32(n))
     (line,) = custom_calls(text, "jaxgraph_launch")
     assert f"(tensor<{n}xf32>, tensor<{n}xf32>) -> tensor<{n}xf32>" in line
-    assert attr(line, "kernel") == [_jax_launch.kernel_id(saxpy)]
+    assert attr(line, "kernel") == [_kernel_call.kernel_id(saxpy)]
     assert attr(line, "grid") == [17, 1, 1]          # ceil(4099 / 256)
     assert attr(line, "block") == [256, 1, 1]
     assert attr(line, "shared_mem") == [0]
@@ -135,9 +136,9 @@ def test_kernel_call_under_vmap_runs_sequentially(saxpy):
 
 
 def test_kernel_ids_are_stable_per_kernel_and_distinct_between_kernels(saxpy, sum_diff):
-    assert _jax_launch.kernel_id(saxpy) == _jax_launch.kernel_id(saxpy)
-    assert _jax_launch.kernel_id(saxpy) != _jax_launch.kernel_id(sum_diff)
-    assert _jax_launch.kernel_id(saxpy) > 0
+    assert _kernel_call.kernel_id(saxpy) == _kernel_call.kernel_id(saxpy)
+    assert _kernel_call.kernel_id(saxpy) != _kernel_call.kernel_id(sum_diff)
+    assert _kernel_call.kernel_id(saxpy) > 0
 
 
 X = np.zeros(8, np.float32)        # an operand (a constant once traced)

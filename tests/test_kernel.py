@@ -1,6 +1,6 @@
 """Kernels: NVRTC compilation, the disk cache, argument checking and launches vs numpy.
 
-Tests internals (listed in tests/README.md): ``_signature.find_signature``, ``parse_signature``,
+Tests internals (listed in tests/README.md): ``_kernels.signature.find_signature``, ``parse_signature``,
 ``Kernel._packer.values``; signature parsing and scalar range checks on a CPU.
 """
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._signature import find_signature, parse_signature
+from jaxgraph._kernels.signature import find_signature, parse_signature
 from kernels import ADD_ONE, AXPY, SCALAR_TYPES
 
 ELF_MAGIC = b"\x7fELF"

@@ -4,8 +4,8 @@ Targets (``arch``), template arguments, ``signature=``, calling a kernel
 without a launch configuration, a CPU ``jax.Array`` as an operand, NVRTC's
 failures, and the rule that nothing but a cubin is ever cached.
 
-Tests internals (listed in tests/README.md): ``_compile`` (NVRTC patched), ``_cubin``,
-``_array.HOST_JAX_ARRAY_FIX``; compile failures and the cubin cache on a CPU.
+Tests internals (listed in tests/README.md): ``_kernels.compile`` (NVRTC patched), ``_kernels.cubin``,
+``_cuda.array.HOST_JAX_ARRAY_FIX``; compile failures and the cubin cache on a CPU.
 """
 
 import re
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _compile
-from jaxgraph._array import HOST_JAX_ARRAY_FIX
-from jaxgraph._cubin import is_cubin, param_sizes
+from jaxgraph._kernels import compile as _compile
+from jaxgraph._cuda.array import HOST_JAX_ARRAY_FIX
+from jaxgraph._kernels.cubin import is_cubin, param_sizes
 from kernels import ADD_ONE, AXPY, SCALAR_TYPES
 
 

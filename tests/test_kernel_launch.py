@@ -9,8 +9,8 @@ to a kept one. GPU: every form against numpy, fresh inputs, poisoned outputs.
 
 Tests internals (listed in tests/README.md): a Kernel's loaded state and ``_native_launch``
 stubbed, ``Kernel._launch_configs``/``_geometries``/``_functions``, a launcher's ``__self__``
-(its kept configuration), ``_kernel_launch.MAX_LAUNCH_CONFIGS``, ``_driver._primary_context_addresses``,
-``_captures.capture_on``/``streams_capturing`` (a capture faked), ``_stream._local.streams`` (made-up
+(its kept configuration), ``_eager_launch.MAX_LAUNCH_CONFIGS``, ``_cuda.driver._primary_context_addresses``,
+``_cuda.captures.capture_on``/``streams_capturing`` (a capture faked), ``_cuda.stream._local.streams`` (made-up
 current streams), ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``: the cache has no public face.
 """
 
@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _captures, _driver, _kernel_launch, _stream
-from jaxgraph._array import _INTERNAL, DeviceArray
-from jaxgraph._stream import Stream
+from jaxgraph._cuda import captures as _captures, driver as _driver, stream as _stream
+from jaxgraph._kernels import eager_launch as _eager_launch
+from jaxgraph._cuda.array import _INTERNAL, DeviceArray
+from jaxgraph._cuda.stream import Stream
 from kernels import ADD_ONE, REVERSE_BLOCK
 
 N = 3001
@@ -140,8 +141,8 @@ def test_the_current_stream_is_read_at_each_launch(stubbed):
 def test_a_configuration_is_checked_once_and_found_again(stubbed, monkeypatch):
     kernel, _ = stubbed
     checked = []
-    geometry = _kernel_launch.geometry
-    monkeypatch.setattr(_kernel_launch, "geometry", lambda *a: checked.append(a) or geometry(*a))
+    geometry = _eager_launch.geometry
+    monkeypatch.setattr(_eager_launch, "geometry", lambda *a: checked.append(a) or geometry(*a))
     stream = made_up_stream(0x1234)
     for config in [(16, 256), (16, 256, 0, stream), ((2, 2), (8, 8)), (16, 256, 128)]:
         first, again = kernel[config], kernel[config]
@@ -204,7 +205,7 @@ def test_a_kept_launcher_keeps_its_stream_and_kernel(tmp_path, monkeypatch):
 
 def test_the_cache_is_bounded(stubbed):
     kernel, launched = stubbed
-    limit = _kernel_launch.MAX_LAUNCH_CONFIGS
+    limit = _eager_launch.MAX_LAUNCH_CONFIGS
     streams = [made_up_stream(0x10000 + i) for i in range(3 * limit)]
     for i, stream in enumerate(streams):
         kernel[1 + i, 32, 0, stream](array(8), array(16), 1)

@@ -7,7 +7,7 @@ is retired when the graph object goes out of scope. An explicit ``reset()``
 still retires it. Collecting the replayable frees all of it: the native
 table's entry and the graph's memory.
 
-Tests internals (listed in tests/README.md): ``_native`` live graphs, ``_memory._pools``; what a
+Tests internals (listed in tests/README.md): ``_cuda.native`` live graphs, ``_cuda.memory._pools``; what a
 replayable frees when it goes.
 """
 
@@ -81,7 +81,7 @@ def test_reset_of_the_graph_still_retires_the_replayable(rng):
 
 @pytest.mark.parametrize("close_first", [True, False], ids=["close", "collect"])
 def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory(close_first, rng):
-    from jaxgraph import _memory, _native
+    from jaxgraph._cuda import memory as _memory, native as _native
 
     replay = _native.native("replay")
     x = rng.standard_normal(N).astype(np.float32)

@@ -4,7 +4,7 @@ Every GPU test checks the state against numpy applying the step the same
 number of times, on fresh random inputs with the outputs poisoned, and the
 number of steps run against a device counter the step's own kernel bumps.
 
-Tests internals (listed in tests/README.md): ``_loops._check_*``, ``_loop_build``;
+Tests internals (listed in tests/README.md): ``_graphed_loops._check_*``, ``_graphs.loop_build``;
 graphed_loop's argument checks on a CPU (the public call needs a captured graph).
 """
 
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _loop_build, _loops
+from jaxgraph._graphs import loop_build as _loop_build
+from jaxgraph._jax_interop import graphed_loops as _graphed_loops
 from kernels import LOOP_STEP
 
 N = 1000
@@ -186,7 +187,7 @@ def test_make_graphed_callables_step(k, rng, steps):
     graphed = jaxgraph.make_graphed_callables(advance, (jaxgraph.asarray(x0), jaxgraph.asarray(b0)),
                                               num_warmup_iters=1)
     loop = jaxgraph.graphed_loop(graphed, steps, feed={0: 0})
-    assert loop.unroll == _loops.default_unroll(1) and loop.ping_pong == "swap"
+    assert loop.unroll == _graphed_loops.default_unroll(1) and loop.ping_pong == "swap"
     x_static, b_static = graphed.static_inputs
     x_static.copy_(x0)
     graphed.static_outputs.fill_(np.float32(np.nan))
@@ -271,12 +272,12 @@ def test_control_kernels_compile_for_sm90_without_a_device():
 
 
 def test_default_unroll():
-    assert _loops.default_unroll(1) == 64
-    assert _loops.default_unroll(10) == 10
-    assert _loops.default_unroll(100) == 2
-    assert _loops.default_unroll(3, even=False) % 2 == 1
+    assert _graphed_loops.default_unroll(1) == 64
+    assert _graphed_loops.default_unroll(10) == 10
+    assert _graphed_loops.default_unroll(100) == 2
+    assert _graphed_loops.default_unroll(3, even=False) % 2 == 1
     with pytest.raises(ValueError, match="positive"):
-        _loops.default_unroll(0)
+        _graphed_loops.default_unroll(0)
 
 
 def test_step_must_be_a_graph_or_graphed_callable():
@@ -292,36 +293,36 @@ def _fake(ptr, shape=(4,), dtype=np.float32):
 
 def test_internal_feed_checks():
     ins, outs = (_fake(1000), _fake(2000)), (_fake(3000), _fake(1000), _fake(4000, (5,)))
-    assert [(x.ptr, y.ptr) for x, y in _loops._check_feed({0: 0}, ins, outs)] == [(1000, 3000)]
-    assert _loops._check_feed({1: 0}, ins, outs) == []            # in place: nothing to move
+    assert [(x.ptr, y.ptr) for x, y in _graphed_loops._check_feed({0: 0}, ins, outs)] == [(1000, 3000)]
+    assert _graphed_loops._check_feed({1: 0}, ins, outs) == []            # in place: nothing to move
     with pytest.raises(ValueError, match="output index 3"):
-        _loops._check_feed({3: 0}, ins, outs)
+        _graphed_loops._check_feed({3: 0}, ins, outs)
     with pytest.raises(ValueError, match="input index 2"):
-        _loops._check_feed({0: 2}, ins, outs)
+        _graphed_loops._check_feed({0: 2}, ins, outs)
     with pytest.raises(ValueError, match="must match"):
-        _loops._check_feed({2: 1}, ins, outs)
+        _graphed_loops._check_feed({2: 1}, ins, outs)
     with pytest.raises(ValueError, match="fed by two outputs"):
-        _loops._check_feed({0: 1, 1: 1}, ins, outs)
+        _graphed_loops._check_feed({0: 1, 1: 1}, ins, outs)
     with pytest.raises(TypeError, match="dict"):
-        _loops._check_feed([(0, 0)], ins, outs)
+        _graphed_loops._check_feed([(0, 0)], ins, outs)
 
 
 def test_internal_count_unroll_and_flag_checks():
-    assert _loops._check_count(7) == (7, None)
-    assert _loops._check_count(None) == (-1, None)
+    assert _graphed_loops._check_count(7) == (7, None)
+    assert _graphed_loops._check_count(None) == (-1, None)
     with pytest.raises(ValueError, match=r"\[0, 2\*\*31\)"):
-        _loops._check_count(-1)
+        _graphed_loops._check_count(-1)
     with pytest.raises(TypeError, match="steps must be"):
-        _loops._check_count(2.5)
+        _graphed_loops._check_count(2.5)
     with pytest.raises(TypeError, match="steps must be"):
-        _loops._check_count(True)
-    assert _loops._check_unroll(8, True) == 8
+        _graphed_loops._check_count(True)
+    assert _graphed_loops._check_unroll(8, True) == 8
     with pytest.raises(ValueError, match="even"):
-        _loops._check_unroll(5, True)
+        _graphed_loops._check_unroll(5, True)
     with pytest.raises(ValueError, match=r"\[1, 256\]"):
-        _loops._check_unroll(0, False)
+        _graphed_loops._check_unroll(0, False)
     with pytest.raises(TypeError, match="unroll must be an int"):
-        _loops._check_unroll(4.0, False)
-    assert _loops._check_until(None) == 0
+        _graphed_loops._check_unroll(4.0, False)
+    assert _graphed_loops._check_until(None) == 0
     with pytest.raises(TypeError, match="one-element device array"):
-        _loops._check_until(np.zeros(1, np.int32))
+        _graphed_loops._check_until(np.zeros(1, np.int32))

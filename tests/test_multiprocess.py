@@ -10,7 +10,7 @@ cross-process check. On a GPU machine with one GPU, the processes share it
 (each with a fraction of its memory), which proves the logic; it is no
 scaling figure (benchmarks/scaling_processes.py needs one GPU per process).
 
-Tests internals (listed in tests/README.md): ``_processes``, ``_sharded.device_ordinals``,
+Tests internals (listed in tests/README.md): ``_jax_interop.processes``, ``_jax_interop.sharded.device_ordinals``,
 ``internals.spec_sharded``; the cross-process agreement and device lookup.
 """
 
@@ -28,8 +28,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jaxgraph  # noqa: E402
 from graph_support import XLA_MODES  # noqa: E402
-from jaxgraph import _processes  # noqa: E402
-from jaxgraph._sharded import device_ordinals  # noqa: E402
+from jaxgraph._jax_interop import processes as _processes  # noqa: E402
+from jaxgraph._jax_interop.sharded import device_ordinals  # noqa: E402
 from internals import spec_replayable, spec_sharded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

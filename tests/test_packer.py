@@ -1,15 +1,15 @@
 """Eager launches' argument packing, specialized per kernel and argument kinds (internals, then GPU launches).
 
-The CPU tests reach into ``jaxgraph._packer`` and a Kernel's packer: a launch
+The CPU tests reach into ``jaxgraph._kernels.packer`` and a Kernel's packer: a launch
 with the kinds of arguments seen before runs a specialized function, a new
 kind runs the reference checks first, and a wrong call raises the same error
 on either path. The GPU tests launch through the public API with jax, CuPy,
 torch and jaxgraph arrays and several kinds of scalars, alternating, and check
 every result against numpy on fresh random inputs.
 
-Tests internals (listed in tests/README.md): ``_packer`` (``ArgumentPacker``, ``_specialize``
+Tests internals (listed in tests/README.md): ``_kernels.packer`` (``ArgumentPacker``, ``_specialize``
 counted), ``Kernel._packer``, a Kernel's loaded state, ``_native_launch`` stubbed and ``_launch_configs`` emptied,
-``_driver._primary_context_addresses``, ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``;
+``_cuda.driver._primary_context_addresses``, ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``;
 which path packed a launch (specialized or reference) has no public face, and the stubbed launch
 lets a CPU see exactly what reaches the driver.
 """
@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph import _driver, _packer
-from jaxgraph._array import _INTERNAL, DeviceArray
-from jaxgraph._packer import ArgumentPacker, geometry
-from jaxgraph._signature import parse_signature
-from jaxgraph._stream import Stream
+from jaxgraph._cuda import driver as _driver
+from jaxgraph._kernels import packer as _packer
+from jaxgraph._cuda.array import _INTERNAL, DeviceArray
+from jaxgraph._kernels.packer import ArgumentPacker, geometry
+from jaxgraph._kernels.signature import parse_signature
+from jaxgraph._cuda.stream import Stream
 from kernels import MIXED_PARAMS, REVERSE_BLOCK
 
 SIGNATURE = "float* y, const float* x, const double* w, float a, int n, long long shift, __half h, bool flag"

@@ -8,8 +8,8 @@ buffers on every call, and static outputs are poisoned (NaN) before each run.
 Command buffers on and off are compared in subprocesses (XLA_FLAGS must be set
 before JAX starts).
 
-Tests internals (listed in tests/README.md): ``internals.counters``, ``_native`` live graphs,
-``_memory.pool_from_token``; calls per replay path on each device; what is freed.
+Tests internals (listed in tests/README.md): ``internals.counters``, ``_cuda.native`` live graphs,
+``_cuda.memory.pool_from_token``; calls per replay path on each device; what is freed.
 """
 
 import gc
@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph import _memory, _native  # noqa: E402
+from jaxgraph._cuda import memory as _memory, native as _native  # noqa: E402
 from internals import counters  # noqa: E402
 from kernels import ADD, AXPB, INC  # noqa: E402
 from graph_support import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402

@@ -1,0 +1,392 @@
+"""Graphed loops: a captured step run R times on the device in one launch.
+
+A simulation step, a solver iteration, a training step: captured once, a step
+replays with one ``cuGraphLaunch``, but a Python loop of replays (or a
+``lax.fori_loop`` of them) still pays a host round trip per step.
+:func:`graphed_loop` builds *one* CUDA graph that runs the step R times::
+
+    step = jaxgraph.make_graphed_callables(advance, (u0,))     # u -> u_next
+    loop = jaxgraph.graphed_loop(step, steps=1000, feed={0: 0})
+    step.static_inputs[0].copy_(u)                             # the initial state
+    loop.replay()                                              # 1000 steps, one launch
+    u_final = loop.outputs[0]
+
+    jax.jit(lambda u, n: loop(u, steps=n))(u, 500)             # inside jit, n traced
+
+Inside the graph (``ffi/device_loop.cc`` builds it), a CUDA WHILE node runs
+K copies of the step per trip (``unroll=K``): a trip costs 4.2-4.8 us on an
+H100, so unrolling amortises it over K steps. ``feed`` says which output
+becomes which input for the next step; the copies alternate between the step
+and a clone with those buffers swapped (ping-pong, no copies), and after the
+last step the fed input *and* output both hold the result. ``until=`` names a
+one-element device flag the step's kernels set to stop early: every step is
+then guarded, so no step runs after the one that set it, and
+:attr:`GraphedLoop.steps_run` counts the steps that ran.
+
+This module is the API and its checks; ``_graphs/loop_build.py`` builds the graph.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .._graphs import loop_build as _loop_build
+from .._cuda.array import DeviceArray, asarray
+from .._cuda.checks import device_arrays
+from .graphed_callables import GraphedCallable, flat_statics
+from .._graphs.cuda_graph import CUDAGraph
+
+__all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
+
+# One WHILE trip costs 4.2-4.8 us over the unrolled floor at N=1 on the H100, a kernel
+# node ~1 us (benchmarks/results/nvidia-h100-80gb-hbm3-loops.md: the WHILE trip table,
+# loop_unrolled). Unroll until the trip is at most this share of a trip's steps.
+_TRIP_US = 4.3
+_NODE_US = 1.0
+_TRIP_SHARE = 0.05
+_MAX_UNROLL = 64      # default cap: graph size and build time grow with K
+_LIMIT_UNROLL = 256   # the native builder's cap (8 remainder bits)
+_FLAG_DTYPES = {np.dtype(np.bool_): 1, np.dtype(np.int8): 1, np.dtype(np.uint8): 1,
+                np.dtype(np.int32): 4, np.dtype(np.uint32): 4}
+
+
+# ----------------------------------------------------------------------------
+# GraphedLoop
+# ----------------------------------------------------------------------------
+
+
+class GraphedLoop:
+    """A step run R times in one CUDA graph; make one with :func:`graphed_loop`.
+
+    Attributes
+    ----------
+    graph : CUDAGraph
+        The loop graph (``summary()``, ``to_dot()``, ``debug_dump()`` work on it).
+    inputs, outputs : tuple of DeviceArray
+        The step's static inputs and outputs. Write the initial state into
+        ``inputs`` before :meth:`replay`; afterwards every fed pair (input and
+        output) holds the state after the last step.
+    steps_run : DeviceArray
+        One int32: the steps the last launch ran (R, or fewer when ``until`` stopped it).
+    count : DeviceArray or None
+        One int32 the graph reads R from at each launch (``steps`` given as an
+        array, or ``None`` then filled by ``replay(steps=n)``); ``None`` for a fixed R.
+    steps : int or None
+        The fixed R, or ``None`` when R is read from :attr:`count`.
+    unroll : int
+        Copies of the step per WHILE trip (K).
+    feed : dict of int to int
+        ``{output index: input index}``.
+    ping_pong : str
+        How fed buffers move between steps: ``"none"`` (no feed), ``"in place"``,
+        ``"swap"`` (alternating clones, no copies) or ``"copy: <reason>"``
+        (a device copy after each step, where swapping the addresses is unsafe).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise RuntimeError("GraphedLoop cannot be constructed directly; use jaxgraph.graphed_loop(...)")
+
+    def __repr__(self) -> str:
+        r = self.steps if self.steps is not None else "count[0]"
+        until = ", until" if self._until is not None else ""
+        return (f"<jaxgraph.GraphedLoop steps={r} unroll={self.unroll} feed={self.feed} "
+                f"ping_pong={self.ping_pong!r}{until} device={self.graph.device}>")
+
+    def summary(self) -> str:
+        """One line per node of the loop graph (see :meth:`CUDAGraph.summary`)."""
+        return self.graph.summary()
+
+    # -- eager --------------------------------------------------------------------
+
+    def replay(self, steps: int | None = None) -> None:
+        """Run the loop on the current stream: one graph launch, no host synchronisation.
+
+        Parameters
+        ----------
+        steps : int, optional
+            R for this launch, when the loop reads R from :attr:`count` (written
+            there with a stream-ordered memset first). ``None`` keeps what
+            ``count`` holds. Not allowed for a loop built with a fixed R.
+        """
+        if steps is not None:
+            if self.count is None:
+                raise ValueError(f"this loop runs a fixed {self.steps} steps; build it with steps=None (or a "
+                                 "device array) to choose the count per launch")
+            self.count.fill_(_check_steps(steps))
+        self.graph.replay()
+
+    # -- inside jax.jit -----------------------------------------------------------
+
+    def __call__(self, *args: Any, steps: Any = None) -> Any:
+        """Run the loop as a JAX function: one FFI call, inside or outside ``jax.jit``.
+
+        Parameters
+        ----------
+        *args : jax.Array
+            One array per static input of the step (the initial state and any
+            other inputs), shapes and dtypes as captured.
+        steps : int or int32 scalar, optional
+            R for this call, a Python int or a traced int32, for a loop built
+            with ``steps=None`` (it owns :attr:`count`). Leave it ``None`` for a
+            fixed R, or for a loop that reads R from your own device array (set
+            that array before the call).
+
+        Returns
+        -------
+        The step's outputs after the last step (one array, or a tuple), and,
+        when the loop has ``until``, a second item: the int32 ``(1,)`` count of
+        steps run, i.e. ``(outputs, steps_run)``.
+        """
+        import jax.numpy as jnp
+
+        fn = self._jax_function()
+        if self.count is not None and self._count_is_own:
+            if steps is None:
+                raise TypeError("this loop reads its step count per call: pass steps=n (an int or int32 scalar)")
+            if isinstance(steps, (int, np.integer)):
+                _check_steps(steps)
+            args = (*args, jnp.asarray(steps, jnp.int32).reshape(1))
+        elif steps is not None:
+            raise ValueError("steps= is for loops built with steps=None; this one runs "
+                             f"{self.steps if self.steps is not None else 'count[0] of the array it was built with'}"
+                             " steps")
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        n_out = len(self.outputs)
+        result = outs[0] if n_out == 1 else tuple(outs[:n_out])
+        return (result, outs[n_out]) if self._until is not None else result
+
+    def _jax_function(self) -> Any:
+        """The replayable of the loop graph (made once): static inputs (+ count) -> outputs (+ steps_run)."""
+        with self._lock:
+            if self._fn is None:
+                from .replayable import replayable
+
+                ins = list(self.inputs) + ([self.count] if self._count_is_own else [])
+                outs = list(self.outputs) + ([self.steps_run] if self._until is not None else [])
+                # Copied, not bound: the fed buffers sit in the step's child graphs, which
+                # binding cannot reach (so they are copied either way), and the rest is 4-byte
+                # counters. This is the path checked on the H100 (command buffers off/on/defaults).
+                self._fn = replayable(self.graph, inputs=ins, outputs=outs, bind="copy")
+            return self._fn
+
+
+def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | None = None, *,
+                 feed: Mapping[int, int] | None = None, unroll: int | None = None,
+                 until: DeviceArray | None = None, inputs: Sequence[DeviceArray] | None = None,
+                 outputs: Sequence[DeviceArray] | None = None, ping_pong: str = "auto") -> GraphedLoop:
+    """Build one CUDA graph that runs ``step`` R times in a single launch.
+
+    Parameters
+    ----------
+    step : GraphedCallable or CUDAGraph
+        The captured step: a :func:`~jaxgraph.make_graphed_callables` result,
+        or a captured :class:`~jaxgraph.CUDAGraph` with ``inputs``/``outputs``
+        naming its static arrays. The step's graph must hold only kernels,
+        copies and memsets (no conditional nodes).
+    steps : int, DeviceArray or None
+        R. An ``int`` fixes it now; a one-element int32 device array is read on
+        the device at every launch (write it before ``replay()``); ``None``
+        makes the loop own such an array, :attr:`GraphedLoop.count`, filled by
+        ``replay(steps=n)`` or ``loop(*args, steps=n)``. A negative count runs nothing.
+    feed : dict of int to int, optional
+        ``{output index: input index}``: that output of one step is that input
+        of the next (same shape and dtype). Default: no feed (the step reruns
+        on its inputs, e.g. a step that updates its state in place).
+    unroll : int, optional
+        K, the copies of the step per WHILE trip (1 to 256; even with ``feed``
+        unless ``ping_pong="copy"``).
+        Default: :func:`default_unroll` of the step's node count.
+    until : DeviceArray, optional
+        A one-element ``bool``/``int8``/``uint8``/``int32``/``uint32`` flag the
+        step's kernels set (non-zero) to stop. The loop clears it when a launch
+        starts, checks it before every step and never runs a step after the
+        one that set it; ``steps`` is then the most steps a launch runs.
+    inputs, outputs : sequence of DeviceArray
+        For a ``CUDAGraph`` step: its static inputs and outputs, which ``feed``
+        indexes (and which the JAX function of the loop takes and returns).
+    ping_pong : {"auto", "copy"}
+        How a fed output reaches the next step. ``"auto"`` (default): copies
+        of the step alternate with a clone whose kernels have the two buffers
+        swapped (no data moves), unless that is unsafe (an address inside a
+        struct argument, a memcpy node on the buffer), then as ``"copy"``:
+        a device copy output -> input after every step.
+        :attr:`GraphedLoop.ping_pong` says which ran and why.
+
+    Returns
+    -------
+    GraphedLoop
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (checked before any device work), e.g. a feed between
+        arrays of different shapes, an odd ``unroll`` with ``feed``, a flag
+        that is not a one-element device array of a flag dtype.
+    RuntimeError
+        The step is not captured, or the driver lacks conditional nodes (CUDA 12.3+).
+
+    Notes
+    -----
+    Cost per step: unrolled copies cost what the step costs; each trip adds
+    4.2-4.8 us and each guarded step (``until``) a one-thread kernel and an
+    IF node. Without ``until`` the R mod K steps left after the trips run
+    unrolled (R fixed) or behind log2(K) IF nodes (R read on the device).
+
+    .. warning:: This API is in beta and may change in future releases.
+
+    Examples
+    --------
+    A step ``u -> u_next`` captured once, run 1000 times in one launch:
+
+    >>> step = jaxgraph.make_graphed_callables(advance, (u0,))
+    >>> loop = jaxgraph.graphed_loop(step, 1000, feed={0: 0})
+    >>> step.static_inputs[0].copy_(u)          # the initial state
+    >>> loop.replay()                           # u after 1000 steps in step.static_outputs
+    >>> jax.jit(loop)(u)                        # the same, as one FFI call inside jit
+
+    A solver whose step sets ``done[0]`` when converged, at most 10**5 sweeps:
+
+    >>> loop = jaxgraph.graphed_loop(sweep, 10**5, feed={0: 0}, until=done)
+    >>> loop.replay(); int(loop.steps_run.numpy()[0])   # the sweeps that ran
+    """
+    if ping_pong not in ("auto", "copy"):
+        raise ValueError(f"ping_pong must be 'auto' or 'copy', got {ping_pong!r}")
+    graph, ins, outs, owner = _step_parts(step, inputs, outputs)
+    pairs = _check_feed(feed, ins, outs)
+    fixed, count = _check_count(steps)
+    flag_bytes = _check_until(until)
+    k = None if unroll is None else _check_unroll(unroll, bool(pairs) and ping_pong == "auto")
+    return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, dict(feed or {}),
+                  ping_pong == "auto")
+
+
+def default_unroll(nodes_per_step: int, even: bool = True) -> int:
+    """K such that a WHILE trip (taken as 4.3 us) costs at most ~5% of its K steps (~1 us per kernel node).
+
+    ``default_unroll(1) == 64`` (capped), ``default_unroll(10) == 10``, ``default_unroll(100) == 2``.
+    """
+    if isinstance(nodes_per_step, bool) or not isinstance(nodes_per_step, (int, np.integer)) or nodes_per_step < 1:
+        raise ValueError(f"nodes_per_step must be a positive int, got {nodes_per_step!r}")
+    k = math.ceil(_TRIP_US / (_TRIP_SHARE * _NODE_US * int(nodes_per_step)))
+    k = max(2 if even else 1, min(_MAX_UNROLL, k))
+    return k + (k % 2) if even else k
+
+
+# ----------------------------------------------------------------------------
+# Checking the arguments (no device work)
+# ----------------------------------------------------------------------------
+
+
+def _step_parts(step: Any, inputs: Any, outputs: Any) -> tuple:
+    """The step's graph, flat static inputs and outputs, and what to keep alive."""
+    if isinstance(step, GraphedCallable):
+        if inputs is not None or outputs is not None:
+            raise TypeError("inputs= and outputs= are for a CUDAGraph step; a graphed callable knows its own")
+        if step.graph is None:
+            raise ValueError("this graphed callable has no forward graph")
+        return step.graph, *flat_statics(step), step
+    if isinstance(step, CUDAGraph):
+        ins = (device_arrays(inputs, "inputs") if inputs is not None else ())
+        outs = (device_arrays(outputs, "outputs") if outputs is not None else ())
+        return step, ins, outs, step
+    raise TypeError("step must be a jaxgraph.CUDAGraph or a make_graphed_callables result, "
+                    f"got {type(step).__name__}")
+
+
+
+
+def _check_feed(feed: Any, ins: tuple, outs: tuple) -> list[tuple[DeviceArray, DeviceArray]]:
+    """``(input, output)`` pairs that differ in memory (an in-place pair needs nothing)."""
+    if feed is None:
+        return []
+    if not isinstance(feed, Mapping):
+        raise TypeError(f"feed must be a dict {{output index: input index}}, got {type(feed).__name__}")
+    pairs, seen_in = [], set()
+    for o, i in feed.items():
+        for what, idx, arrays in (("output", o, outs), ("input", i, ins)):
+            if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < len(arrays):
+                raise ValueError(f"feed {{{o!r}: {i!r}}}: {what} index {idx!r} is not one of the step's "
+                                 f"{len(arrays)} {what}s (give inputs=/outputs= for a CUDAGraph step)")
+        if i in seen_in:
+            raise ValueError(f"feed: input {i} is fed by two outputs")
+        seen_in.add(i)
+        x, y = ins[i], outs[o]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            raise ValueError(f"feed {{{o}: {i}}}: output {o} is {y.dtype}{list(y.shape)}, input {i} is "
+                             f"{x.dtype}{list(x.shape)}; a fed pair must match")
+        if x.ptr != y.ptr:
+            pairs.append((x, y))
+    return pairs
+
+
+def _check_count(steps: Any) -> tuple[int, DeviceArray | None]:
+    """``(R, None)`` for a fixed count, ``(-1, array)`` for one read on the device, ``(-1, None)`` for own."""
+    if steps is None:
+        return -1, None
+    if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool):
+        return _check_steps(steps), None
+    if isinstance(steps, DeviceArray) or hasattr(steps, "__cuda_array_interface__"):
+        a = asarray(steps)
+        if a.size != 1 or a.dtype != np.int32:
+            raise ValueError(f"steps as a device array must hold one int32, got {a.dtype}{list(a.shape)}")
+        return -1, a
+    raise TypeError(f"steps must be an int, a one-element int32 device array or None, got {type(steps).__name__}")
+
+
+def _check_steps(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"steps must be an int, got {type(n).__name__}")
+    if not 0 <= n < 2**31:
+        raise ValueError(f"steps must be in [0, 2**31), got {n}")
+    return int(n)
+
+
+def _check_until(until: Any) -> int:
+    if until is None:
+        return 0
+    if not isinstance(until, DeviceArray) and not hasattr(until, "__cuda_array_interface__"):
+        raise TypeError(f"until must be a one-element device array (a flag the step sets), got {type(until).__name__}")
+    a = asarray(until)
+    if a.size != 1 or a.dtype not in _FLAG_DTYPES:
+        raise ValueError("until must hold one bool, int8, uint8, int32 or uint32 element, "
+                         f"got {a.dtype}{list(a.shape)}")
+    return _FLAG_DTYPES[a.dtype]
+
+
+def _check_unroll(unroll: Any, even: bool) -> int:
+    if isinstance(unroll, bool) or not isinstance(unroll, (int, np.integer)):
+        raise TypeError(f"unroll must be an int, got {type(unroll).__name__}")
+    if not 1 <= unroll <= _LIMIT_UNROLL:
+        raise ValueError(f"unroll must be in [1, {_LIMIT_UNROLL}], got {unroll}")
+    if even and unroll % 2:
+        raise ValueError(f"unroll must be even with feed= (got {unroll}): copies alternate between the step and "
+                         "its swapped twin, so each trip must end where it began")
+    return int(unroll)
+
+
+# ----------------------------------------------------------------------------
+# Building (the machinery lives in _graphs/loop_build.py)
+# ----------------------------------------------------------------------------
+
+
+def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
+           count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
+           feed: dict, swap_allowed: bool) -> GraphedLoop:
+    if k is None:
+        k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
+    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed)
+    self = object.__new__(GraphedLoop)
+    self.graph, self.inputs, self.outputs = built.graph, ins, outs
+    self.steps_run, self.count, self._count_is_own = built.done, built.count, built.own_count
+    self.steps = fixed if fixed >= 0 else None
+    self.unroll, self.feed = k, feed
+    self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
+    self._until, self._remaining, self._step = until, built.remaining, owner
+    self._fn, self._lock = None, threading.Lock()
+    self.__name__ = "graphed_loop"  # how jax.jit names the function
+    return self

@@ -1,0 +1,264 @@
+"""Replay inside ``jax.jit``: the ``jaxgraph_replay`` FFI call and the native graph table.
+
+This module pairs with ``ffi/replay.cc``. :func:`register` enters a captured
+graph into the native table (a clone and an executable per device; for a graph
+with conditional nodes, which CUDA cannot clone, the template itself) and the
+table decides, per static buffer, whether XLA's buffer is *bound* into the
+graph (its kernel nodes are pointed at XLA's operand or result: no copy) or
+*copied* (into the static input before the replay, out of the static output
+after it); :func:`describe_bindings` says which and why, :func:`describe_graph`
+which replay paths its calls take, and :func:`retire` takes a graph id out.
+:func:`jaxgraph_replay` builds the FFI call a :class:`~jaxgraph.Replayable`
+binds when traced: ``jaxgraph_replay``, which XLA may record into its command
+buffers, or ``jaxgraph_replay_uncaptured`` for graphs with conditional nodes,
+which XLA keeps out of them.
+
+What a replayable promises its caller (argument checks, aliases, liveness)
+lives above this module, in ``_jax_interop/replayable.py``, ``_jax_interop/replay_spec.py`` and
+``_jax_interop/replay_state.py``; only the spec's shapes, graph id and flags reach here.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .._cuda import driver as _driver, memory as _memory
+from .._graphs.copy_ring import ring_functions
+from .._cuda.native import native, register_ffi_targets
+from .replay_codes import BufferBinding, binding_from_row, paths_from_codes
+
+if TYPE_CHECKING:
+    from .replay_spec import ReplaySpec
+
+__all__ = [
+    "GraphInfo",
+    "Registration",
+    "describe_bindings",
+    "describe_graph",
+    "jaxgraph_replay",
+    "register",
+    "result_shapes",
+    "retire",
+    "varying_axes",
+]
+
+
+# ----------------------------------------------------------------------------
+# The FFI call
+# ----------------------------------------------------------------------------
+
+
+def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
+    """The ``jaxgraph_replay`` FFI call for ``spec`` (``spec.target``): call it on the operands for the outputs.
+
+    ``jaxgraph_replay`` is registered command-buffer compatible: when XLA
+    records a command buffer the graph is spliced into it.
+    ``jaxgraph_replay_uncaptured`` (``spec.uncaptured``, graphs with
+    conditional nodes) is not: XLA runs it outside its command buffers.
+
+    Every call carries its own ``call`` attribute, so two calls on the same
+    operands are different operations and XLA never merges them: each call
+    replays, as each ``g.replay()`` does. Calls are not side-effecting unless
+    ``spec.side_effects`` (``has_side_effect`` made a call cost 175 us instead of
+    47 on the H100: ``benchmarks/side_effect_cost.py``): XLA removes a call whose
+    outputs are unused.
+    ``vmap`` replays once per batch element, in sequence.
+
+    Inside ``jax.shard_map`` (and ``jax.pmap``, which JAX runs as one) the
+    results vary over the mesh axes the operands vary over
+    (:func:`varying_axes`), as for any JAX operation: each device replays its
+    own graph on its own shard, so a result is per-device data unless every
+    operand is the same on every device. Since jax 0.8.2 ``ffi_call`` takes
+    that type from the result shapes it is given, so the call is built per
+    set of varying axes (:func:`result_shapes`).
+    """
+    import jax
+
+    register_ffi_targets()
+    graph = np.int64(spec.graph_id)
+    calls: dict[frozenset, Callable[..., Any]] = {}  # built once per set of varying axes, not per call
+
+    def replay(*args: Any) -> list:
+        varying = varying_axes(args)
+        call = calls.get(varying)
+        if call is None:
+            call = calls[varying] = jax.ffi.ffi_call(
+                spec.target, result_shapes(spec.outputs, varying), vmap_method="sequential",
+                has_side_effect=spec.side_effects, input_output_aliases=dict(spec.aliases) or None)
+        return list(call(*args, graph=graph, call=np.int64(next(_call_sites))))
+
+    return replay
+
+
+def varying_axes(args: Sequence[Any]) -> frozenset:
+    """The manual mesh axes (``shard_map``, ``pmap``) over which some of ``args`` varies.
+
+    Empty outside ``shard_map`` and when its ``check_vma`` is off.
+    """
+    import jax
+
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:  # jax without varying-axes types
+        return frozenset()
+    axes: frozenset = frozenset()
+    for a in args:
+        try:
+            aval = typeof(a)
+        except TypeError:
+            continue
+        mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+        varying = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+        if varying:
+            axes |= frozenset(varying)
+    return axes
+
+
+def result_shapes(outputs: Sequence[Any], varying: frozenset) -> list:
+    """``outputs`` as result shapes that vary over the mesh axes ``varying`` (unchanged when empty).
+
+    jax >= 0.10 spells it ``manual_axis_type=ManualAxisType(varying=...)``,
+    jax 0.8.2-0.9 ``vma=...``; both need a sharding on the current (abstract)
+    mesh. Older jax typed ``ffi_call`` results from the operands itself.
+    """
+    import jax
+
+    if not varying:
+        return list(outputs)
+    manual_axis_type = getattr(jax.sharding, "ManualAxisType", None)
+    try:
+        sharding = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), jax.sharding.PartitionSpec())
+        if manual_axis_type is not None:
+            kind = {"manual_axis_type": manual_axis_type(varying=varying)}
+        else:
+            kind = {"vma": varying}
+        return [jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sharding, **kind) for o in outputs]
+    except (AttributeError, TypeError):  # jax < 0.8.2: ffi_call gives the results the operands' varying axes itself
+        return list(outputs)
+
+
+_call_sites = itertools.count(1)
+
+
+# ----------------------------------------------------------------------------
+# The native graph table
+# ----------------------------------------------------------------------------
+
+
+class GraphInfo(NamedTuple):
+    """How calls of one registered graph run (:func:`describe_graph`).
+
+    ``paths``: the :class:`~jaxgraph.ReplayPath` each call can take;
+    ``conditionals``: conditional nodes at any depth (then the call must stay
+    out of XLA's command buffers); ``kernel_nodes``: kernel nodes read for
+    binding (conditional bodies included); ``borrowed_exec``: the CUDAGraph's
+    own executable is shared (CUDA made no second one of a conditional graph).
+
+    What the graph holds on its device, besides the clone of the template in
+    host memory: ``executables`` kept now, at most ``max_executables`` (256,
+    fewer when one is large, one for graphs of 4096 kernels or more), each taking ``exec_device_bytes`` of device memory
+    (measured at registration; -1 when it could not be). Host memory measured
+    at registration from the process's resident size around each step
+    (approximate, -1 unknown): ``exec_host_bytes`` (one executable),
+    ``clone_host_bytes`` (the clone of the template) and ``binding_host_bytes``
+    (the kernel nodes' argument copies and sites). ``rewrite_ns_per_site``
+    is the measured host time to rewrite one kernel argument in an executable
+    (-1 until a call did), ``instantiate_ns`` the measured host time to make
+    and upload one (at registration, then from the calls that made one): the
+    two decide when a bound buffer is better copied and whether a new address
+    set replaces an executable with a fresh one or rewrites one in place.
+    ``device_launchable``: its executables are instantiated launchable from
+    the device (graphs of thousands of kernels: the handler still launches
+    them from the host, where their launch costs a small constant instead of
+    time per node); ``launch_note`` says why not when CUDA refused that, or
+    why such a graph's copies go on the stream.
+    ``copy_nodes``: copied buffers such a graph copies by copy nodes of its
+    executable (which find each call's buffers in an address ring the handler
+    fills: ``jaxgraph._graphs.copy_ring``) instead of on the stream.
+    """
+
+    paths: tuple
+    conditionals: int
+    kernel_nodes: int
+    splice_whole_reason: str
+    borrowed_exec: bool
+    executables: int = 0
+    max_executables: int = 0
+    exec_device_bytes: int = -1
+    rewrite_ns_per_site: float = -1.0
+    exec_host_bytes: int = -1
+    clone_host_bytes: int = -1
+    binding_host_bytes: int = -1
+    instantiate_ns: float = -1.0
+    device_launchable: bool = False
+    launch_note: str = ""
+    copy_nodes: int = 0
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory its executables take now (-1 when unknown)."""
+        return self.executables * self.exec_device_bytes if self.exec_device_bytes >= 0 else -1
+
+
+class Registration(NamedTuple):
+    """What :func:`register` returns: the graph id, which inputs stay operands of the call, how calls run."""
+
+    graph_id: int
+    kept: tuple
+    info: GraphInfo
+
+
+def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_id: int,
+             aliases: Sequence[tuple[int, int]], bind: bool, *, trust_foreign: bool = False,
+             drop_unreferenced: bool = False) -> Registration:
+    """Enter ``source`` (a :class:`~jaxgraph._graphs.replay_source.ReplaySource`) into the native table.
+
+    ``graph_id`` 0 asks for a new id. ``trust_foreign`` binds outputs that
+    kernels jaxgraph did not launch receive as arguments (else they are
+    copied); ``drop_unreferenced`` leaves out of the call the inputs no node
+    refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
+    by their index before that). ``Registration.info`` is :func:`describe_graph`
+    of the entry just made.
+    """
+    _driver.ensure_context(source.device)
+    graph_id, kept = native("replay").register_graph(
+        graph_id, source.device, source.template, [(a.ptr, a.nbytes) for a in inputs],
+        [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
+        bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
+        int(source.exec), ring_functions(source.device, source.template))
+    return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
+
+
+def describe_bindings(graph_id: int, device: int) -> list[BufferBinding]:
+    """How each static buffer of ``graph_id`` on ``device`` meets XLA's: inputs first."""
+    return [binding_from_row(row) for row in native("replay").describe_bindings(graph_id, device)]
+
+
+def describe_graph(graph_id: int, device: int) -> GraphInfo:
+    """How calls of ``graph_id`` on ``device`` run."""
+    d = native("replay").describe_graph(graph_id, device)
+    return GraphInfo(paths_from_codes(d["paths"]), int(d["conditionals"]), int(d["kernel_nodes"]),
+                     d["splice_whole_reason"], bool(d["borrowed_exec"]), int(d["executables"]),
+                     int(d["max_executables"]), int(d["exec_device_bytes"]), float(d["rewrite_ns_per_site"]),
+                     int(d["exec_host_bytes"]), int(d["clone_host_bytes"]), int(d["binding_host_bytes"]),
+                     float(d["instantiate_ns"]), bool(d["device_launchable"]), str(d["launch_note"]),
+                     int(d["copy_nodes"]))
+
+
+def retire(graph_id: int, device: int = -1) -> None:
+    """Take ``graph_id`` out of the table on ``device`` (every device when -1); never raises."""
+    # At once: the graph's owner may destroy the template and executable
+    # a conditional graph's entry uses as soon as this returns.
+    _native_quietly("detach_graph", graph_id, device)
+    # Drops executables, which must not happen in the middle of a capture.
+    _memory.when_no_capture(functools.partial(_native_quietly, "unregister_graph", graph_id, device))
+
+
+def _native_quietly(call: str, graph_id: int, device: int) -> None:
+    try:
+        getattr(native("replay"), call)(graph_id, device)
+    except Exception:  # finalizers and destroy callbacks never raise
+        pass

@@ -1,0 +1,315 @@
+"""CUDA C++ to cubin through NVRTC (cuda.core's ``Program``), with a disk cache.
+
+Compiling needs NVRTC but no GPU: with ``arch`` given (e.g. ``"sm_90"``) it
+works on a CPU-only machine. Cubins are cached on disk under
+``$JAXGRAPH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/jaxgraph/kernels``, or
+``~/.cache/jaxgraph/kernels`` without ``XDG_CACHE_HOME``), keyed by the
+source, the kernel name, the options, the architecture and NVRTC's version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cubin import is_cubin
+from .._cuda.driver import CudaUnavailableError
+
+__all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "default_arch", "kernel_display_name",
+           "nvrtc_version", "remember_display_name"]
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source; the message holds NVRTC's log."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled kernel: its cubin and the symbol to look up in it."""
+
+    cubin: bytes
+    name: str            # as the user named it, e.g. "axpy<float>"
+    lowered_name: str    # the symbol in the cubin, e.g. "_Z4axpyIfEvPT_PKS0_S0_i"
+    arch: str
+    cache_path: Path | None
+    cache_hit: bool
+
+
+def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> CompiledKernel:
+    """Compile kernel ``name`` of ``source`` to a cubin, or load it from the disk cache.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source.
+    name : str
+        Kernel name, or a template instance such as ``"axpy<float>"``.
+    options : cuda.core.ProgramOptions, dict or None
+        NVRTC options (``std``, ``define_macro``, ``use_fast_math``, ...), as a
+        ``ProgramOptions`` or a dict of its fields. ``arch`` is filled in.
+    arch : str, optional
+        A real GPU architecture such as ``"sm_90"`` (:func:`check_arch`);
+        default: the current device's.
+    cache_dir : path, optional
+        Where cubins are kept; ``False``-y env ``JAXGRAPH_CACHE_DIR=""`` disables.
+
+    Raises
+    ------
+    CompileError
+        NVRTC rejected the source (the message names NVRTC's result and
+        quotes its log), or returned no cubin; nothing is cached then.
+    ValueError
+        ``arch`` is not a GPU architecture NVRTC compiles cubins for.
+    """
+    from cuda.core import ProgramOptions
+
+    if not isinstance(source, str) or not source.strip():
+        raise TypeError("source must be a non-empty string of CUDA C++")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be the kernel's name as a string, got {name!r}")
+    if arch is None:
+        given = options.get("arch") if isinstance(options, dict) else getattr(options, "arch", None)
+        arch = given or default_arch()
+    check_arch(arch)
+    # ProgramOptions asks the current device for a default arch: give it ours.
+    opts = _check_or_create_options(options, ProgramOptions, arch)
+    key = _cache_key(source, name, opts, arch)
+    directory = _cache_directory(cache_dir)
+    if directory is not None:
+        cached = _read_cache(directory, key, name, arch)
+        if cached is not None:
+            return cached
+    cubin, lowered = _nvrtc_compile(source, name, opts)
+    if not is_cubin(cubin):  # never cache (or load) what is not a cubin
+        raise CompileError(f"NVRTC returned no cubin for kernel {name!r} (arch={arch!r}): {len(cubin)} bytes "
+                           f"that are not an ELF image")
+    path = _write_cache(directory, key, cubin, lowered) if directory is not None else None
+    return CompiledKernel(cubin, name, lowered, arch, path, False)
+
+
+def default_arch() -> str:
+    """``"sm_XY"`` of the current device; raises :class:`CudaUnavailableError` without one."""
+    from .._cuda import driver as _driver
+
+    try:
+        major, minor = _driver.compute_capability()
+    except CudaUnavailableError as exc:
+        raise CudaUnavailableError(
+            f"{exc}; pass arch='sm_90' (or another target) to compile without a device"
+        ) from None
+    return f"sm_{major}{minor}"
+
+
+def check_arch(arch: Any) -> str:
+    """Return ``arch`` if NVRTC compiles cubins for it, else raise ``ValueError`` saying what is valid.
+
+    Valid: ``"sm_XY"`` for an architecture this NVRTC supports
+    (``nvrtcGetSupportedArchs``), optionally with an ``a`` or ``f`` suffix
+    (``"sm_90a"``, ``"sm_100f"``). Virtual architectures (``"compute_90"``)
+    are refused: NVRTC gives PTX for them, and jaxgraph loads cubins.
+    """
+    if not isinstance(arch, str):
+        raise TypeError(f"arch must be a string such as 'sm_90', got {type(arch).__name__} {arch!r}")
+    supported = _supported_archs()
+    match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
+    if match and match.group(1) == "sm" and (int(match.group(2)) in supported or not supported):
+        return arch  # (an NVRTC that cannot list its architectures judges the name itself)
+    if match and match.group(1) == "compute":
+        raise _arch_error(arch, "is a virtual architecture: NVRTC would compile it to PTX, and jaxgraph "
+                          f"compiles kernels to cubins for a real GPU; pass arch='sm_{match.group(2)}"
+                          f"{match.group(3)}' (a GPU of compute capability X.Y is 'sm_XY')")
+    raise _arch_error(arch, "is not a GPU architecture NVRTC compiles for")
+
+
+def remember_display_name(symbol: str, name: str) -> None:
+    """Note that the loaded cubin symbol ``symbol`` is the kernel its user called ``name``."""
+    _DISPLAY_NAMES[symbol] = name
+
+
+def kernel_display_name(symbol: str | None) -> str | None:
+    """The name a loaded kernel was given for its cubin symbol (``symbol`` itself otherwise)."""
+    return _DISPLAY_NAMES.get(symbol, symbol) if symbol is not None else None
+
+
+_DISPLAY_NAMES: dict[str, str] = {}  # symbol in a loaded cubin -> the name the Kernel was given
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """The NVRTC library's ``(major, minor)``."""
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _check_or_create_options(options: Any, cls: type, arch: str) -> Any:
+    if isinstance(options, cls):
+        return dataclasses.replace(options, arch=arch)
+    if options is None:
+        options = {}
+    if isinstance(options, dict):
+        defaults = {"std": "c++17"}
+        headers = _cuda_include_dir()
+        if headers and "include_path" not in options:
+            defaults["include_path"] = [headers]  # so <cuda_fp16.h> and friends resolve
+        try:
+            return cls(**{**defaults, **options, "arch": arch})
+        except TypeError as exc:
+            raise TypeError(f"invalid kernel option: {exc}") from None
+    raise TypeError(f"options must be a cuda.core.ProgramOptions or a dict, got {type(options).__name__}")
+
+
+def _cuda_include_dir() -> str | None:
+    """CUDA's include directory: NVIDIA's wheel, else a toolkit (CUDA_HOME, CUDA_PATH, /usr/local/cuda)."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        return find_nvidia_header_directory("cudart")
+    except Exception:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        path = os.path.join(home, "include")
+        return path if os.path.isfile(os.path.join(path, "cuda_fp16.h")) else None
+
+
+def _supported_archs() -> tuple[int, ...]:
+    """The ``XY`` of every ``sm_XY`` this NVRTC compiles for (empty if it cannot say)."""
+    archs = _listed_archs()
+    if not archs:
+        _listed_archs.cache_clear()  # a failed query is asked again next time, not remembered
+    return archs
+
+
+@functools.lru_cache(maxsize=None)
+def _listed_archs() -> tuple[int, ...]:
+    from cuda.bindings import nvrtc
+
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return ()
+    return tuple(int(a) for a in archs)
+
+
+def _arch_error(arch: str, why: str) -> ValueError:
+    """The error for an ``arch`` NVRTC cannot compile cubins for, listing the valid ones."""
+    valid = ", ".join(f"sm_{n}" for n in _supported_archs())
+    major, minor = nvrtc_version()
+    return ValueError(f"arch={arch!r} {why}. Valid: 'sm_XY' for one of the architectures of this NVRTC "
+                      f"({major}.{minor}), {valid}, optionally with an 'a' or 'f' suffix where the GPU has one "
+                      "(architecture- or family-specific features, e.g. 'sm_90a')")
+
+
+def _nvrtc_compile(source: str, name: str, opts: Any) -> tuple[bytes, str]:
+    from cuda.core import Program
+
+    try:
+        program = Program(source, "c++", options=opts)
+        obj = program.compile("cubin", name_expressions=(name,))
+    except Exception as exc:
+        if type(exc).__name__ == "NVRTCError" or "NVRTC" in str(exc):
+            raise _compile_error(name, opts, str(exc)) from None
+        raise
+    mapping = obj.symbol_mapping or {}
+    lowered = mapping.get(name, name)
+    if isinstance(lowered, bytes):
+        lowered = lowered.decode()
+    return bytes(obj.code), lowered
+
+
+def _compile_error(name: str, opts: Any, text: str) -> Exception:
+    """NVRTC's failure as a :class:`CompileError` that names its result and what it means for ``name``."""
+    text = text.replace("\x00", "").strip()
+    # cuda.core's NVRTCError reads "<code>: <NVRTC_ERROR_...>, compilation log: ..." (older ones: "<code>: ...").
+    head = re.match(r"(\d+):\s*(NVRTC_\w+)?,?\s*(compilation log:)?\s*", text)
+    result, log = "", text
+    if head:
+        result, log = head.group(2) or _nvrtc_result_name(int(head.group(1))), text[head.end():]
+    if "gpu-architecture" in log or "--nv_arch" in log:  # e.g. sm_75a: the right form, no such variant
+        return _arch_error(getattr(opts, "arch", None), f"is not a GPU architecture NVRTC compiles for ({result}: "
+                                      f"{log.strip().splitlines()[0]})")
+    if "__nv_name_map" in log:  # NVRTC could not instantiate the name expression itself
+        base = name.split("<", 1)[0].strip()
+        what = (f"the template arguments of {name!r} are unknown or failed to instantiate {base!r}"
+                if "<" in name else f"{name!r} is not a __global__ function NVRTC can find in the source")
+        return CompileError(f"NVRTC could not compile kernel {name!r} ({result}): {what}. NVRTC's log:\n{log}")
+    return CompileError(f"NVRTC could not compile kernel {name!r} ({result}):\n{log}{_include_hint(log)}")
+
+
+def _nvrtc_result_name(code: int) -> str:
+    from cuda.bindings import nvrtc
+
+    try:
+        return nvrtc.nvrtcResult(code).name
+    except ValueError:
+        return f"NVRTC error {code}"
+
+
+def _include_hint(log: str) -> str:
+    """Where CUDA's headers come from, when NVRTC could not open one."""
+    if "cannot open source file" not in log:
+        return ""
+    found = _cuda_include_dir()
+    where = f"jaxgraph passed {found}" if found else "jaxgraph found no CUDA include directory"
+    return ("\n\nCUDA headers such as <cuda_fp16.h> come from NVIDIA's nvidia-cuda-runtime wheel "
+            "(a jaxgraph dependency: pip install \"nvidia-cuda-runtime>=13.0,<14\") or a CUDA toolkit "
+            f"(CUDA_HOME, /usr/local/cuda); {where}. Pass options={{'include_path': [...]}} to add "
+            "your own.")
+
+
+def _cache_key(source: str, name: str, opts: Any, arch: str) -> str:
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    text = json.dumps(
+        {"source": source, "name": name, "options": fields, "arch": arch, "nvrtc": nvrtc_version()},
+        sort_keys=True, default=repr,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_directory(cache_dir: Any) -> Path | None:
+    if cache_dir is None:
+        env = os.environ.get("JAXGRAPH_CACHE_DIR")
+        if env == "":
+            return None
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        cache_dir = env or Path(base) / "jaxgraph" / "kernels"
+    return Path(cache_dir)
+
+
+def _read_cache(directory: Path, key: str, name: str, arch: str) -> CompiledKernel | None:
+    cubin_path = directory / f"{key}.cubin"
+    meta_path = directory / f"{key}.json"
+    try:
+        cubin = cubin_path.read_bytes()
+        lowered = json.loads(meta_path.read_text())["lowered_name"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if not is_cubin(cubin):  # e.g. an empty file some older version cached: compile again
+        return None
+    return CompiledKernel(cubin, name, lowered, arch, cubin_path, True)
+
+
+def _write_cache(directory: Path, key: str, cubin: bytes, lowered: str) -> Path | None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Write-then-rename, so concurrent processes never read half a file.
+        for suffix, data in ((".json", json.dumps({"lowered_name": lowered}).encode()), (".cubin", cubin)):
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, directory / f"{key}{suffix}")
+    except OSError:
+        return None  # an unwritable cache only costs a recompile
+    return directory / f"{key}.cubin"
