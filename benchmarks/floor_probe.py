@@ -191,7 +191,7 @@ def main() -> int:
         chains[n][3]["on_xla_buffers"] = exe
         kept.append((g, x_j, y_j))  # alive while measured
     measure("with chains captured on XLA's buffers")
-    from jaxgraph._jax_interop.replay_codes import counters
+    from jaxgraph._jax_interop.replay_spec import counters
 
     print("counters", counters())
     return 0

@@ -186,7 +186,7 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
 
     import jaxgraph
     from jaxgraph._cuda.native import native
-    from jaxgraph._jax_interop.replay_codes import counters
+    from jaxgraph._jax_interop.replay_spec import counters
 
     rng = np.random.default_rng()  # unseeded: every run checks new inputs
     kernel = jaxgraph.Kernel(SOURCE, "add_one")

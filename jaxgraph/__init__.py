@@ -95,9 +95,9 @@ from ._jax_interop.graphed_callables import make_graphed_callables as make_graph
 from ._jax_interop.graphed_loops import default_unroll as default_unroll
 from ._jax_interop.graphed_loops import graphed_loop as graphed_loop
 from ._jax_interop.graphed_loops import GraphedLoop as GraphedLoop
-from ._jax_interop.replay_codes import BindingMode as BindingMode
-from ._jax_interop.replay_codes import BufferBinding as BufferBinding
-from ._jax_interop.replay_codes import ReplayPath as ReplayPath
+from ._jax_interop.replay_spec import BindingMode as BindingMode
+from ._jax_interop.replay_spec import BufferBinding as BufferBinding
+from ._jax_interop.replay_spec import ReplayPath as ReplayPath
 from ._jax_interop.replayable import Replayable as Replayable
 from ._jax_interop.replayable import replayable as replayable
 from ._jax_interop.sharded import capture_per_device as capture_per_device

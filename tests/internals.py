@@ -18,7 +18,7 @@ from jaxgraph._jax_interop.replay_native import describe_graph
 from jaxgraph._cuda.memory import pool_from_token
 from jaxgraph._cuda.native import native
 from jaxgraph._jax_interop.replay_spec import ReplaySpec
-from jaxgraph._jax_interop.replay_codes import counters, set_capture_policy
+from jaxgraph._jax_interop.replay_spec import counters, set_capture_policy
 from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
 from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._cuda import captures as _captures, driver as _driver
 from . import conditional as _conditional
-from .._cuda.capture_record import Capture, CaptureInputs
+from .._cuda.captures import Capture, CaptureInputs
 from .._cuda.driver import check
 from .hooks import fire_destroy
 from .._cuda.memory import MemPool

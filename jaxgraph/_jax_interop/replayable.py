@@ -21,6 +21,11 @@ replayable goes).
 
 ``via="callback"``: the same replay from a ``jax.pure_callback`` through host
 memory (``_jax_interop/host_callback.py``); for JAX on the CPU, or to debug.
+
+The function a replayable calls (:func:`replay_function`: the FFI call or the
+host callback, maybe with a VJP) is built from the replayable's parts (its spec, state and backward), never from
+the replayable itself, so no reference cycle keeps a replayable (and its graph
+id) alive after its last reference goes.
 """
 
 from __future__ import annotations
@@ -28,19 +33,65 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Sequence
 
-from . import replay_native as _replay_native
-from .._graphs.capture import Graph
 from .._cuda.checks import VIA_CHOICES, check_choice, device_arrays, fmt_all
+from .._graphs.capture import Graph
 from .._graphs.cuda_graph import CUDAGraph
-from .host_callback import HostReplay
-from .replay_spec import (ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type, check_outputs,
-                           distinct_aliases, renumber_aliases, shapes_of, source_of)
-from .replay_call import replay_function
-from .replay_codes import BufferBinding, ReplayPath
 from .._graphs.replay_source import ReplaySource
-from .replay_state import ReplayState
+from . import replay_native as _replay_native
+from .host_callback import HostReplay, callback_replay
+from .replay_native import ReplayState
+from .replay_spec import (BufferBinding, ReplayPath, ReplaySpec, alias_pairs, check_arguments, check_devices,
+                          check_graph_type, check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
 
-__all__ = ["Replayable", "replayable", "replayable_of_referenced"]
+__all__ = ["Replayable", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
+
+def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
+                    backward: Callable[..., Any] | None) -> Callable[..., Any]:
+    """The FFI call (``via="ffi"``) or the host callback for ``spec``, with ``backward`` as its VJP if given."""
+    def host_call(*args: Any) -> Any:  # the pure_callback target refuses a reset graph
+        state.check_alive()
+        return host(*args)
+
+    ffi_replay = _replay_native.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
+
+    def primal(*args: Any) -> Any:
+        if ffi_replay is not None:
+            out = ffi_replay(*args)
+        else:
+            out = callback_replay(spec.outputs, host_call, *args)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    if backward is None:
+        return primal
+    return with_vjp(primal, backward, len(spec.inputs), len(spec.outputs) == 1)
+
+
+def with_vjp(primal: Callable[..., Any], backward: Callable[..., Any], n_in: int, single: bool) -> Callable[..., Any]:
+    """Wrap ``primal`` in ``jax.custom_vjp`` with ``backward(*inputs, *outputs, *cotangents)``."""
+    import jax
+
+    @jax.custom_vjp
+    def fn(*args):
+        return primal(*args)
+
+    def fwd(*args):
+        out = primal(*args)
+        return out, (args, out)
+
+    def bwd(residuals, cotangents):
+        args, out = residuals
+        outs = (out,) if single else tuple(out)
+        cts = (cotangents,) if single else tuple(cotangents)
+        grads = backward(*args, *outs, *cts)
+        if not isinstance(grads, (tuple, list)):
+            grads = (grads,)
+        if len(grads) != n_in:
+            raise ValueError(f"backward returned {len(grads)} cotangent(s); the replayable has {n_in} "
+                             "input(s) (return None for an input without a gradient)")
+        return tuple(grads)
+
+    fn.defvjp(fwd, bwd)
+    return fn
 
 
 # ----------------------------------------------------------------------------
