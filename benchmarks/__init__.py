@@ -3,5 +3,5 @@
 Run everything on a GPU machine with ``python benchmarks/run.py`` (``--quick``
 for a one-minute smoke run); see ``benchmarks/README.md``. The pure parts
 (statistics, the JSON merge, markdown, the plot) import without a GPU and are
-tested in ``tests/test_benchmarks*.py``.
+tested in ``tests/benchmarks/test_benchmarks*.py``.
 """

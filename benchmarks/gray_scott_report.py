@@ -1,7 +1,7 @@
 """The report of a gray_scott benchmark run (``benchmarks/gray_scott_bench.py``): medians, speeds, markdown.
 
 Pure functions of the JSON the run writes (the modes' descriptions included);
-``tests/test_gray_scott_bench.py`` checks them on synthetic records.
+``tests/benchmarks/test_gray_scott_bench.py`` checks them on synthetic records.
 """
 
 from __future__ import annotations

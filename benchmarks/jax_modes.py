@@ -11,7 +11,7 @@ The ``mixed`` modes are the programs users write: ``MIXED_REPLAYS`` replays
 separated by XLA elementwise ops in one jitted function, against the same
 program with every replay's kernels as ``Kernel.jax_call`` calls.
 
-Because ``step`` is just a function, ``tests/test_benchmarks_timing.py`` runs these
+Because ``step`` is just a function, ``tests/benchmarks/test_benchmarks_timing.py`` runs these
 factories on the CPU with ``step = lambda x: x + N``.
 """
 

@@ -12,7 +12,7 @@ loopback sockets).
 
 :func:`launch` waits for every process with one timeout; on timeout it kills
 them all and returns each one's output, so a hang is a report, not a stuck run.
-Used by tests/test_multiprocess.py and benchmarks/scaling_processes.py.
+Used by tests/jax_interop/test_multiprocess.py and benchmarks/scaling_processes.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The markdown of a scale run (``benchmarks/scale.py``): per-kernel replay, the handler's work, phases, memory.
 
-Pure formatting of the JSON the scale run writes; ``tests/test_scale_benchmark.py``
+Pure formatting of the JSON the scale run writes; ``tests/benchmarks/test_scale_benchmark.py``
 checks it on synthetic records.
 """
 

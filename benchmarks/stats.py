@@ -1,6 +1,6 @@
 """Pure statistics of the harness: medians, spread, ratios to the floor, calibration, the JSON merge.
 
-No GPU, no JAX: ``tests/test_benchmarks.py`` checks every function here on
+No GPU, no JAX: ``tests/benchmarks/test_benchmarks.py`` checks every function here on
 synthetic numbers. The workers record raw samples; :func:`merge` (run by the
 driver) summarizes each process and computes its ratios to its own floor.
 """

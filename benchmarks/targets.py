@@ -13,7 +13,7 @@ at) and the verdict, computed. Issue 8's section is here; issue 19's is
 ``targets19.py``. Where the quick or full run is the last of ``run.py --runs
 K``, issue 19 judges every run of the group (``runs.load``), issue 8 the last. ``run.py`` and ``gray_scott_bench.py`` call :func:`write`
 after every run. Pure apart from :func:`write`:
-``tests/test_benchmark_reports.py`` checks it on synthetic results and that
+``tests/benchmarks/test_benchmark_reports.py`` checks it on synthetic results and that
 the committed file is what the committed JSON gives.
 """
 

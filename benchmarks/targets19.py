@@ -15,7 +15,7 @@ writes the file; ``python benchmarks/targets.py`` regenerates it anywhere):
   handler's host time per call, device memory per captured kernel.
 
 Every figure is read from the JSON; where a file or a figure is missing the
-row says *not measured*. Pure: ``tests/test_benchmark_reports.py`` checks
+row says *not measured*. Pure: ``tests/benchmarks/test_benchmark_reports.py`` checks
 it on synthetic results and against the committed JSON.
 """
 

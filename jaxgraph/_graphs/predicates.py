@@ -25,7 +25,7 @@ __all__ = ["KINDS", "Kind", "SET_CONDITIONAL_SOURCE", "check_predicate", "check_
 
 # cudaGraphSetConditional is declared as <cuda_device_runtime_api.h> declares it (a
 # device-runtime builtin; cudaGraphConditionalHandle is unsigned long long), which gives
-# the same PTX as including the header (tests/test_conditional_errors.py compares them).
+# the same PTX as including the header (tests/graphs/test_conditional_errors.py compares them).
 # The header is not included because it needs crt/host_defines.h, which NVIDIA's
 # nvidia-cuda-runtime wheel lacks: this way the kernel compiles with no CUDA headers at all.
 SET_CONDITIONAL_SOURCE = r"""

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "handler_parts_probe.py"
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "handler_parts_probe.py"
 
 
 def run(*args):

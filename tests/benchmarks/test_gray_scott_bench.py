@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import pytest
 from internals import Replayable, ReplaySpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gray_scott_bench as bench  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 import jaxgraph
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 HAS_GPU = jaxgraph.device_count() > 0
 

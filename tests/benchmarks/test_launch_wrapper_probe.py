@@ -10,7 +10,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "launch_wrapper_probe.cu"
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "launch_wrapper_probe.cu"
 NVCC = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
 

@@ -22,7 +22,7 @@ try:
 except ImportError:  # Python 3.10: pytest brings tomli
     import tomli as tomllib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # What a user may leave inside the checkout: none of it belongs in an sdist.
 LITTER = [".venv/bin/python3", ".venv/lib/python3.11/site-packages/big.py", "venv/pyvenv.cfg",

@@ -17,8 +17,8 @@ import pytest
 
 from graph_support import jax_gpus
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROBE = "tests/test_graphs_api.py::test_removable_handle_removes_once_and_is_a_context_manager"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROBE = "tests/graphs/test_graphs_api.py::test_removable_handle_removes_once_and_is_a_context_manager"
 
 
 def run_pytest(**env):

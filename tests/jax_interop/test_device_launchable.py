@@ -1,6 +1,6 @@
 """Large graphs get executables launchable from the device, and the handler still launches them from the host;
 their copied buffers are copied by copy nodes of the executable (ffi/copy_nodes.h; their address ring:
-tests/test_copy_ring.py).
+tests/jax_interop/test_copy_ring.py).
 
 Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
 (the threshold, lowered here so a graph of a few dozen kernels qualifies), ``set_max_executables``

@@ -9,7 +9,7 @@ quick run the targets files are judged on (``table`` reads a targets table back)
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
 from benchmarks import config, stats  # noqa: E402

@@ -233,7 +233,7 @@ def _check_jit(k, rng):
 
 _WORKER = r"""
 import sys, numpy as np
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]  # this folder, and tests/ (the shared modules)
 import test_loops as t
 t._check_jit(t._kernels(), np.random.default_rng())
 print("JIT OK")
@@ -255,7 +255,7 @@ def _kernels():
 @pytest.mark.parametrize("mode", sorted(_XLA))
 def test_jit_command_buffer_settings(mode):
     env = dict(os.environ, XLA_FLAGS=_XLA[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", _WORKER, os.path.dirname(__file__)], env=env,
+    proc = subprocess.run([sys.executable, "-c", _WORKER, os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "JIT OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
 

@@ -1,6 +1,6 @@
-"""One process of tests/test_multiprocess.py: run by benchmarks/launch.py, N at once.
+"""One process of tests/jax_interop/test_multiprocess.py: run by benchmarks/launch.py, N at once.
 
-    python tests/multiprocess_scenarios.py {cpu,gpu} SEED [--errors]
+    python tests/jax_interop/multiprocess_scenarios.py {cpu,gpu} SEED [--errors]
 
 Every process joins ``jax.distributed`` (torchrun's variables, set by the
 launcher), runs the scenarios in the same order, and prints one line
@@ -31,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.launch
+# the repository root (benchmarks.launch) and tests/ (the shared kernels)
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
 from benchmarks.launch import initialize  # noqa: E402
 
-from kernels import INC, SCALE  # noqa: E402  (tests/, the script's own directory)
+from kernels import INC, SCALE  # noqa: E402
 
 N = 4096  # floats per process (one shard)
 SOURCE = SCALE + INC

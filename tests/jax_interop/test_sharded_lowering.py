@@ -154,7 +154,7 @@ SCENARIOS = textwrap.dedent(r'''
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SCENARIOS], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"scenarios failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
     "floor_probe.py": (["--n", "100", "--rounds", "1", "--launches", "2"], "N=100 jit: the replay handler keeps"),

@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 OPTED_IN = os.environ.get("JAXGRAPH_TEST_INSTALL") == "1"
 # Every place a system toolkit may live, hidden from CMake where a test says so.
 SYSTEM_CUDA = sorted(set(glob.glob("/usr/local/cuda*") + glob.glob("/opt/cuda*")))

@@ -283,5 +283,5 @@ def test_missing_extension_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
         _native.native("no_such_extension")
     # The hint is the README's install step, word for word.
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     assert _native._INSTALL in str(info.value) and _native._INSTALL in readme
