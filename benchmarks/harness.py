@@ -55,7 +55,7 @@ class Mode:
     burst of jitted calls carries JAX's first dispatch after idle (0.16-0.60 ms
     on the H100, a trivial jitted function's too) and its wait for the last
     result, while the floor's CUDA events carry neither
-    (``benchmarks/stamp_probe.py``); over a 25 ms sample that alone reads as
+    (``benchmarks/probes/stamp_probe.py``); over a 25 ms sample that alone reads as
     1-2% over the floor.
     """
 

@@ -27,7 +27,6 @@ import argparse
 import collections
 import dataclasses
 import datetime
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -41,12 +40,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, report, runs, stats, targets, verdicts  # noqa: E402
+from benchmarks import config, provenance, report, runs, stats, targets, verdicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
-DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "cuda-bindings", "cuda-core",
-                 "nvidia-cuda-nvrtc", "torch", "cupy-cuda13x", "cupy-cuda12x", "numpy", "matplotlib", "jaxgraph")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -152,24 +149,15 @@ def run_worker(setting: config.Setting, cfg: config.RunConfig, tmp: Path, timeou
 
 def collect_meta(cfg: config.RunConfig, argv: list[str], settings: tuple[str, ...] = ()) -> dict:
     """Date, command, versions, git commit, each setting's ``XLA_FLAGS`` and nvidia-smi's view of the device."""
-    versions = {"python": sys.version.split()[0]}
-    for dist in DISTRIBUTIONS:
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     meta = {"schema": 1, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/run.py", *argv]), "quick": cfg.quick,
-            "config": cfg.to_json(), "versions": versions,
-            # A copy of the tree may carry a stale .git: JAXGRAPH_GIT (set by whoever copied it) wins.
-            "git": os.environ.get("JAXGRAPH_GIT") or _run(["git", "-C", str(ROOT), "describe", "--always",
-                                                           "--dirty"]),
-            "git_from": "JAXGRAPH_GIT" if os.environ.get("JAXGRAPH_GIT") else "git describe --always --dirty"}
+            "config": cfg.to_json(), "versions": provenance.versions(),
+            "git": provenance.git_commit(), "git_from": provenance.git_from()}
     if settings:  # what the driver sets (None: XLA_FLAGS unset); each process records its own too
         meta["xla_flags_by_setting"] = {key: config.SETTINGS[key].xla_flags for key in settings}
-    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    smi = provenance.nvidia_smi()
     if smi:
-        meta["device"] = {"nvidia_smi": smi.splitlines()[0], "driver": smi.splitlines()[0].split(",")[-1].strip()}
+        meta["device"] = {"nvidia_smi": smi, "driver": smi.split(",")[-1].strip()}
     return meta
 
 
@@ -286,15 +274,6 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"chain lengths must be >= 1, got {text!r}")
     return tuple(sorted(set(values)))
-
-
-def _run(cmd: list[str]) -> str | None:
-    """A command's stdout, or ``None`` when it is missing or fails."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import targets19, verdicts  # noqa: E402
+from benchmarks import targets_over_runs, verdicts  # noqa: E402
 
 __all__ = ["file_names", "load", "main", "markdown", "record"]
 
@@ -73,7 +73,7 @@ def load(out_dir: Path, name: str) -> tuple[dict | list | None, str | list[str]]
 
 def markdown(runs: list[dict | None], names: list[str]) -> str:
     """``<stem>-runs.md``: the runs (file, date, commit, wall time), then each harness target's figures
-    in every run side by side (``targets19.harness_figures``) and in how many runs each held."""
+    in every run side by side (``targets_over_runs.harness_figures``) and in how many runs each held."""
     first = next((r for r in runs if r), {})
     device = (first.get("device") or {}).get("name", "unknown device")
     kind = "quick runs" if first.get("quick") else "loop runs" if first.get("config", {}).get("loops") else "full runs"
@@ -92,8 +92,8 @@ def markdown(runs: list[dict | None], names: list[str]) -> str:
         failed = ", ".join(failed) or "none"
         lines.append(f"| {i} | [`{name}`]({name}) | {r.get('date', '?')} | {r.get('git') or '?'} | "
                      f"{r.get('wall_s', '?')} | {failed} |")
-    figures = [targets19.harness_figures(r) if r else None for r in runs]
-    for target in targets19.HARNESS_TARGETS:
+    figures = [targets_over_runs.harness_figures(r) if r else None for r in runs]
+    for target in targets_over_runs.HARNESS_TARGETS:
         per_run = [f[target] if f else None for f in figures]
         places = list(dict.fromkeys(w for f in per_run if f for w in f.how))
         lines += ["", f"## {target}", ""]

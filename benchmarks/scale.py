@@ -34,7 +34,7 @@ buffers off, so every call takes the launch path, and
   the timed rounds): on the first call, which finds XLA's stream idle, and per
   call over the rest, with the graph in flight as in a long ``x = f(x)`` loop.
   A timed round at 100k holds only 3-4 calls, so its mean weighs the first
-  call's cost heavily; ``benchmarks/launch_wrapper_probe.cu`` shows the same
+  call's cost heavily; ``benchmarks/probes/launch_wrapper_probe.cu`` shows the same
   first-launch cost on plain CUDA;
 - ``step.bindings`` and the native ``describe_graph`` (its memory accounting).
 
@@ -59,7 +59,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import harness, stats, targets  # noqa: E402
+from benchmarks import harness, provenance, stats, targets  # noqa: E402
 from benchmarks.scale_modes import (COUNTERS, counted_delta, eager_mode, feedback_mode,  # noqa: E402
                                     handler_burst, per_call, rotating_mode)
 from benchmarks.scale_report import markdown  # noqa: E402
@@ -112,15 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         (n, pattern), = parse_points(args.child)
         print("RESULT " + json.dumps(stats.json_ready(measure(n, pattern, args))), flush=True)
         return 0
-    from benchmarks import run
-
     start = time.perf_counter()
     results = {"schema": 1, "benchmark": "scale",
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "command": " ".join(["python", "benchmarks/scale.py", *argv]), "xla_flags": XLA_FLAGS,
                "config": {"repeats": args.repeats, "target_ms": args.target_ms, "elements": ELEMENTS},
-               "git": os.environ.get("JAXGRAPH_GIT") or run._run(["git", "-C", str(ROOT), "describe", "--always",
-                                                                  "--dirty"]),
+               "git": provenance.git_commit(),
                "points": []}
     args.out.mkdir(parents=True, exist_ok=True)
     for n, pattern in args.points:

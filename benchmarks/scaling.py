@@ -37,7 +37,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import harness, stats  # noqa: E402
+from benchmarks import harness, provenance, stats  # noqa: E402
 from benchmarks.report import fmt  # noqa: E402
 from benchmarks.workload import BLOCK, SOURCE, check_result  # noqa: E402
 
@@ -266,16 +266,6 @@ def _gpus(count: int | None) -> list:
 
 def _meta(argv: list, args: argparse.Namespace) -> dict:
     """Date, command, budgets, environment, package versions and git commit of this run."""
-    import importlib.metadata
-
-    from benchmarks import run
-
-    versions = {"python": sys.version.split()[0]}
-    for dist in run.DISTRIBUTIONS:
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return {"schema": 1, "benchmark": "scaling",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/scaling.py", *argv]), "quick": args.quick,
@@ -283,8 +273,7 @@ def _meta(argv: list, args: argparse.Namespace) -> dict:
                        "target_ms": args.target_ms},
             "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE",
                                                    "CUDA_VISIBLE_DEVICES")},
-            "versions": versions, "git": os.environ.get("JAXGRAPH_GIT") or run._run(["git", "-C", str(ROOT), "describe", "--always",
-                                                                              "--dirty"])}
+            "versions": provenance.versions(), "git": provenance.git_commit()}
 
 
 def _write(results: dict, out_dir: Path, quick: bool) -> list[Path]:

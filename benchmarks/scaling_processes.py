@@ -45,7 +45,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import launch, stats  # noqa: E402
+from benchmarks import launch, provenance, stats  # noqa: E402
 from benchmarks.report import fmt  # noqa: E402
 from benchmarks.workload import BLOCK, SOURCE, check_result  # noqa: E402
 
@@ -299,15 +299,12 @@ def _gpu_count() -> int:
 
 
 def _meta(argv: list, args: argparse.Namespace) -> dict:
-    from benchmarks import run
-
     return {"schema": 1, "benchmark": "scaling_processes",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/scaling_processes.py", *argv]), "quick": args.quick,
             "config": {k: getattr(args, k) for k in ("elements", "kernels", "steps", "repeats")},
             "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "CUDA_VISIBLE_DEVICES")},
-            "git": os.environ.get("JAXGRAPH_GIT") or run._run(["git", "-C", str(ROOT), "describe", "--always",
-                                                                "--dirty"])}
+            "git": provenance.git_commit()}
 
 
 def _write(results: dict, args: argparse.Namespace) -> list[Path]:

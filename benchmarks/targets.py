@@ -10,7 +10,7 @@ run ``<device>.json`` (``benchmarks/run.py``), ``<device>-loops.json``
 ``<device>-targets.md``: a section per issue, one row a target, the figures
 it is judged on (read from the JSON, with the commit each file was measured
 at) and the verdict, computed. Issue 8's section is here; issue 19's is
-``targets19.py``. Where the quick or full run is the last of ``run.py --runs
+``targets_over_runs.py``. Where the quick or full run is the last of ``run.py --runs
 K``, issue 19 judges every run of the group (``runs.load``), issue 8 the last. ``run.py`` and ``gray_scott_bench.py`` call :func:`write`
 after every run. Pure apart from :func:`write`:
 ``tests/benchmarks/test_benchmark_reports.py`` checks it on synthetic results and that
@@ -27,7 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import runs, targets19, verdicts  # noqa: E402
+from benchmarks import runs, targets_over_runs, verdicts  # noqa: E402
 
 __all__ = ["SOURCES", "TARGETS", "main", "markdown", "rows", "write"]
 
@@ -40,7 +40,7 @@ TARGETS = (
     "inside `fori_loop`: no slower per step than XLA's `fori_loop` over `jax_call`s",
 )
 
-SOURCES = {"full": "<device>.json", "loops": "<device>-loops.json", **targets19.SOURCES}
+SOURCES = {"full": "<device>.json", "loops": "<device>-loops.json", **targets_over_runs.SOURCES}
 
 SETTINGS = ("off", "on", "defaults")
 
@@ -57,11 +57,11 @@ NOTES = """\
   tables.
 - **Executables updated in place** run their updated kernels slower on every later launch, so
   the replay handler instantiates a fresh executable for each new set of XLA addresses:
-  `python benchmarks/exec_update_cost.py` measures it (`<device>-exec_update.md`).
+  `python benchmarks/probes/exec_update_cost.py` measures it (`<device>-exec_update.md`).
 - **N=10 per-call cost.** Where the N=10 group is over the target, compare `jax_calls` at N=10 in
   the same process: when XLA's own kernel calls are slower alike, it is not the replay handler.
 - **Per-call profile** (where a call's host time goes at N=1, `lax.fori_loop`'s own cost per
-  iteration): `python benchmarks/profile_call.py`, committed as `<device>-profile_call.md`.
+  iteration): `python benchmarks/probes/profile_call.py`, committed as `<device>-profile_call.md`.
 """
 
 
@@ -96,8 +96,8 @@ def markdown(results: dict[str, dict | list | None], names: dict[str, str | list
     for target, (measured, verdict) in zip(TARGETS, rows(full, loops)):
         lines.append(f"| {target} | {measured} | {verdict} |")
     return ("\n".join(lines) + "\n\n" + NOTES.replace("<device>", slug) + "\n"
-            + targets19.section({k: results[k] for k in targets19.SOURCES},
-                                {k: names[k] for k in targets19.SOURCES}))
+            + targets_over_runs.section({k: results[k] for k in targets_over_runs.SOURCES},
+                                {k: names[k] for k in targets_over_runs.SOURCES}))
 
 
 def rows(full: dict | None, loops: dict | None) -> list[tuple[str, str]]:
@@ -113,7 +113,7 @@ def write(out_dir: Path, slug: str) -> Path | None:
     names = {k: pattern.replace("<device>", slug) for k, pattern in SOURCES.items()}
     results = {}
     for k, name in names.items():  # a quick or full run may be the last of a group (run.py --runs K)
-        results[k], names[k] = runs.load(out_dir, name) if k in targets19.HARNESS_RUNS else (
+        results[k], names[k] = runs.load(out_dir, name) if k in targets_over_runs.HARNESS_RUNS else (
             json.loads((out_dir / name).read_text()) if (out_dir / name).exists() else None, name)
     if all(r is None for r in results.values()):
         return None

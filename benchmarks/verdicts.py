@@ -1,6 +1,6 @@
 """Reading figures out of results JSON and turning them into verdicts: what the targets files share.
 
-``targets.py`` (issue 8) and ``targets19.py`` (issue 19) judge targets on the
+``targets.py`` (issue 8) and ``targets_over_runs.py`` (issue 19) judge targets on the
 JSON that ``run.py`` (``stats.merge``), ``gray_scott_bench.py`` and
 ``scale.py`` write. The readers here return ``None`` where the JSON lacks a
 figure, so a target says *not measured* instead of failing; :func:`verdict`
@@ -79,7 +79,7 @@ def over_runs(figures: list) -> tuple[str, str]:
     """``(measured, verdict)`` of one target over a group of runs: each place's figure in every run side by
     side, and ``met in 3 of 3 runs`` or the places missed (and not measured) grouped by the runs concerned.
 
-    ``figures`` holds one ``targets19.Figures`` a run (``None`` where the run is missing): ``ok`` maps
+    ``figures`` holds one ``targets_over_runs.Figures`` a run (``None`` where the run is missing): ``ok`` maps
     each place judged to whether it met the target, ``how`` to its figure, ``label`` names the figures.
     A run lacking a place another run judged is never called met.
     """

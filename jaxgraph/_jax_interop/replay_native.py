@@ -127,7 +127,7 @@ def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
     operands are different operations and XLA never merges them: each call
     replays, as each ``g.replay()`` does. Calls are not side-effecting unless
     ``spec.side_effects`` (``has_side_effect`` made a call cost 175 us instead of
-    47 on the H100: ``benchmarks/side_effect_cost.py``): XLA removes a call whose
+    47 on the H100: ``benchmarks/probes/side_effect_cost.py``): XLA removes a call whose
     outputs are unused.
     ``vmap`` replays once per batch element, in sequence.
 

@@ -1,7 +1,7 @@
 """Reports generated from results JSON (CPU): the targets file and the micro-benchmarks' tables.
 
 The targets file is generated (``benchmarks/targets.py``, issue 19's section
-by ``benchmarks/targets19.py``), never written by hand: checked here on
+by ``benchmarks/targets_over_runs.py``), never written by hand: checked here on
 synthetic results shaped as ``stats.merge``, ``gray_scott_report.summarize``
 and ``scale.py`` write them (each target met, missed and not measured),
 through ``run.main`` with stand-in workers, and against the committed JSON
@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import (exec_update_cost, gray_scott_report, report, run, side_effect_cost, stats,  # noqa: E402
-                        targets, targets19)
+from benchmarks import gray_scott_report, report, run, stats, targets, targets_over_runs  # noqa: E402
+from benchmarks.probes import exec_update_cost, side_effect_cost  # noqa: E402
 from benchmark_records import record, synthetic_quick, table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -139,7 +139,7 @@ def test_the_loop_report_gives_what_a_while_trip_costs():
 
 
 # ----------------------------------------------------------------------------
-# Issue 19's section (benchmarks/targets19.py)
+# Issue 19's section (benchmarks/targets_over_runs.py)
 # ----------------------------------------------------------------------------
 
 
@@ -183,7 +183,7 @@ def test_issue_19_targets_are_judged_on_each_run_they_name():
                    scale=synthetic_scale([scale_point("one_site", 1.06, 15.0, 1.5), scale_point("in_place", 1.02, 30.0, 2.5)]))
     quick, full = "quick run at q123456, 3 rounds of 5 ms samples", "full run at abc1234"
     assert [r for _, r in rows][:2] == [quick, full]  # the synthetic full run's config has no target_ms
-    t = targets19.TARGETS
+    t = targets_over_runs.TARGETS
     measured, verdict = rows[t[0], quick]
     assert "on: jit_loop N=100 1.080x, jit_changing N=100 1.040x" in measured
     assert verdict == "missed at on jit_loop N=100 (1.080x); met at the other 5"
@@ -246,12 +246,12 @@ def test_replay_against_the_floor_is_judged_on_streaming_calls_where_the_run_has
     assert entry["ratio"] == pytest.approx(1.03) and entry["steady_ratio"] == pytest.approx(1.01)
     rows = issue19(quick=quick)
     label = "quick run at q123456, 3 rounds of 25 ms samples"
-    measured, verdict = rows[targets19.TARGETS[1], label]
+    measured, verdict = rows[targets_over_runs.TARGETS[1], label]
     assert measured == "defaults: jit_loop N=100 1.010x (bursts 1.040x), jit_changing N=100 1.010x (bursts 1.030x)"
     assert verdict == "met"
-    assert rows[targets19.TARGETS[0], label][1] == "missed at on jit_loop N=100 (1.060x); met at the other 5"
-    figures = targets19.harness_figures(quick)[targets19.TARGETS[0]]
-    assert figures.label == targets19.STEADY_LABEL
+    assert rows[targets_over_runs.TARGETS[0], label][1] == "missed at on jit_loop N=100 (1.060x); met at the other 5"
+    figures = targets_over_runs.harness_figures(quick)[targets_over_runs.TARGETS[0]]
+    assert figures.label == targets_over_runs.STEADY_LABEL
     assert "| 100 | 1.000 | 1.040 (1.04x, streaming 1.01x) | 1.030 (1.03x, streaming 1.01x) |" in report.markdown(quick)
 
 
@@ -264,7 +264,7 @@ def test_issue_19_targets_met_where_every_figure_is_in_range():
     quick["processes"]["nojax"]["scalars"]["eager.jaxgraph_launch"]["stats"]["median"] = 4.9
     gray = synthetic_gray_scott()
     gray["processes"] = {"off": gray["processes"]["off"]}
-    points = [scale_point(p, 1.0, 10.0, 2.0) for p in targets19.PATTERNS] + [scale_point("one_site", 1.2, 99.0, 2.0, 10)]
+    points = [scale_point(p, 1.0, 10.0, 2.0) for p in targets_over_runs.PATTERNS] + [scale_point("one_site", 1.2, 99.0, 2.0, 10)]
     rows = issue19(quick=quick, gray_scott=gray, scale=synthetic_scale(points))
     verdicts = [v for (target, run), (_, v) in rows.items() if run.startswith(("quick", "gray", "scale"))]
     assert verdicts == ["met"] * 8  # N = 10k is judged for memory only, and 2.0x one executable is met
@@ -277,13 +277,13 @@ def test_issue_19_targets_not_measured_say_so():
     assert "- quick run: `<device>-quick.json` not found" in text and "- scale run: `<device>-scale.json` not found" in text
     rows = issue19(quick=synthetic_quick(mixed_ns=("1",)), scale=synthetic_scale([scale_point("one_site", 1.0, 10.0, 2.0)]))
     quick = "quick run at q123456, 3 rounds of 5 ms samples"
-    measured, verdict = rows[targets19.TARGETS[2], quick]
+    measured, verdict = rows[targets_over_runs.TARGETS[2], quick]
     assert verdict == "not measured (no N >= 10 in this run)" and "below the target's range, not judged: off N=1" in measured
-    measured, verdict = rows[targets19.TARGETS[5], "scale run at s123456"]
+    measured, verdict = rows[targets_over_runs.TARGETS[5], "scale run at s123456"]
     assert measured.endswith("; in_place: not measured") and verdict == "met; not measured at in_place"
     rows = issue19(scale=synthetic_scale([scale_point("one_site", 1.0, 10.0, 2.0, n=10_000)]))
-    assert rows[targets19.TARGETS[6], "scale run at s123456"] == ("not measured (no N = 100k point)", "not measured")
-    assert rows[targets19.TARGETS[7], "scale run at s123456"][1] == "met"
+    assert rows[targets_over_runs.TARGETS[6], "scale run at s123456"] == ("not measured (no N = 100k point)", "not measured")
+    assert rows[targets_over_runs.TARGETS[7], "scale run at s123456"][1] == "met"
 
 
 def test_write_finds_any_one_results_file(tmp_path):
@@ -300,7 +300,7 @@ def test_the_gray_scott_and_scale_runs_regenerate_the_targets_file(tmp_path, mon
                         lambda setting, *args: {**gray, "setting": setting, "device": {"name": "NVIDIA H100 80GB HBM3"}})
     assert gray_scott_bench.main(["--out", str(tmp_path), "--settings", "off"]) == 0
     rows = table((tmp_path / f"{SLUG}-targets.md").read_text(), "## Issue 19")
-    assert [v for (target, _), (_, v) in rows.items() if target == targets19.TARGETS[3]] == ["met"]
+    assert [v for (target, _), (_, v) in rows.items() if target == targets_over_runs.TARGETS[3]] == ["met"]
 
     def child(n, pattern, args):
         return {**scale_point(pattern, 1.0, 10.0, 2.0, n), "device": {"name": "NVIDIA H100 80GB HBM3"}}
@@ -308,5 +308,5 @@ def test_the_gray_scott_and_scale_runs_regenerate_the_targets_file(tmp_path, mon
     monkeypatch.setattr(scale, "_child", child)
     assert scale.main(["--out", str(tmp_path)]) == 0
     rows = table((tmp_path / f"{SLUG}-targets.md").read_text(), "## Issue 19")
-    assert [v for (target, _), (_, v) in rows.items() if target in targets19.TARGETS[5:]] == ["met"] * 3
-    assert [v for (target, _), (_, v) in rows.items() if target == targets19.TARGETS[3]] == ["met"]  # still there
+    assert [v for (target, _), (_, v) in rows.items() if target in targets_over_runs.TARGETS[5:]] == ["met"] * 3
+    assert [v for (target, _), (_, v) in rows.items() if target == targets_over_runs.TARGETS[3]] == ["met"]  # still there

@@ -16,11 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, report, run, runs, targets, targets19  # noqa: E402
+from benchmarks import config, report, run, runs, targets, targets_over_runs  # noqa: E402
 from benchmark_records import synthetic_quick, table  # noqa: E402
 
 SLUG = "nvidia-h100-80gb-hbm3"
-T = targets19.TARGETS
+T = targets_over_runs.TARGETS
 
 
 def quick_records(on_jit_loop):
@@ -158,24 +158,24 @@ def test_places_missed_are_grouped_by_the_runs_that_missed_them():
         return results
 
     group = [quick(1.01, 1.06), quick(1.07, 1.08), None, quick(1.02, 1.04)]
-    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets19.rows({"quick": group}, {"quick": list("abcd")})}
+    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets_over_runs.rows({"quick": group}, {"quick": list("abcd")})}
     measured, verdict = rows[T[0], "quick run"]
     assert "on jit_loop N=100 1.010x, 1.070x, –, 1.020x" in measured and measured.startswith("ratio to the floor, runs 1, 2, 3 and 4")
     assert verdict == ("missed in run 2 at on jit_loop N=100 (1.070x); missed in runs 1 and 2 at defaults "
                        "jit_changing N=100 (1.060x, 1.080x); met in run 4; not measured in run 3")
-    run_label = next(r for t, r, _, _ in targets19.rows({"quick": group}, {"quick": list("abcd")}) if t == T[0])
+    run_label = next(r for t, r, _, _ in targets_over_runs.rows({"quick": group}, {"quick": list("abcd")}) if t == T[0])
     assert run_label.endswith("run 2 [`b`](b) at q123456, run 3 [`c`](c) not found, run 4 [`d`](d) at q123456")
 
 
 def test_a_place_one_run_lacks_is_never_called_met():
     full, partial = synthetic_quick(), synthetic_quick()
     del partial["processes"]["off"]["modes"]["mixed_changing"]["by_n"]["100"]  # that mode failed at N=100 in run 2
-    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets19.rows({"quick": [full, partial, full]})}
+    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets_over_runs.rows({"quick": [full, partial, full]})}
     measured, verdict = rows[T[2], "quick run"]
     assert "off N=100 rotating 1.50x, –, 1.50x" in measured
     assert verdict == ("missed in runs 1, 2 and 3 at on N=10 fixed (0.67x, 0.67x, 0.67x); "
                        "not measured in run 2 at off N=100 rotating")
     for r in (full, partial):  # no miss left but the gap
         r["processes"]["on"]["modes"]["mixed"]["by_n"]["10"]["stats"]["median"] = 2.0
-    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets19.rows({"quick": [full, partial, full]})}
+    rows = {(t, r[:9]): (m, v) for t, r, m, v in targets_over_runs.rows({"quick": [full, partial, full]})}
     assert rows[T[2], "quick run"][1] == "met in runs 1 and 3; not measured in run 2 at off N=100 rotating"

@@ -133,7 +133,7 @@ def test_markdown_of_a_run_that_measured_nothing():
 
 
 def test_profile_call_markdown_lists_every_probe_and_errors():
-    from benchmarks import profile_call
+    from benchmarks.probes import profile_call
 
     results = {
         "nojax": {"g.replay()": {"median": 2.5, "min": 2.4, "max": 2.9, "n": 15}, "_flags": None},

@@ -1,4 +1,4 @@
-"""benchmarks/handler_parts_probe.py on the CPU: it parses its options and, without a GPU, says so."""
+"""benchmarks/probes/handler_parts_probe.py on the CPU: it parses its options and, without a GPU, says so."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "handler_parts_probe.py"
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "handler_parts_probe.py"
 
 
 def run(*args):

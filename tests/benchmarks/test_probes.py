@@ -29,7 +29,7 @@ PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
 def test_probe_runs(script):
     args, expected = PROBES[script]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probes" / script), *args], capture_output=True,
                             text=True, env=env, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output

@@ -71,7 +71,7 @@ NOTES = """\
   shown in parentheses. The floor is CUDA events around `cuGraphLaunch` calls; a jitted burst,
   timed by the host's clock, also carries JAX's first dispatch after idle and its wait for the
   last result (the dispatch alone 0.16-0.60 ms on the H100, for any jitted function). The GPU's
-  own clock (`benchmarks/stamp_probe.py`) saw the graph run as fast inside jit as launched raw,
+  own clock (`benchmarks/probes/stamp_probe.py`) saw the graph run as fast inside jit as launched raw,
   and 1.2-2.3 us more between two jitted calls than between two raw launches (PjRt's work per
   execution on XLA's stream). Runs made before `steady_ratio` existed are judged on the bursts.
 - **Mixed mode** compares `mixed` with `mixed_calls` (fixed input) and `mixed_changing` with
@@ -84,7 +84,7 @@ NOTES = """\
   and the buffer copies, both read from the same counters. It is judged per call over a burst of
   calls queued while the graph runs, as in a long `x = f(x)` loop; the burst's first call, made
   on an idle device, is shown beside it: CUDA's launch onto an idle stream costs several times
-  more on plain CUDA too (`benchmarks/launch_wrapper_probe.cu`, its `first` column), and a timed
+  more on plain CUDA too (`benchmarks/probes/launch_wrapper_probe.cu`, its `first` column), and a timed
   round at 100k holds only 3-4 calls, one of them such a first call. Device memory is `cuMemGetInfo`'s
   growth over the process's baseline after the first jitted call (the CUDAGraph captured and
   instantiated, the graph registered and called once), per kernel, against `describe_graph`'s

@@ -1,6 +1,6 @@
 """What declaring a jitted replay side-effecting costs per call.
 
-Run:  python benchmarks/side_effect_cost.py [--repeats 7] [--calls 2000] [--out DIR]
+Run:  python benchmarks/probes/side_effect_cost.py [--repeats 7] [--calls 2000] [--out DIR]
 
 Why: a replayable's FFI call is not side-effecting unless asked
 (``replayable(..., side_effects=True)``), because on the H100
@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import stats  # noqa: E402
-from benchmarks.micro import ROOT, run_meta, write_report  # noqa: E402
+from benchmarks.probes.micro import ROOT, run_meta, write_report  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
 __all__ = ["MODES", "main", "markdown"]
@@ -39,12 +39,12 @@ MODES = ("trivial_jit", "replay", "replay_side_effects")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/side_effect_cost.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmarks/probes/side_effect_cost.py", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7, help="interleaved rounds (default %(default)s)")
     p.add_argument("--calls", type=int, default=2000, help="jitted calls per sample (default %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    meta = run_meta("benchmarks/side_effect_cost.py", argv if argv is not None else sys.argv[1:])
+    meta = run_meta("benchmarks/probes/side_effect_cost.py", argv if argv is not None else sys.argv[1:])
     if meta is None:
         return 0
     results = {"benchmark": "side_effect_cost", **meta, "repeats": args.repeats, "calls": args.calls,

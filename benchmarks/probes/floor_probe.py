@@ -1,6 +1,6 @@
 """Why the harness's floor (``raw``) is sometimes ~1.03 and sometimes ~1.2 us per kernel.
 
-Run:  python benchmarks/floor_probe.py [--n 100 1000] [--rounds 7] [--launches 20]
+Run:  python benchmarks/probes/floor_probe.py [--n 100 1000] [--rounds 7] [--launches 20]
 
 In one process, interleaved rounds, CUDA events, us per kernel of a chain of
 N ``add_one`` kernels (``benchmarks/workload.py``):
@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.exec_update_cost import capture_chain  # noqa: E402
-from benchmarks.probe_kit import driver_call as call, kit  # noqa: E402
+from benchmarks.probes.exec_update_cost import capture_chain  # noqa: E402
+from benchmarks.probes.probe_kit import driver_call as call, kit  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Replay in jit after a long warm-up: per-call counters and times in each XLA setting (one process each).
 
-    python benchmarks/settle_check.py
+    python benchmarks/probes/settle_check.py
 
 The lead's diagnostic for issue 19, run on the H100 at 17:35 UTC on 2026-11-23
 (commit 4224a42) as it stands here: for the N = 100 and 1000 chains
@@ -26,7 +26,7 @@ SETTINGS = {
 
 
 def child(setting):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import jax
     import jax.numpy as jnp
 

@@ -1,6 +1,6 @@
 """Where replay in jit loses its few percent: inside the graph, or between two calls?
 
-Run:  python benchmarks/stamp_probe.py [--n 100 1000] [--calls 200] [--rounds 3]
+Run:  python benchmarks/probes/stamp_probe.py [--n 100 1000] [--calls 200] [--rounds 3]
 
 The workload's chain (``benchmarks/workload.py``) with its first and last
 kernel swapped for ``stamp_add_one``: the same ``y = x + 1``, and thread 0
@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.probe_kit import driver_call as call  # noqa: E402
+from benchmarks.probes.probe_kit import driver_call as call  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 CAP = 4096

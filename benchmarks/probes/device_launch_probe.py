@@ -9,7 +9,7 @@ c. a one-node launcher graph whose kernel (NVRTC ``-rdc``, linked with ``libcuda
 d. copies of ``out`` right after the launcher (same stream; another stream behind an event) see it;
 e. ``cuGraphUpload`` after rewriting one node of (b) in place; (last N) a launch without it.
 
-``python benchmarks/device_launch_probe.py [--sizes 1000,10000,100000]``. Without a GPU it only
+``python benchmarks/probes/device_launch_probe.py [--sizes 1000,10000,100000]``. Without a GPU it only
 links the launcher for ``--arch`` (sm_90), prints the cubin's size, and exits 1.
 """
 

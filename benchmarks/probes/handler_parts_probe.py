@@ -24,7 +24,7 @@ outputs poisoned first). Prints host us per step (median over ``--calls``).
 in the process, as they do around the handler), to see whether they slow the
 same calls.
 
-``python benchmarks/handler_parts_probe.py [--sizes 1000,100000] [--calls 12] [--with-jax]``
+``python benchmarks/probes/handler_parts_probe.py [--sizes 1000,100000] [--calls 12] [--with-jax]``
 """
 
 from __future__ import annotations

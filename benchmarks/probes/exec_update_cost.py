@@ -1,6 +1,6 @@
 """What an executable updated in place costs on every later launch, against fresh ones.
 
-Run:  python benchmarks/exec_update_cost.py [--n 1000] [--repeats 9] [--launches 20] [--out DIR]
+Run:  python benchmarks/probes/exec_update_cost.py [--n 1000] [--repeats 9] [--launches 20] [--out DIR]
 
 Why: the replay handler (``ffi/device_graph.h``) gives a new set of XLA
 buffer addresses a freshly instantiated executable rather than updating an
@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import stats  # noqa: E402
-from benchmarks.micro import ROOT, run_meta, write_report  # noqa: E402
+from benchmarks.probes.micro import ROOT, run_meta, write_report  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
 __all__ = ["MODES", "capture_chain", "main", "markdown", "measure"]
@@ -51,13 +51,13 @@ MODES = ("fresh", "updated", "set_params", "set_params_same", "set_params_one", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/exec_update_cost.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmarks/probes/exec_update_cost.py", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1000, help="kernels in the chain (default %(default)s)")
     p.add_argument("--repeats", type=int, default=9, help="interleaved rounds (default %(default)s)")
     p.add_argument("--launches", type=int, default=20, help="graph launches per sample (default %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    meta = run_meta("benchmarks/exec_update_cost.py", argv if argv is not None else sys.argv[1:])
+    meta = run_meta("benchmarks/probes/exec_update_cost.py", argv if argv is not None else sys.argv[1:])
     if meta is None:
         return 0
     results = {"benchmark": "exec_update_cost", **meta, "n": args.n, "repeats": args.repeats, "launches": args.launches}

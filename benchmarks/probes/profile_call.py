@@ -1,6 +1,6 @@
 """Where one replay call's host time goes, at N=1 (where fixed per-call costs dominate).
 
-    python benchmarks/profile_call.py [--out DIR] [--repeats 15] [--calls 2000]
+    python benchmarks/probes/profile_call.py [--out DIR] [--repeats 15] [--calls 2000]
 
 One process per setting (as ``run.py``: XLA reads ``XLA_FLAGS`` once). Each
 times, in interleaved rounds, host microseconds per call of:
@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from benchmarks import config, run, stats  # noqa: E402
 from benchmarks.workload import SOURCE, Chain, check_result, random_input  # noqa: E402

@@ -1,6 +1,6 @@
 """Replay in jit against the floor on the same memory: how much of the gap is where the buffers lie?
 
-Run:  python benchmarks/matched_floor_probe.py [--n 100 1000] [--rounds 7] [--ms 25]
+Run:  python benchmarks/probes/matched_floor_probe.py [--n 100 1000] [--rounds 7] [--ms 25]
 
 ``placement_probe.py`` found that the workload's chain runs 1.015-1.042 us per
 kernel depending only on which 16 KB buffer it works in. The harness's floor
@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.exec_update_cost import capture_chain  # noqa: E402
-from benchmarks.placement_probe import RawBuffer  # noqa: E402
-from benchmarks.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
+from benchmarks.probes.exec_update_cost import capture_chain  # noqa: E402
+from benchmarks.probes.placement_probe import RawBuffer  # noqa: E402
+from benchmarks.probes.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
 from benchmarks.workload import ELEMENTS, Chain, check_result, random_input  # noqa: E402
 
 

@@ -21,7 +21,7 @@
 // checked exactly after a run of alternating calls (input + calls * N) read by
 // a copy queued on the same stream right after the last call (stream order).
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90 -rdc=true benchmarks/launch_wrapper_probe.cu \
+//   nvcc -O2 -std=c++17 -arch=sm_90 -rdc=true benchmarks/probes/launch_wrapper_probe.cu \
 //        -lcudadevrt -o /tmp/probe && /tmp/probe 100:401 1000:201 10000 100000
 //   /tmp/probe bg=event 100000:41     (another thread polling an event meanwhile; see `background`)
 
@@ -186,7 +186,7 @@ static void Probe(int n, int calls) {
   cudaGraph_t chain = Chain(s, x, n);
   std::printf("  capture %.2f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
-  if (n <= 20000) {  // 1.2 ms of host per launch at 100k: known (benchmarks/device_launch_probe.py)
+  if (n <= 20000) {  // 1.2 ms of host per launch at 100k: known (benchmarks/probes/device_launch_probe.py)
     cudaGraphExec_t e;
     CK(cudaGraphInstantiate(&e, chain, 0));
     Run("normal", n, calls, s, xla, x, nullptr, x, [&](const float*, float*) { CK(cudaGraphLaunch(e, s)); });

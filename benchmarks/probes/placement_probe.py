@@ -1,6 +1,6 @@
 """Does the floor's speed depend on where its buffer lies in device memory?
 
-Run:  python benchmarks/placement_probe.py [--n 100] [--buffers 32] [--rounds 5] [--launches 20]
+Run:  python benchmarks/probes/placement_probe.py [--n 100] [--buffers 32] [--rounds 5] [--launches 20]
 
 The harness's floor (``raw``) has run at ~1.03 us per kernel in some processes
 and ~1.21 in others, with the GPU's clocks unchanged (``floor_probe.py``). This
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
+from benchmarks.probes.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
 from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
