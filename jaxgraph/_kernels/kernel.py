@@ -218,6 +218,7 @@ class Kernel(KernelLaunching):
         >>> k2 = jaxgraph.Kernel(SRC, "add_one")  # add_one(float* y, const float* x, int n)
         >>> y = k2.jax_call(jax.ShapeDtypeStruct(x.shape, x.dtype), x, x.size)
         """
+        # The lowering is JAX interop, a layer above; imported on call (tests/packaging/test_architecture.py).
         from .._jax_interop.kernel_call import kernel_call
 
         return kernel_call(self, *args, grid=grid, block=block, shared_mem=shared_mem, inout=inout)
