@@ -12,7 +12,10 @@ fresh random initial state for every mode of a size. Modes, per size N:
 - ``jaxgraph_jit``: ``jax.jit(AdaptiveDopri5.jax_solve)``: the device loop as
   one FFI call (the initial state copied in, the result out);
 - ``jaxgraph_eager``: ``AdaptiveDopri5.solve`` from numpy to numpy: copies
-  in, one graph launch, copies out (host synchronisation included).
+  in, one graph launch, copies out (host synchronisation included);
+- ``jaxgraph_jit_six_kernels``: as ``jaxgraph_jit`` with ``fused=False``, for
+  the sizes where the default step is the one fused kernel (N <= 4096):
+  what fusing the step into one kernel of one block saves.
 
 One process per XLA setting (``off``, ``on``, ``defaults`` of
 ``benchmarks/config.py``), each with exactly its ``XLA_FLAGS``. In each,
@@ -50,7 +53,7 @@ from benchmarks import config, harness, stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("off", "on", "defaults")
-MODES = ("diffrax", "jaxgraph_jit", "jaxgraph_eager")
+MODES = ("diffrax", "jaxgraph_jit", "jaxgraph_eager", "jaxgraph_jit_six_kernels")
 TARGET_X = 5.0  # issue 30: at least 5x faster per solve than diffrax at N = 40 and 1024
 
 __all__ = ["MODES", "SETTINGS", "main", "markdown", "parse_args", "speedups", "worker"]
@@ -120,6 +123,8 @@ def _check_size(ao: Any, n: int, t_end: float, rng: np.random.Generator) -> tupl
     dfx_solve = ao.diffrax_solver()
     t_end_j = jnp.float64(t_end)
     solve_jit = jax.jit(ode.jax_solve)
+    six = ao.AdaptiveDopri5(n, t_end, fused=False) if ode.fused else None
+    six_jit = jax.jit(six.jax_solve) if six is not None else None
     eager = ode.solve(y0)
     in_jit = [np.asarray(a) for a in solve_jit(y0_j)]
     dfx = [np.asarray(a) for a in dfx_solve(y0_j, t_end_j)]
@@ -127,13 +132,18 @@ def _check_size(ao: Any, n: int, t_end: float, rng: np.random.Generator) -> tupl
         raise AssertionError(f"N = {n}: t reached {eager[1]!r} / {float(in_jit[1])!r} / diffrax {float(dfx[1])!r}")
     if not np.array_equal(eager[0], in_jit[0]) or eager[2:] != (int(in_jit[2]), int(in_jit[3])):
         raise AssertionError(f"N = {n}: the eager and jitted device loops differ")
+    if six_jit is not None:
+        y6, t6, a6, r6 = (np.asarray(a) for a in six_jit(y0_j))
+        if float(t6) != t_end or abs(int(a6) - eager[2]) + abs(int(r6) - eager[3]) > 2:
+            raise AssertionError(f"N = {n}: six kernels took {int(a6)}, {int(r6)} steps, fused {eager[2:]}")
     steps, dsteps = eager[2:], (int(dfx[2]), int(dfx[3]))
     if abs(steps[0] - dsteps[0]) + abs(steps[1] - dsteps[1]) > max(2, sum(dsteps) // 100):
         raise AssertionError(f"N = {n}: jaxgraph took {steps} accepted/rejected steps, diffrax {dsteps}")
-    facts = {"n": n, "jaxgraph_steps": list(steps), "diffrax_steps": list(dsteps),
+    facts = {"n": n, "jaxgraph_steps": list(steps), "diffrax_steps": list(dsteps), "fused": ode.fused,
              "max_abs_diff_vs_diffrax": float(np.abs(eager[0] - dfx[0]).max()), "loop": repr(ode.loop),
              "check": f"t_end reached; eager == jit bit for bit; steps {steps} vs diffrax {dsteps}"}
-    return (facts, lambda: dfx_solve(y0_j, t_end_j), lambda: solve_jit(y0_j), lambda: ode.solve(y0)[0])
+    return (facts, lambda: dfx_solve(y0_j, t_end_j), lambda: solve_jit(y0_j), lambda: ode.solve(y0)[0],
+            (lambda: six_jit(y0_j)) if six_jit is not None else None)
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -151,6 +161,8 @@ def worker(args: argparse.Namespace) -> dict:
             if not holder:  # the first factory builds and checks all three for this N
                 holder["parts"] = _check_size(ao, n, args.t_end, rng)
             facts, *solves = holder["parts"]
+            if solves[MODES.index(key)] is None:
+                raise harness.Skip(f"N = {n}: the step is six kernels already (fused only up to N = 4096)")
             return _mode(key, solves[MODES.index(key)], dict(facts))
 
         records = harness.measure_group(f"[{args.worker}] N={n}", [(k, lambda k=k: built(k)) for k in MODES],
@@ -224,7 +236,9 @@ def markdown(results: dict) -> str:
         if not settings:
             continue
         first = next(iter(procs[settings[0]]["by_n"][n].values()))
-        lines += ["", f"## N = {n}", "", f"steps (accepted, rejected): jaxgraph {first.get('jaxgraph_steps')}"
+        step = "one fused kernel" if first.get("fused") else "six kernels"
+        lines += ["", f"## N = {n}", "", f"a step is {step}; steps (accepted, rejected): jaxgraph "
+                  f"{first.get('jaxgraph_steps')}"
                   f", diffrax {first.get('diffrax_steps')}; max |jaxgraph - diffrax| at t_end "
                   f"{first.get('max_abs_diff_vs_diffrax', float('nan')):.1e} (chaos amplifies rounding)",
                   "", "| mode | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]

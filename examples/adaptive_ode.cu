@@ -6,7 +6,10 @@
 //   error_control k7 = f(y_new), the embedded error h sum_j e_j k_j scaled by atol + rtol
 //                 max(|y|, |y_new|), squared and summed per block; the last block to finish (an
 //                 atomic counter) adds the blocks' sums in a fixed order (so every run takes the
-//                 same steps), takes the RMS norm, and one thread runs the controller.
+//                 same steps), takes the RMS norm, and one thread runs the controller;
+//   fused_step    all of the above in ONE kernel of one block (__syncthreads between the stages),
+//                 for sizes one block can hold: one kernel node per step instead of six.
+// The kernels share the per-element bodies below, so both paths compute the same thing.
 // Dormand-Prince 5(4) for Lorenz-96 in float64. K holds k1..k7, each n long.
 // st (float64): [t_prev, t_next, inv_prev]; ist (int32): [accepted, init, accepted steps,
 // rejected steps, blocks done, done]. The step attempted is [t_prev, t_next].
@@ -39,17 +42,14 @@ __device__ __forceinline__ double l96(const double* x, int i, int n, double F) {
   return (x[wrap(i + 1, n)] - x[wrap(i - 2, n)]) * x[wrap(i - 1, n)] - x[i] + F;
 }
 
-// Stage 2 (and the commit of the previous step). Reads y_new and k7 when the last step was
-// accepted and writes y and k1 from them: other threads read only y_new and k7 then, so
-// no thread reads what another writes. On the first step (init) k1 = f(y) is computed here.
-extern "C" __global__ void stage_first(double* y, double* K, double* Y3, const double* y_new,
-                                       const double* st, const int* ist, double F, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int accepted = ist[ACCEPTED], init = ist[INIT];
+// Stage 2 at i (and the commit of the previous step). Reads y_new and k7 when the last step was
+// accepted and writes y and k1 from them: no element reads what another writes then. On the
+// first step (init) k1 = f(y) is computed here from y, which nothing writes.
+__device__ __forceinline__ void stage_first_at(int i, double* y, double* K, double* Y3, const double* y_new,
+                                               int accepted, int init, double h, double F, int n) {
   const double* ys = accepted ? y_new : y;
   const double* k1s = accepted ? K + 6 * n : K;
-  const double h = st[T_NEXT] - st[T_PREV], c = h * 0.2;
+  const double c = h * 0.2;
   double y2[4];  // stage 2's input at i - 2, i - 1, i, i + 1
   for (int d = 0; d < 4; ++d) {
     int j = wrap(i + d - 2, n);
@@ -63,12 +63,9 @@ extern "C" __global__ void stage_first(double* y, double* K, double* Y3, const d
   if (accepted || init) K[i] = k1;
 }
 
-// Stage s in 3..6: k_s = f(Ys), and the input of stage s + 1 (for s = 6: the solution y_new).
-extern "C" __global__ void stage(double* K, double* Y_next, const double* Ys, const double* y,
-                                 const double* st, int s, double F, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const double h = st[T_NEXT] - st[T_PREV];
+// Stage s in 3..6 at i: k_s = f(Ys), and the input of stage s + 1 (for s = 6: the solution y_new).
+__device__ __forceinline__ void stage_at(int i, double* K, double* Y_next, const double* Ys, const double* y,
+                                         int s, double h, double F, int n) {
   const double ks = l96(Ys, i, n, F);
   K[(s - 1) * n + i] = ks;
   double acc = A[s + 1][s - 1] * ks;
@@ -76,51 +73,31 @@ extern "C" __global__ void stage(double* K, double* Y_next, const double* Ys, co
   Y_next[i] = y[i] + h * acc;
 }
 
-// k7 = f(y_new), the scaled error, its RMS norm over all blocks, and the controller.
-extern "C" __global__ void error_control(double* K, double* partial, double* st, int* ist, int* done,
-                                         const double* y, const double* y_new, double F, int n,
-                                         double rtol, double atol, double t_end, double t_clip,
-                                         double coeff1, double coeff2, double safety,
-                                         double factormin, double factormax) {
-  __shared__ double part[256];
-  __shared__ int last;
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  const double h = st[T_NEXT] - st[T_PREV];
-  double e2 = 0.0;
-  if (i < n) {
-    const double k7 = l96(y_new, i, n, F);
-    K[6 * n + i] = k7;
-    double e = E[6] * k7;
-    for (int j = 0; j < 6; ++j) e += E[j] * K[j * n + i];
-    const double scaled = h * e / (atol + rtol * fmax(fabs(y[i]), fabs(y_new[i])));
-    e2 = scaled * scaled;
-  }
-  part[threadIdx.x] = e2;
+// k7 = f(y_new) at i, and the square of the scaled error there.
+__device__ __forceinline__ double error2_at(int i, double* K, const double* y, const double* y_new, double h,
+                                            double rtol, double atol, double F, int n) {
+  const double k7 = l96(y_new, i, n, F);
+  K[6 * n + i] = k7;
+  double e = E[6] * k7;
+  for (int j = 0; j < 6; ++j) e += E[j] * K[j * n + i];
+  const double scaled = h * e / (atol + rtol * fmax(fabs(y[i]), fabs(y_new[i])));
+  return scaled * scaled;
+}
+
+// Sum part[0 .. blockDim.x) into part[0] (blockDim.x a power of two), in a fixed order.
+__device__ __forceinline__ void block_sum(double* part) {
   __syncthreads();
   for (int k = blockDim.x / 2; k > 0; k /= 2) {
     if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    partial[blockIdx.x] = part[0];
-    __threadfence();  // the partial is visible before the count says so
-    last = atomicAdd(&ist[BLOCKS_DONE], 1) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  // The last block: add the blocks' sums in a fixed order (L2 loads: other SMs wrote them).
-  double s = 0.0;
-  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) s += __ldcg(&partial[b]);
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k /= 2) {
-    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x != 0) return;
-  ist[BLOCKS_DONE] = 0;
-  // diffrax's PIDController (variant 4, dcoeff = 0) and its clip to t_end.
-  const double err = sqrt(part[0] / n);
+}
+
+// One thread: diffrax's PIDController (variant 4, dcoeff = 0) on the squared-error sum, its clip
+// to t_end, the step counts and the stop flag.
+__device__ void control(double sum2, double* st, int* ist, int* done, int n, double t_end, double t_clip,
+                        double coeff1, double coeff2, double safety, double factormin, double factormax) {
+  const double err = sqrt(sum2 / n);
   const int keep = err < 1.0;
   double inv = 1.0 / err;
   double factor = safety * pow(inv, coeff1) * pow(st[INV_PREV], coeff2);
@@ -141,4 +118,71 @@ extern "C" __global__ void error_control(double* K, double* partial, double* st,
   const int finished = t_prev >= t_end;
   ist[FINISHED] = finished;
   *done = finished;
+}
+
+extern "C" __global__ void stage_first(double* y, double* K, double* Y3, const double* y_new,
+                                       const double* st, const int* ist, double F, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) stage_first_at(i, y, K, Y3, y_new, ist[ACCEPTED], ist[INIT], st[T_NEXT] - st[T_PREV], F, n);
+}
+
+extern "C" __global__ void stage(double* K, double* Y_next, const double* Ys, const double* y,
+                                 const double* st, int s, double F, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) stage_at(i, K, Y_next, Ys, y, s, st[T_NEXT] - st[T_PREV], F, n);
+}
+
+// k7, the scaled error's squares summed per block (blockDim.x = 256); the last block to finish
+// adds the blocks' sums in a fixed order and runs the controller.
+extern "C" __global__ void error_control(double* K, double* partial, double* st, int* ist, int* done,
+                                         const double* y, const double* y_new, double F, int n,
+                                         double rtol, double atol, double t_end, double t_clip,
+                                         double coeff1, double coeff2, double safety,
+                                         double factormin, double factormax) {
+  __shared__ double part[256];
+  __shared__ int last;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  part[threadIdx.x] = i < n ? error2_at(i, K, y, y_new, st[T_NEXT] - st[T_PREV], rtol, atol, F, n) : 0.0;
+  block_sum(part);
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = part[0];
+    __threadfence();  // the partial is visible before the count says so
+    last = atomicAdd(&ist[BLOCKS_DONE], 1) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  double s = 0.0;  // L2 loads (__ldcg): other SMs wrote the partials
+  for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) s += __ldcg(&partial[b]);
+  part[threadIdx.x] = s;
+  block_sum(part);
+  if (threadIdx.x != 0) return;
+  ist[BLOCKS_DONE] = 0;
+  control(part[0], st, ist, done, n, t_end, t_clip, coeff1, coeff2, safety, factormin, factormax);
+}
+
+// The whole step in one block of blockDim.x threads (a power of two, <= 1024), each taking the
+// elements i = threadIdx.x + k * blockDim.x: __syncthreads orders the stages.
+extern "C" __global__ void fused_step(double* y, double* K, double* Ya, double* Yb, double* y_new, double* st,
+                                      int* ist, int* done, double F, int n, double rtol, double atol,
+                                      double t_end, double t_clip, double coeff1, double coeff2,
+                                      double safety, double factormin, double factormax) {
+  __shared__ double part[1024];
+  const int accepted = ist[ACCEPTED], init = ist[INIT];
+  const double h = st[T_NEXT] - st[T_PREV];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) stage_first_at(i, y, K, Ya, y_new, accepted, init, h, F, n);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) stage_at(i, K, Yb, Ya, y, 3, h, F, n);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) stage_at(i, K, Ya, Yb, y, 4, h, F, n);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) stage_at(i, K, Yb, Ya, y, 5, h, F, n);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) stage_at(i, K, y_new, Yb, y, 6, h, F, n);
+  __syncthreads();
+  double e2 = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) e2 += error2_at(i, K, y, y_new, h, rtol, atol, F, n);
+  part[threadIdx.x] = e2;
+  block_sum(part);  // also: every thread has read st and ist before thread 0 writes them
+  if (threadIdx.x == 0)
+    control(part[0], st, ist, done, n, t_end, t_clip, coeff1, coeff2, safety, factormin, factormax);
 }

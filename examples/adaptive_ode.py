@@ -8,10 +8,10 @@ The problem is Lorenz-96, dx_i/dt = (x_{i+1} - x_{i-2}) x_{i-1} - x_i + F with
 F = 8 and periodic indices, from x = F plus a fresh random perturbation of
 size 0.01, solved to t_end with rtol = atol = 1e-5 in float64.
 
-The solver is six CUDA kernels per attempted step, graphed once and run to
-t_end by jaxgraph.graphed_loop(..., until=done) as ONE device loop (one
-launch eagerly, one FFI call inside jax.jit). Nothing returns to the host
-between steps:
+The solver is one step graphed once (six CUDA kernels; for N <= 4096 one
+fused kernel of one block) and run to t_end by jaxgraph.graphed_loop(...,
+until=done) as ONE device loop (one launch eagerly, one FFI call in jax.jit).
+Nothing returns to the host between steps:
 
   stage_first    commit the last step if accepted (y <- y_new, k1 <- k7), stage 2
   stage (x4)     stages 3 to 6, each k_s = f(Y_s) and the next stage's input
@@ -19,30 +19,24 @@ between steps:
                  reduction, in a fixed order), then one thread: accept or reject,
                  the next step, clipped to land on t_end, and the stop flag.
 
-The controller is diffrax's PIDController formula (its variant (4), error order
-5 for Dopri5, safety 0.9, factors clipped to [0.2, 10], and at most 0.9 after
-a rejection; a step ending within 100 ulp of t_end is clipped to it), so the
-same tolerances give the same accepted and rejected steps as
-diffrax.diffeqsolve(ODETerm(f), Dopri5(), t0, t1, dt0, y0,
-stepsize_controller=PIDController(rtol, atol, pcoeff=0.4, icoeff=0.3)), up to
-rounding. reference_solve() below is the same algorithm in float64 numpy: the
-GPU is checked against it (same step counts) and it against scipy.
+The controller is diffrax's PIDController (its formula (4), error order 5,
+safety 0.9, factors in [0.2, 10] and <= 0.9 after a rejection, a step ending
+within 100 ulp of t_end clipped to it), so the solver takes the steps of
+diffeqsolve(ODETerm(f), Dopri5(), 0, t_end, dt0, y0, stepsize_controller=
+PIDController(rtol, atol, pcoeff=0.4, icoeff=0.3)). reference_solve() is the
+same algorithm in float64 numpy, checked against scipy by the tests.
 
-Every size is checked. On [0, t_end]: t_end is reached exactly, the eager
-and jitted runs are the same bit for bit, and the step counts equal
-diffrax's (up to a decision flipped by rounding). Lorenz-96 is chaotic:
-rounding differences grow ~1e7-fold by t = 10, and there scipy's own DOP853
-at rtol = atol = 1e-10 and 1e-12 differ by O(1), so no reference exists at
-t_end. The checks against references therefore run on [0, check_t] (default
-2), where they agree to ~1e-5: the same steps and solution (to 1e-8) as the
-float64 numpy model and as diffrax, an error against
-scipy.integrate.solve_ivp(method="DOP853", rtol = atol = 1e-10) no larger
-than diffrax's, and, run again at rtol = atol = 1e-10, within 1e-3 of scipy.
+Checks: on [0, t_end], t_end is reached exactly, eager and jit runs agree bit
+for bit, and the step counts are diffrax's. Lorenz-96 is chaotic: by t = 10,
+rounding grows ~1e7-fold and scipy's DOP853 at tolerances 1e-10 and 1e-12
+differ by O(1), so references are compared on [0, check_t] (default 2): the
+numpy model's and diffrax's steps and solution (to 1e-8), an error against
+solve_ivp(method="DOP853", rtol = atol = 1e-10) no larger than diffrax's, and
+at rtol = atol = 1e-10 the solver within 1e-3 of scipy.
 
-diffrax and scipy are optional (pip install -e ".[examples]"): without them
-the example says which is missing and exits 0. Timings here are single runs;
-benchmarks/vs_diffrax.py measures medians of interleaved rounds with each XLA
-command-buffer setting in its own process.
+diffrax and scipy are optional (pip install -e ".[examples]"); without them
+the example says which is missing and exits 0. benchmarks/vs_diffrax.py times
+it properly (interleaved rounds, one process per XLA command-buffer setting).
 """
 
 import argparse
@@ -71,7 +65,8 @@ RTOL = ATOL = 1e-5
 PCOEFF, ICOEFF = 0.4, 0.3          # a PI controller (diffrax's default is pcoeff=0, icoeff=1: I only)
 SAFETY, FACTORMIN, FACTORMAX = 0.9, 0.2, 10.0  # diffrax's defaults
 ERROR_ORDER = 5                    # diffrax's for Dopri5: min(5, 4) + 1
-BLOCK = 256
+BLOCK = 256                        # threads per block of the six-kernel step
+FUSED_MAX = 4096                   # up to this n, a step is one kernel of one block (fused_step)
 # st and ist slots (see SOURCE)
 T_PREV, T_NEXT, INV_PREV = 0, 1, 2
 ACCEPTED, INIT, N_ACCEPTED, N_REJECTED, BLOCKS_DONE, FINISHED = range(6)
@@ -135,15 +130,11 @@ def reference_solve(y0, t_end, rtol=RTOL, atol=ATOL, dt0=0.01, max_steps=100_000
         ys = y + h * (A[1][0] * k1)             # stage 2's input
         for s in range(2, 7):                   # k_s = f(Y_s), then Y_{s+1} (Y_7 is the solution)
             k.append(lorenz96(ys, forcing))
-            acc = A[s][s - 1] * k[s - 1]
-            for j in range(s - 1):
-                acc = acc + A[s][j] * k[j]
+            acc = sum((A[s][j] * k[j] for j in range(s - 1)), A[s][s - 1] * k[s - 1])  # the kernels' order
             ys = y + h * acc
         y_new = ys
         k.append(lorenz96(y_new, forcing))      # k7, first same as last
-        e = E[6] * k[6]
-        for j in range(6):
-            e = e + E[j] * k[j]
+        e = sum((E[j] * k[j] for j in range(6)), E[6] * k[6])
         scaled = h * e / (atol + rtol * np.maximum(np.abs(y), np.abs(y_new)))
         err = np.sqrt(np.sum(scaled * scaled) / len(y))
         keep = err < 1.0
@@ -156,11 +147,9 @@ def reference_solve(y0, t_end, rtol=RTOL, atol=ATOL, dt0=0.01, max_steps=100_000
         if inv == 0.0 or np.isinf(inv):
             inv = 1.0
         next_t0 = t_next if keep else t_prev
-        next_t1 = next_t0 + dt
-        t_prev = min(next_t0, t_end)
-        if next_t1 > t_clip:
-            next_t1 = t_end if keep else t_prev + 0.5 * (t_end - t_prev)
-        t_next = next_t1
+        t_prev, t_next = min(next_t0, t_end), next_t0 + dt
+        if t_next > t_clip:
+            t_next = t_end if keep else t_prev + 0.5 * (t_end - t_prev)
         if keep:
             inv_prev, y, k1, accepted = inv, y_new, k[6], accepted + 1
         else:
@@ -188,16 +177,22 @@ def scipy_solve(y0, t_end, method="DOP853", tol=1e-10):
 class AdaptiveDopri5:
     """Dormand-Prince 5(4) with a PI controller for Lorenz-96 of size ``n``, as one jaxgraph device loop.
 
-    ``solve(y0)`` runs it eagerly (one graph launch); ``jax_solve(y0)`` is the
+    A step is six kernels over ceil(n / 256) blocks, or with ``fused`` (the
+    default up to n = 4096) one kernel of one block. ``solve(y0)`` runs it eagerly (one graph launch); ``jax_solve(y0)`` is the
     same loop as a JAX function (one FFI call; wrap it in ``jax.jit``). Both
     return ``(y at t_end, t reached, accepted steps, rejected steps)``.
     """
 
-    def __init__(self, n, t_end=10.0, rtol=RTOL, atol=ATOL, dt0=0.01, max_steps=100_000, forcing=F):
+    def __init__(self, n, t_end=10.0, rtol=RTOL, atol=ATOL, dt0=0.01, max_steps=100_000, forcing=F, fused=None):
         check_problem(n, t_end, rtol, atol, dt0, max_steps)
         self.n, self.t_end, self.dt0, self.max_steps = int(n), float(t_end), float(dt0), int(max_steps)
         self.blocks = (self.n + BLOCK - 1) // BLOCK
-        self.kernels = {k: jaxgraph.Kernel(SOURCE, k) for k in ("stage_first", "stage", "error_control")}
+        if fused and self.n > FUSED_MAX:
+            raise ValueError(f"fused=True runs a step in one block: n must be at most {FUSED_MAX}, got {n}")
+        self.fused = self.n <= FUSED_MAX if fused is None else bool(fused)
+        self.threads = min(1024, max(32, 1 << (self.n - 1).bit_length()))  # fused_step: a power of two
+        self.kernels = {k: jaxgraph.Kernel(SOURCE, k)
+                        for k in (("fused_step",) if self.fused else ("stage_first", "stage", "error_control"))}
         self._consts = (float(forcing), self.n, float(rtol), float(atol), self.t_end, clip_time(self.t_end),
                         (PCOEFF + ICOEFF) / ERROR_ORDER, -PCOEFF / ERROR_ORDER, SAFETY, FACTORMIN, FACTORMAX)
         y0 = np.zeros(self.n)
@@ -213,12 +208,16 @@ class AdaptiveDopri5:
         return st, np.array([0, 1, 0, 0, 0, 0], np.int32)  # INIT set
 
     def step(self, y, st, ist):
-        """One attempted step on device arrays, in six kernels; y, st and ist are updated in place."""
+        """One attempted step on device arrays (six kernels, or one fused); y, st, ist are updated in place."""
         forcing, n, rtol, atol, t_end, t_clip, c1, c2, safety, fmin, fmax = self._consts
-        first, stage, control = (self.kernels[k] for k in ("stage_first", "stage", "error_control"))
         K, y_new = jaxgraph.empty(7 * n, np.float64), jaxgraph.empty(n, np.float64)
         ya, yb = jaxgraph.empty(n, np.float64), jaxgraph.empty(n, np.float64)
         partial, done = jaxgraph.empty(self.blocks, np.float64), jaxgraph.empty(1, np.int32)
+        if self.fused:
+            self.kernels["fused_step"][1, self.threads](y, K, ya, yb, y_new, st, ist, done, forcing, n, rtol, atol,
+                                                        t_end, t_clip, c1, c2, safety, fmin, fmax)
+            return y, y_new, st, ist, done
+        first, stage, control = (self.kernels[k] for k in ("stage_first", "stage", "error_control"))
         g = self.blocks
         first[g, BLOCK](y, K, ya, y_new, st, ist, forcing, n)
         stage[g, BLOCK](K, yb, ya, y, st, 3, forcing, n)
@@ -297,8 +296,8 @@ def check_size(n, t_end, check_t, settings, dfx_solve, repeats, rng):
 
     y0 = initial_state(n, rng)
     y0_j, same = jnp.asarray(y0), lambda a, b: float(np.abs(a - b).max())
-    print(f"\nN = {n}: graphing one step (6 kernels) and the device loop", flush=True)
     ode = AdaptiveDopri5(n, t_end, **settings)
+    print(f"\nN = {n}: graphed a step ({'one fused kernel' if ode.fused else 'six kernels'}), looped", flush=True)
     solve_jit = jax.jit(ode.jax_solve)
     eager, eager_s = timed(lambda: ode.solve(y0), repeats)
     in_jit, jit_s = timed(lambda: jax.block_until_ready(solve_jit(y0_j)), repeats)
@@ -353,7 +352,7 @@ def main(argv=None):
     p.add_argument("--check-t", type=float, default=2.0,
                    help="horizon of the checks against scipy (default 2: see above why not t_end)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per solver (median; default 5)")
-    p.add_argument("--quick", action="store_true", help="small sizes and a short interval, for tests")
+    p.add_argument("--quick", action="store_true", help="N = 40, 1024 on [0, 2]: seconds, for tests")
     p.add_argument("--command-buffers", choices=("default", "on", "off"), default="default",
                    help="XLA's command buffers: JAX's defaults, or forced on or off (sets XLA_FLAGS)")
     args = p.parse_args(argv)
