@@ -67,6 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 9; --quick 3)")
     p.add_argument("--target-ms", type=float, default=60.0, help="wall time of one sample (default 60 ms)")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated XLA settings")
+    p.add_argument("--fused", choices=("auto", "never"), default="auto",
+                   help="auto: the example's default step (fused up to N = 4096); never: six kernels always")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results folder")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per worker process")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -111,15 +113,14 @@ def _block(out: Any) -> None:
     jax.block_until_ready(out)
 
 
-def _check_size(ao: Any, n: int, t_end: float, rng: np.random.Generator) -> tuple[dict, Callable, Callable,
-                                                                                     Callable]:
+def _check_size(ao: Any, n: int, t_end: float, fused: str, rng: np.random.Generator) -> tuple:
     """Build the three solvers for one N, check them, return (facts, their solve thunks)."""
     import jax
     import jax.numpy as jnp
 
     y0 = ao.initial_state(n, rng)
     y0_j = jnp.asarray(y0)
-    ode = ao.AdaptiveDopri5(n, t_end)
+    ode = ao.AdaptiveDopri5(n, t_end, fused=None if fused == "auto" else False)
     dfx_solve = ao.diffrax_solver()
     t_end_j = jnp.float64(t_end)
     solve_jit = jax.jit(ode.jax_solve)
@@ -159,7 +160,7 @@ def worker(args: argparse.Namespace) -> dict:
 
         def built(key: str, n: int = n) -> harness.Mode:
             if not holder:  # the first factory builds and checks all three for this N
-                holder["parts"] = _check_size(ao, n, args.t_end, rng)
+                holder["parts"] = _check_size(ao, n, args.t_end, args.fused, rng)
             facts, *solves = holder["parts"]
             if solves[MODES.index(key)] is None:
                 raise harness.Skip(f"N = {n}: the step is six kernels already (fused only up to N = 4096)")
@@ -285,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = next((p["device"]["name"] for p in processes.values() if p.get("device")), "unknown device")
     results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
                "command": " ".join(["python", "benchmarks/vs_diffrax.py", *argv]), "device": device,
-               "config": {"sizes": args.sizes, "t_end": args.t_end, "repeats": args.repeats,
+               "config": {"sizes": args.sizes, "t_end": args.t_end, "fused": args.fused, "repeats": args.repeats,
                           "target_ms": args.target_ms, "settings": list(args.settings), "quick": args.quick},
                "wall_s": round(time.perf_counter() - start, 1), "processes": summarize(processes)}
     results["speedups"] = {str(n): speedups(processes, str(n)) for n in args.sizes}
