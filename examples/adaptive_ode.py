@@ -240,7 +240,7 @@ class AdaptiveDopri5:
         return y, float(st[T_PREV]), int(ist[N_ACCEPTED]), int(ist[N_REJECTED])
 
     def jax_solve(self, y0):
-        """The loop as a JAX function of y0 (one FFI call): (y, t, accepted, rejected) as JAX arrays."""
+        """The loop as a JAX function of y0 (one FFI call): (y, t, accepted, rejected); needs jax_enable_x64."""
         import jax.numpy as jnp
 
         st, ist = self.initial_state()
