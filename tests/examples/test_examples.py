@@ -26,6 +26,7 @@ HAS_GPU = jaxgraph.device_count() > 0
 SMALL = {
     "gray_scott": ["--grid", "48", "--steps", "5", "--substeps", "3"],
     "poisson_solver": ["--grid", "16"],
+    "adaptive_ode": ["--quick"],
     "compare_command_buffers": ["--ns", "10", "--repeats", "1", "--target-ms", "1", "--settings", "off,on"],
 }
 # What else a GPU run must print (beyond "matches").
@@ -34,6 +35,7 @@ PRINTS = {
     "gray_scott": ["[8/8]", "speedup", "graphed step vs XLA on the same kernels", "forward: CUDAGraph",
                    "device loop in jit vs XLA's fori_loop"],
     "poisson_solver": ["converged", "lax.while_loop", "until="],
+    "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "speedup (jit)"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
                            "kernels replayed inside jax.jit matches numpy"],
