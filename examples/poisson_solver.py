@@ -185,8 +185,8 @@ def main(argv=None):
     runs["XLA: jax.lax.while_loop of jax_calls"] = timed(xla)
 
     loop = jaxgraph.graphed_loop(graphed, max_sweeps, feed={0: 0}, until=flag)
-    print(f"[4/5] device loop: graphed_loop(..., until=flag), {loop.unroll} guarded sweeps per WHILE trip",
-          flush=True)
+    print(f"[4/5] device loop: graphed_loop(..., until=flag), exact stop: the flag checked after every sweep "
+          f"({loop.ping_pong})", flush=True)
 
     def device_loop():
         u_s.copy_(zero)

@@ -1,23 +1,33 @@
 // Graphed loops: one CUDA graph that runs a captured step R times on the device.
-// Python side: jaxgraph/_loops.py (which compiles the control kernels with NVRTC
-// and passes their CUfunctions here).
+// Python side: jaxgraph/_loops.py (the API) and _loop_build.py (which compiles the
+// control kernels with NVRTC and passes their CUfunctions here).
 //
 // The loop graph is built node by node (no stream capture):
 //
 //   init ──► WHILE(h) { step_1 … step_K ; tail } ──► remainder ──► finalize
 //
 // - `init` (one thread) reads R (fixed, or from a device int32), clears the
-//   stop flag, zeroes the counters and sets h for the first trip.
+//   stop flag, sets the counters and arms h for the first trip (R >= K).
 // - The WHILE body holds K copies of the step as child-graph nodes, so what a
 //   trip costs (4.2-4.8 us at N=1 on the H100: the WHILE trip table of
 //   benchmarks/results/nvidia-h100-80gb-hbm3-loops.md) is paid once per K
-//   steps. With a stop flag (`until`) every copy sits in an IF node behind a
-//   one-thread `guard` kernel that
-//   runs it only while steps remain and the flag is clear, so no step runs
-//   after the one that set the flag; the tail then re-arms h.
-// - Without a flag, the R mod K steps left over run after the loop: unrolled
-//   when R is fixed, else behind log2(K) IF nodes, one per bit of the
-//   remainder (bit b guards 2^b copies), set by one `bits` kernel.
+//   steps. `tail` (one thread) counts the trip's K steps and re-arms h while
+//   a full trip remains and the stop flag (`until`) is clear.
+// - With a flag, K is `check_every`: the flag is read once per trip, so a
+//   launch runs up to K-1 steps past the step that set it. K = 1 is the exact
+//   stop: a trip per step, its tail the only check (no IF guard per step).
+//   With a fed pair the tail kernel may copy Y -> X itself (`fused`: the
+//   trip is `A ; tail`); else, with a swapped twin (below), the exact body
+//   is `A ; tail ; IF(g) { B ; tail }`: the first tail counts A and opens g
+//   for B only while steps remain and the flag is clear, so the twin never
+//   runs past the flag. With `pdl`, a one-kernel step is added as that
+//   kernel's node (not a child graph) and the tail follows it through a
+//   programmatic edge from its launch-order port: the tail launches while
+//   the step runs and waits for it in griddepcontrol.wait.
+// - The R mod K steps left over run after the loop: unrolled when R is fixed
+//   and there is no flag, else behind an IF node per bit of the remainder
+//   (bit b guards 2^b copies), set by one `bits` kernel that, with a flag,
+//   opens none once the flag is set and counts the steps it opens.
 // - Ping-pong: the copies alternate between the step (A, reads X writes Y)
 //   and a clone with X and Y swapped in its kernels' arguments (B), so K is
 //   even and every block but the last single copy keeps the parity. Where
@@ -31,6 +41,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -121,7 +132,9 @@ struct Plan {
   int64_t fixed = -1;               // R, or -1: read from `count`
   uint64_t count = 0, until = 0, remaining = 0, done = 0;
   int until_bytes = 0;
-  uint64_t init = 0, tail = 0, guard = 0, bits = 0, finalize = 0;  // CUfunctions
+  uint64_t fused_dst = 0, fused_src = 0, fused_bytes = 0;  // a pair the tail kernel copies (exact stop)
+  bool pdl = false;                 // the exact stop: a one-kernel step inlined, its check launched early             // K = 1 with a flag and a twin: 1 IF{B; tail}, 2 IF{B}; tail, 3 fused copy
+  uint64_t init = 0, tail = 0, bits = 0, finalize = 0;  // CUfunctions
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> finals;    // (x, y, bytes)
   int final_mode = 0;               // 0: x/y ping-pong, 1: copies after each step
 };
@@ -172,47 +185,67 @@ class Builder {
     if (has_while) {
       CUgraph body = nullptr;
       prev = Conditional(top, prev, h, CU_GRAPH_COND_TYPE_WHILE, &body);
-      CUgraphNode last = nullptr;
-      for (int j = 0; j < k; ++j) {
-        if (guarded()) {
-          CUgraphConditionalHandle g = Handle(body);
-          last = Kernel(body, last, p_.guard, 1,
-                        {A(p_.remaining), A(p_.done), A(p_.until), A(p_.until_bytes), A(g)});
-          CUgraph inner = nullptr;
-          last = Conditional(body, last, g, CU_GRAPH_COND_TYPE_IF, &inner);
-          Steps(inner, nullptr, 1, j);
-        } else {
-          last = Steps(body, last, 1, j);
-        }
+      if (guarded() && k == 1 && p_.step_b != 0) {
+        ExactPair(body, h);
+      } else {
+        Tail(body, Steps(body, nullptr, k, 0), k, h, 0, p_.fused_bytes != 0);
       }
-      Kernel(body, last, p_.tail, 1,
-             {A(p_.remaining), A(p_.until), A(p_.until_bytes), A(k), A(h), A(guarded() ? 1 : 0)});
     }
-    if (!guarded()) prev = Remainder(top, prev, has_while);
+    if (!(guarded() && k == 1)) prev = Remainder(top, prev, has_while);
     for (const auto& [x, y, bytes] : p_.finals) {
-      unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));  // a word per thread
-      prev = Kernel(top, prev, p_.finalize, blocks, {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)}, 256);
+      prev = Kernel(top, prev, p_.finalize, Blocks(bytes), {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)},
+                    256);
     }
   }
 
-  // The steps left after the full trips (no flag).
+  // The exact stop with a swapped twin: A ; tail ; IF(g) { B ; tail }. The first tail counts A and
+  // opens g only while a step remains and the flag is clear; B's tail re-arms h. (B's tail after the
+  // IF instead, in the trip itself, measured 0.75-0.87 us per step slower on an H100: benchmarks/probes/stop_probe.py.)
+  void ExactPair(CUgraph body, CUgraphConditionalHandle h) {
+    CUgraphConditionalHandle g = Handle(body);
+    CUgraphNode head = Tail(body, Steps(body, nullptr, 1, 0), 1, h, g, false);
+    CUgraph inner = nullptr;
+    Conditional(body, head, g, CU_GRAPH_COND_TYPE_IF, &inner);
+    Tail(inner, Steps(inner, nullptr, 1, 1), 0, h, 0, false);
+  }
+
+  // The control kernel after `unroll` steps: counts them, re-arms h (and opens g), copies the fused pair.
+  CUgraphNode Tail(CUgraph graph, CUgraphNode prev, int unroll, CUgraphConditionalHandle h,
+                   CUgraphConditionalHandle g, bool fused) {
+    const uint64_t bytes = fused ? p_.fused_bytes : 0;
+    return Kernel(graph, prev, p_.tail, fused ? Blocks(bytes) : 1,
+                  {A(p_.remaining), A(p_.done), A(p_.until), A(p_.until_bytes), A(unroll), A(h), A(g),
+                   A(fused ? p_.fused_dst : uint64_t{0}), A(fused ? p_.fused_src : uint64_t{0}), A(bytes)},
+                  fused ? 256 : 1);
+  }
+
+  static unsigned Blocks(uint64_t bytes) {  // a word per thread, 256 threads a block
+    return static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));
+  }
+
+  // The steps left after the full trips: unrolled (fixed R, no flag), else behind an IF per bit.
   CUgraphNode Remainder(CUgraph top, CUgraphNode prev, bool has_while) {
     const int k = p_.unroll;
-    if (!dynamic()) {
+    if (!dynamic() && !guarded()) {
       int64_t r = has_while ? p_.fixed % k : p_.fixed;
       return r > 0 ? Steps(top, prev, static_cast<int>(r), 0) : prev;
     }
+    // Bits of a remainder in [0, k-1]; with a fixed R only those of R mod k can be set.
+    const int64_t possible = dynamic() ? k - 1 : p_.fixed % k;
     int nbits = 0;
-    while ((1 << nbits) < k) ++nbits;  // bits of a remainder in [0, k-1]
+    while ((int64_t{1} << nbits) <= possible) ++nbits;
     if (nbits == 0) return prev;
     std::vector<CUgraphConditionalHandle> hs(8, 0);
-    for (int b = 0; b < nbits; ++b) hs[b] = Handle(top);
-    std::vector<Arg> args{A(p_.remaining)};
+    for (int b = 0; b < nbits; ++b) {
+      if ((possible >> b) & 1 || dynamic()) hs[b] = Handle(top);
+    }
+    std::vector<Arg> args{A(p_.remaining), A(p_.done), A(p_.until), A(p_.until_bytes)};
     for (int b = 0; b < 8; ++b) args.push_back(A(hs[b]));
     args.push_back(A(nbits));
     prev = Kernel(top, prev, p_.bits, 1, args);
     // Largest block first: the even blocks keep the ping-pong parity, the single copy goes last.
     for (int b = nbits - 1; b >= 0; --b) {
+      if (hs[b] == 0) continue;
       CUgraph inner = nullptr;
       prev = Conditional(top, prev, hs[b], CU_GRAPH_COND_TYPE_IF, &inner);
       Steps(inner, nullptr, 1 << b, 0);
@@ -225,13 +258,38 @@ class Builder {
     for (int i = 0; i < n; ++i) {
       uint64_t step = ((first + i) % 2 == 1 && p_.step_b != 0) ? p_.step_b : p_.step_a;
       CUgraphNode node = nullptr;
-      CheckDriver(d_.add_child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0,
-                               reinterpret_cast<CUgraph>(step)),
-                  "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+      CUDA_KERNEL_NODE_PARAMS kernel;
+      if (p_.pdl && SingleKernel(step, &kernel)) {
+        CheckDriver(d_.add_kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &kernel),
+                    "cuGraphAddKernelNode (the step's kernel)");
+        inlined_.insert(node);
+      } else {
+        CheckDriver(d_.add_child(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0,
+                                 reinterpret_cast<CUgraph>(step)),
+                    "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+      }
       prev = node;
       for (const auto& [dst, src, bytes] : p_.copies) prev = Memcpy(graph, prev, dst, src, bytes);
     }
     return prev;
+  }
+
+  // The parameters of `step`'s kernel when the step is that one kernel node.
+  bool SingleKernel(uint64_t step, CUDA_KERNEL_NODE_PARAMS* out) {
+    CUgraph g = reinterpret_cast<CUgraph>(step);
+    size_t n = 0;
+    if (!d_.get_nodes || !d_.node_type || !d_.kernel_params || d_.get_nodes(g, nullptr, &n) != CUDA_SUCCESS ||
+        n != 1) {
+      return false;
+    }
+    CUgraphNode node = nullptr;
+    CUgraphNodeType type;
+    if (d_.get_nodes(g, &node, &n) != CUDA_SUCCESS || d_.node_type(node, &type) != CUDA_SUCCESS ||
+        type != CU_GRAPH_NODE_TYPE_KERNEL) {
+      return false;
+    }
+    std::memset(out, 0, sizeof(*out));
+    return d_.kernel_params(node, out) == CUDA_SUCCESS;
   }
 
   CUgraphConditionalHandle Handle(CUgraph graph) {
@@ -265,6 +323,24 @@ class Builder {
     for (Arg& a : args) pointers.push_back(a.data());
     CUDA_KERNEL_NODE_PARAMS params = KernelNodeParams(function, blocks, threads, pointers.data());
     CUgraphNode node = nullptr;
+    if (prev != nullptr && inlined_.count(prev)) {
+      // After the step's own kernel: a programmatic edge from its launch-order port lets this
+      // control kernel launch once the step's blocks have begun; it waits for the step to finish
+      // (griddepcontrol.wait) before reading the flag, so the check costs less than a plain launch.
+      CUgraphNodeParams any;
+      std::memset(&any, 0, sizeof(any));
+      any.type = CU_GRAPH_NODE_TYPE_KERNEL;
+      any.kernel.func = params.func;
+      any.kernel.gridDimX = blocks, any.kernel.gridDimY = 1, any.kernel.gridDimZ = 1;
+      any.kernel.blockDimX = threads, any.kernel.blockDimY = 1, any.kernel.blockDimZ = 1;
+      any.kernel.kernelParams = pointers.data();
+      CUgraphEdgeData edge;
+      std::memset(&edge, 0, sizeof(edge));
+      edge.from_port = CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER;
+      edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+      CheckDriver(d_.add_node(&node, graph, &prev, &edge, 1, &any), "cuGraphAddNode (a programmatic edge)");
+      return node;
+    }
     CheckDriver(d_.add_kernel(&node, graph, prev ? &prev : nullptr, prev ? 1 : 0, &params),
                 "cuGraphAddKernelNode");
     return node;
@@ -284,6 +360,7 @@ class Builder {
   const Plan& p_;
   const DriverApi& d_;
   CUcontext ctx_ = nullptr;
+  std::set<CUgraphNode> inlined_;  // steps added as their one kernel node (pdl)
 };
 
 using Conditionals = std::vector<std::tuple<uint64_t, std::string, std::vector<uint64_t>>>;
@@ -292,14 +369,16 @@ std::pair<uintptr_t, Conditionals> BuildLoop(uint64_t step_a, uint64_t step_b,
                     const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& copies, int unroll,
                     int64_t fixed, uint64_t count, uint64_t until, int until_bytes, uint64_t remaining,
                     uint64_t done, const std::vector<uint64_t>& functions,
-                    const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& finals, int final_mode) {
+                    const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& finals, int final_mode,
+                    const std::tuple<uint64_t, uint64_t, uint64_t>& fused, bool pdl) {
   if (unroll < 1 || unroll > 256) throw std::invalid_argument("unroll must be in [1, 256]");
-  if (functions.size() != 5) throw std::invalid_argument("five control kernels expected");
+  if (functions.size() != 4) throw std::invalid_argument("four control kernels expected");
   Plan p;
   p.step_a = step_a, p.step_b = step_b, p.copies = copies, p.unroll = unroll, p.fixed = fixed;
   p.count = count, p.until = until, p.until_bytes = until_bytes, p.remaining = remaining, p.done = done;
-  p.init = functions[0], p.tail = functions[1], p.guard = functions[2], p.bits = functions[3];
-  p.finalize = functions[4];
+  p.init = functions[0], p.tail = functions[1], p.bits = functions[2], p.finalize = functions[3];
+  std::tie(p.fused_dst, p.fused_src, p.fused_bytes) = fused;
+  p.pdl = pdl && unroll == 1 && until != 0;
   p.finals = finals, p.final_mode = final_mode;
   Builder builder(p);
   CUgraph graph = builder.Build();
@@ -319,7 +398,7 @@ NB_MODULE(_device_loop, m) {
   m.def("build_loop", &BuildLoop, nb::arg("step_a"), nb::arg("step_b"), nb::arg("copies"),
         nb::arg("unroll"), nb::arg("fixed"), nb::arg("count"), nb::arg("until"), nb::arg("until_bytes"),
         nb::arg("remaining"), nb::arg("done"), nb::arg("functions"), nb::arg("finals"),
-        nb::arg("final_mode"),
+        nb::arg("final_mode"), nb::arg("fused"), nb::arg("pdl"),
         "Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph and "
         "its conditional nodes (node, 'IF' or 'WHILE', (body,)).");
 }

@@ -38,6 +38,20 @@ class BuiltLoop:
     remaining: DeviceArray      # steps left, while the loop runs
     done: DeviceArray           # steps run (``GraphedLoop.steps_run``)
     ping_pong: str
+    pdl: bool = False           # the exact stop's one-kernel step inlined, its check launched early
+
+
+# The exact stop (until=, check_every=1) of a step with one fed pair of at most this many bytes: a trip
+# is `A ; check` and the check kernel also copies y -> x (no twin, no IF). Else, with the swapped twin,
+# `A ; check ; IF(g) { B ; check }`. On an H100, a 16 KiB pair: 4.63 us per step over the unrolled
+# floor against 5.21 with the twin (benchmarks/probes/stop_probe.py); the cutoff is an estimate of where the
+# copy's traffic (2 x 256 KiB, ~0.3 us at HBM speed) still costs less than the twin's IF.
+FUSED_COPY_BYTES = 256 * 1024
+# Which exact stops of a one-kernel step add the kernel as a node of the trip (not a child graph) and
+# launch the check after it through a programmatic edge (sm_90+: griddepcontrol.wait): on an H100 it
+# helped the copying check (4.63 against 4.80 us over the floor) and hurt the one-thread ones (in place
+# 4.77 against 4.45, twin 5.56 against 5.21: benchmarks/probes/stop_probe.py).
+PDL_CHECKS = frozenset({"fused"})
 
 
 def step_nodes(graph: CUDAGraph) -> int:
@@ -61,31 +75,49 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     dl = native("device_loop")
     kernels = _control_kernels(device)
     step_kernels = dict(source.kernels)
-    swap, copies, mode, ping_pong = 0, [], 0, "none"
-    if pairs:
+    swap, copies, mode, ping_pong, fused = 0, [], 0, "none", (0, 0, 0)
+    exact = until is not None and k == 1
+    kind = "in_place"  # of the exact stop: "fused", "twin", "in_place" (or memcpy nodes: "copy")
+    if pairs and swap_allowed and exact and len(pairs) == 1 and pairs[0][0].nbytes <= FUSED_COPY_BYTES:
+        # The exact stop's check kernel copies the one fed pair itself: no twin, no IF, no memcpy node.
+        (x, y), = pairs
+        fused, mode, kind = (x.ptr, y.ptr, x.nbytes), 1, "fused"
+        ping_pong = "copy: by the stop check (exact stop)"
+    elif pairs:
         swap, why = 0, "asked for (ping_pong='copy')"
         if swap_allowed:
             swap, why = dl.swap_variant(source.template, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], step_kernels)
         if swap:
-            ping_pong = "swap"
+            ping_pong, kind = "swap", "twin"
         else:
-            ping_pong, mode = f"copy: {why}", 1
+            ping_pong, mode, kind = f"copy: {why}", 1, "copy"
             copies = [(x.ptr, y.ptr, x.nbytes) for x, y in pairs]
     own_count = count is None and fixed < 0
     if own_count:
         count = zeros((1,), np.int32)
     remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
     functions = [node_handles(kernels[name], device)[-1] for name in _KERNEL_NAMES]
-    try:
+    keep = (count, remaining, done, until, owner, *ins, *outs)
+
+    def attempt(pdl: bool) -> CUDAGraph:
         template, conditionals = dl.build_loop(
             source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
             until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr, functions,
-            [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode)
+            [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode, fused, pdl)
+        return _adopt(template, device, source, keep, step_kernels, kernels, conditionals)
+
+    pdl = exact and kind in PDL_CHECKS and _pdl_arch(device)
+    try:
+        try:
+            loop_graph = attempt(pdl)
+        except RuntimeError:  # CudaError too: a driver that refuses the programmatic edge gets the plain one
+            if not pdl:
+                raise
+            pdl = False
+            loop_graph = attempt(False)
     finally:
         dl.destroy_graph(swap)  # the loop's child nodes hold their own copies
-    loop_graph = _adopt(template, device, source, (count, remaining, done, until, owner, *ins, *outs),
-                        step_kernels, kernels, conditionals)
-    return BuiltLoop(loop_graph, count, own_count, remaining, done, ping_pong)
+    return BuiltLoop(loop_graph, count, own_count, remaining, done, ping_pong, pdl)
 
 
 def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: dict, kernels: dict,
@@ -111,8 +143,7 @@ def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: d
 # Control kernels (NVRTC, once per process and device)
 # ----------------------------------------------------------------------------
 
-_KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_guard", "jaxgraph_loop_bits",
-                 "jaxgraph_loop_finalize")
+_KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_bits", "jaxgraph_loop_finalize")
 
 # cudaGraphSetConditional is declared here, as <cuda_device_runtime_api.h> declares it (a cudart
 # builtin: no device runtime to link), because that header includes crt/ headers that NVIDIA's
@@ -128,56 +159,8 @@ __device__ __forceinline__ int jg_flag(const void* until, int bytes) {
   return bytes == 1 ? (*(const volatile unsigned char*)until != 0) : (*(const volatile int*)until != 0);
 }
 
-// R into `remaining`; `done` = R (no flag: every step will run) or 0; the flag cleared; the WHILE armed.
-extern "C" __global__ void jaxgraph_loop_init(int* remaining, int* done, const int* count, int fixed,
-                                              void* until, int until_bytes, int unroll, u64 h, int mode) {
-  int r = count ? *count : fixed;
-  if (r < 0) r = 0;
-  const int guarded = mode & 1;
-  *remaining = r;
-  *done = guarded ? 0 : r;
-  if (until) { if (until_bytes == 1) *(unsigned char*)until = 0; else *(int*)until = 0; }
-  if (mode & 2) cudaGraphSetConditional((cudaGraphConditionalHandle)h, guarded ? r > 0 : r >= unroll);
-}
-
-// End of a trip: another one while a full trip's steps remain (with a flag: while any remain, flag clear).
-extern "C" __global__ void jaxgraph_loop_tail(int* remaining, const void* until, int until_bytes, int unroll,
-                                              u64 h, int guarded) {
-  if (guarded) {
-    cudaGraphSetConditional((cudaGraphConditionalHandle)h, *remaining > 0 && !jg_flag(until, until_bytes));
-  } else {
-    int r = *remaining - unroll;
-    *remaining = r;
-    cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= unroll);
-  }
-}
-
-// Before a guarded step: run it (and count it) only while steps remain and the flag is clear.
-extern "C" __global__ void jaxgraph_loop_guard(int* remaining, int* done, const void* until, int until_bytes,
-                                               u64 h) {
-  int go = *remaining > 0 && !jg_flag(until, until_bytes);
-  if (go) { *remaining -= 1; *done += 1; }
-  cudaGraphSetConditional((cudaGraphConditionalHandle)h, go);
-}
-
-// After the trips (R read on the device): bit b of the remainder opens the IF of 2^b steps.
-extern "C" __global__ void jaxgraph_loop_bits(int* remaining, u64 h0, u64 h1, u64 h2, u64 h3, u64 h4, u64 h5,
-                                              u64 h6, u64 h7, int nbits) {
-  const u64 hs[8] = {h0, h1, h2, h3, h4, h5, h6, h7};
-  int r = *remaining;
-  *remaining = 0;
-  for (int b = 0; b < nbits; ++b) cudaGraphSetConditional((cudaGraphConditionalHandle)hs[b], (r >> b) & 1);
-}
-
-// After the loop, both buffers of a fed pair hold the result: mode 0 (ping-pong) copies the newer
-// over the older by the parity of the steps run; mode 1 (a copy after each step) only when none ran.
-extern "C" __global__ void jaxgraph_loop_finalize(unsigned char* x, unsigned char* y, u64 nbytes,
-                                                  const int* done, int mode) {
-  int n = *done;
-  const unsigned char* src = x;
-  unsigned char* dst = y;
-  if (mode == 0 && (n & 1)) { src = y; dst = x; }
-  if (mode == 1 && n > 0) return;
+// A word per thread where the addresses allow, else a byte per thread (grid-stride).
+__device__ __forceinline__ void jg_copy(unsigned char* dst, const unsigned char* src, u64 nbytes) {
   u64 stride = (u64)gridDim.x * blockDim.x;
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if ((((u64)src | (u64)dst | nbytes) & 3) == 0) {
@@ -188,15 +171,84 @@ extern "C" __global__ void jaxgraph_loop_finalize(unsigned char* x, unsigned cha
     for (u64 b = i; b < nbytes; b += stride) dst[b] = src[b];
   }
 }
+
+// R into `remaining`; `done` = R (no flag: every step will run) or 0 (counted as they run); the
+// flag cleared; the WHILE armed for a first trip of `unroll` steps.
+extern "C" __global__ void jaxgraph_loop_init(int* remaining, int* done, const int* count, int fixed,
+                                              void* until, int until_bytes, int unroll, u64 h, int mode) {
+  int r = count ? *count : fixed;
+  if (r < 0) r = 0;
+  *remaining = r;
+  *done = (mode & 1) ? 0 : r;
+  if (until) { if (until_bytes == 1) *(unsigned char*)until = 0; else *(int*)until = 0; }
+  if (mode & 2) cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= unroll);
+}
+
+// After `unroll` steps of a trip: count them (with a flag) and re-arm h while a full trip remains and
+// the flag is clear (unroll 0: only that test). With g, the head of an exact pair (A ; tail ; IF(g)
+// { B ... }): g opens the twin B only while a step remains and the flag is clear, and B is counted
+// here, as it is opened. With nbytes, the grid also copies src -> dst (the exact stop's fused feed).
+extern "C" __global__ void jaxgraph_loop_tail(int* remaining, int* done, const void* until, int until_bytes,
+                                              int unroll, u64 h, u64 g, unsigned char* dst,
+                                              const unsigned char* src, u64 nbytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched early (programmatic edge): the step first
+#endif
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const int stop = jg_flag(until, until_bytes);
+    int r = *remaining - unroll;
+    int ran = unroll;
+    if (g) {
+      int go = r >= 1 && !stop;
+      r -= go;
+      ran += go;
+      cudaGraphSetConditional((cudaGraphConditionalHandle)g, go);
+      cudaGraphSetConditional((cudaGraphConditionalHandle)h, go);  // B's tail re-arms it
+    } else {
+      cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= (unroll > 1 ? unroll : 1) && !stop);
+    }
+    *remaining = r;
+    if (until) *done += ran;
+  }
+  if (nbytes) jg_copy(dst, src, nbytes);
+}
+
+// After the trips: bit b of the steps left opens the IF of 2^b steps (handles 0 stand for no IF).
+// With a flag, none once it is set, and the steps opened are counted.
+extern "C" __global__ void jaxgraph_loop_bits(int* remaining, int* done, const void* until, int until_bytes,
+                                              u64 h0, u64 h1, u64 h2, u64 h3, u64 h4, u64 h5, u64 h6, u64 h7,
+                                              int nbits) {
+  const u64 hs[8] = {h0, h1, h2, h3, h4, h5, h6, h7};
+  int r = *remaining;
+  *remaining = 0;
+  if (until) {
+    if (r < 0 || jg_flag(until, until_bytes)) r = 0;
+    *done += r;
+  }
+  for (int b = 0; b < nbits; ++b) {
+    if (hs[b]) cudaGraphSetConditional((cudaGraphConditionalHandle)hs[b], (r >> b) & 1);
+  }
+}
+
+// After the loop, both buffers of a fed pair hold the result: mode 0 (ping-pong) copies the newer
+// over the older by the parity of the steps run; mode 1 (a copy after each step) only when none ran.
+extern "C" __global__ void jaxgraph_loop_finalize(unsigned char* x, unsigned char* y, u64 nbytes,
+                                                  const int* done, int mode) {
+  int n = *done;
+  if (mode == 1 && n > 0) return;
+  if (mode == 0 && (n & 1)) jg_copy(x, y, nbytes);
+  else jg_copy(y, x, nbytes);
+}
 """
 
 _SIGNATURES = {
     "jaxgraph_loop_init": "int* remaining, int* done, const int* count, int fixed, void* until, int until_bytes, "
                           "int unroll, unsigned long long h, int mode",
-    "jaxgraph_loop_tail": "int* remaining, const void* until, int until_bytes, int unroll, unsigned long long h, "
-                          "int guarded",
-    "jaxgraph_loop_guard": "int* remaining, int* done, const void* until, int until_bytes, unsigned long long h",
-    "jaxgraph_loop_bits": "int* remaining, " + ", ".join(f"unsigned long long h{b}" for b in range(8)) + ", int nbits",
+    "jaxgraph_loop_tail": "int* remaining, int* done, const void* until, int until_bytes, int unroll, "
+                          "unsigned long long h, unsigned long long g, unsigned char* dst, const unsigned char* src, "
+                          "unsigned long long nbytes",
+    "jaxgraph_loop_bits": "int* remaining, int* done, const void* until, int until_bytes, "
+                          + ", ".join(f"unsigned long long h{b}" for b in range(8)) + ", int nbits",
     "jaxgraph_loop_finalize": "unsigned char* x, unsigned char* y, unsigned long long nbytes, const int* done, "
                               "int mode",
 }
@@ -210,6 +262,11 @@ def control_kernels(arch: str | None = None) -> dict[str, Kernel]:
     # No include path: the source needs no header, so no CUDA toolkit or header wheel either.
     return {name: Kernel(CONTROL_SOURCE, name, {"include_path": []}, signature=_SIGNATURES[name], arch=arch)
             for name in _KERNEL_NAMES}
+
+
+def _pdl_arch(device: int) -> bool:
+    """Programmatic dependent launch needs compute capability 9.0 (griddepcontrol)."""
+    return _driver.compute_capability(device) >= (9, 0)
 
 
 def _control_kernels(device: int) -> dict[str, Kernel]:

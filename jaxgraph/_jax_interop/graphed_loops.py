@@ -19,9 +19,12 @@ H100, so unrolling amortises it over K steps. ``feed`` says which output
 becomes which input for the next step; the copies alternate between the step
 and a clone with those buffers swapped (ping-pong, no copies), and after the
 last step the fed input *and* output both hold the result. ``until=`` names a
-one-element device flag the step's kernels set to stop early: every step is
-then guarded, so no step runs after the one that set it, and
-:attr:`GraphedLoop.steps_run` counts the steps that ran.
+one-element device flag the step's kernels set to stop early. By default the
+stop is exact: a WHILE trip per step, its control kernel the check, so no step
+runs after the one that set the flag. ``check_every=K`` tests it once every K
+steps instead (K unguarded steps per trip: up to K-1 steps past the flag, at
+nearly the unrolled floor's cost). Either way :attr:`GraphedLoop.steps_run`
+counts the steps that ran.
 
 This module is the API and its checks; ``_graphs/loop_build.py`` builds the graph.
 """
@@ -78,7 +81,10 @@ class GraphedLoop:
     steps : int or None
         The fixed R, or ``None`` when R is read from :attr:`count`.
     unroll : int
-        Copies of the step per WHILE trip (K).
+        Copies of the step per WHILE trip (K); with ``until``, equal to ``check_every``.
+    check_every : int or None
+        With ``until``: the flag is tested once every this many steps (1: exact);
+        ``None`` without ``until``.
     feed : dict of int to int
         ``{output index: input index}``.
     ping_pong : str
@@ -92,7 +98,7 @@ class GraphedLoop:
 
     def __repr__(self) -> str:
         r = self.steps if self.steps is not None else "count[0]"
-        until = ", until" if self._until is not None else ""
+        until = f", until, check_every={self.check_every}" if self._until is not None else ""
         return (f"<jaxgraph.GraphedLoop steps={r} unroll={self.unroll} feed={self.feed} "
                 f"ping_pong={self.ping_pong!r}{until} device={self.graph.device}>")
 
@@ -177,8 +183,9 @@ class GraphedLoop:
 
 def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | None = None, *,
                  feed: Mapping[int, int] | None = None, unroll: int | None = None,
-                 until: DeviceArray | None = None, inputs: Sequence[DeviceArray] | None = None,
-                 outputs: Sequence[DeviceArray] | None = None, ping_pong: str = "auto") -> GraphedLoop:
+                 until: DeviceArray | None = None, check_every: int = 1,
+                 inputs: Sequence[DeviceArray] | None = None, outputs: Sequence[DeviceArray] | None = None,
+                 ping_pong: str = "auto") -> GraphedLoop:
     """Build one CUDA graph that runs ``step`` R times in a single launch.
 
     Parameters
@@ -200,12 +207,25 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     unroll : int, optional
         K, the copies of the step per WHILE trip (1 to 256; even with ``feed``
         unless ``ping_pong="copy"``).
-        Default: :func:`default_unroll` of the step's node count.
+        Default: :func:`default_unroll` of the step's node count. With
+        ``until`` the trip holds ``check_every`` steps: leave ``unroll`` out,
+        or give the same value.
     until : DeviceArray, optional
         A one-element ``bool``/``int8``/``uint8``/``int32``/``uint32`` flag the
         step's kernels set (non-zero) to stop. The loop clears it when a launch
-        starts, checks it before every step and never runs a step after the
-        one that set it; ``steps`` is then the most steps a launch runs.
+        starts and reads it as ``check_every`` says; ``steps`` is then the most
+        steps a launch runs, and :attr:`GraphedLoop.steps_run` counts the steps
+        that really ran.
+    check_every : int, default 1
+        With ``until``: test the flag once every K = ``check_every`` steps
+        (1 to 256). ``1`` (default) is the exact stop: the flag is read after
+        every step and no step runs after the one that set it. ``K > 1`` runs
+        K steps per WHILE trip with no check between them, so a launch may run
+        up to K-1 steps past the step that set the flag (the state is then
+        that of the last step run, ``steps_run`` says which); it never runs
+        more than ``steps`` steps: the R mod K left after the full trips run
+        only if the flag is still clear. With ``feed`` K must be even (unless
+        ``ping_pong="copy"``), as ``unroll``. Requires ``until``.
     inputs, outputs : sequence of DeviceArray
         For a ``CUDAGraph`` step: its static inputs and outputs, which ``feed``
         indexes (and which the JAX function of the loop takes and returns).
@@ -226,16 +246,23 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     TypeError, ValueError
         Bad arguments (checked before any device work), e.g. a feed between
         arrays of different shapes, an odd ``unroll`` with ``feed``, a flag
-        that is not a one-element device array of a flag dtype.
+        that is not a one-element device array of a flag dtype, ``check_every``
+        without ``until`` or an ``unroll`` that disagrees with it.
     RuntimeError
         The step is not captured, or the driver lacks conditional nodes (CUDA 12.3+).
 
     Notes
     -----
     Cost per step: unrolled copies cost what the step costs; each trip adds
-    4.2-4.8 us and each guarded step (``until``) a one-thread kernel and an
-    IF node. Without ``until`` the R mod K steps left after the trips run
-    unrolled (R fixed) or behind log2(K) IF nodes (R read on the device).
+    4.2-5.1 us on an H100 (its one-thread control kernel included). The exact
+    stop pays a trip per step: +4.6 us over the unrolled floor for a one-kernel
+    step fed back (its check kernel also copies a fed pair of up to 256 KiB;
+    a larger pair alternates with the swapped twin behind one IF per two
+    steps, +5.2), +4.45 in place. ``check_every=K`` pays one trip per K steps:
+    +0.60 (K=8), +0.32 (16), +0.17 (32) (``benchmarks/results/stops-h100-2026-11-27``).
+    The R mod K steps left after the trips run unrolled (R fixed, no
+    ``until``) or behind an IF node per bit of the remainder (R read on the
+    device, or ``until``).
 
     .. warning:: This API is in beta and may change in future releases.
 
@@ -253,6 +280,10 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
 
     >>> loop = jaxgraph.graphed_loop(sweep, 10**5, feed={0: 0}, until=done)
     >>> loop.replay(); int(loop.steps_run.numpy()[0])   # the sweeps that ran
+
+    The same, testing ``done`` once every 16 sweeps (up to 15 sweeps past convergence):
+
+    >>> loop = jaxgraph.graphed_loop(sweep, 10**5, feed={0: 0}, until=done, check_every=16)
     """
     if ping_pong not in ("auto", "copy"):
         raise ValueError(f"ping_pong must be 'auto' or 'copy', got {ping_pong!r}")
@@ -260,9 +291,11 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     pairs = _check_feed(feed, ins, outs)
     fixed, count = _check_count(steps)
     flag_bytes = _check_until(until)
-    k = None if unroll is None else _check_unroll(unroll, bool(pairs) and ping_pong == "auto")
-    return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, dict(feed or {}),
-                  ping_pong == "auto")
+    even = bool(pairs) and ping_pong == "auto"
+    k = None if unroll is None else _check_unroll(unroll, even and until is None)  # until: check_every's rule
+    every = _check_every(check_every, until, k, even)
+    return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, every or k, dict(feed or {}),
+                  ping_pong == "auto", every)
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
@@ -358,6 +391,28 @@ def _check_until(until: Any) -> int:
     return _FLAG_DTYPES[a.dtype]
 
 
+def _check_every(check_every: Any, until: Any, unroll: int | None, even: bool) -> int | None:
+    """K steps between flag checks with ``until`` (1: exact), ``None`` without; ``unroll`` must agree."""
+    if isinstance(check_every, bool) or not isinstance(check_every, (int, np.integer)):
+        raise TypeError(f"check_every must be an int, got {type(check_every).__name__}")
+    if not 1 <= check_every <= _LIMIT_UNROLL:
+        raise ValueError(f"check_every must be in [1, {_LIMIT_UNROLL}], got {check_every}")
+    k = int(check_every)
+    if until is None:
+        if k != 1:
+            raise ValueError(f"check_every={k} needs until= (the flag it tests); without a flag every "
+                             "launch runs all its steps")
+        return None
+    if unroll is not None and unroll != k:
+        raise ValueError(f"with until=, a WHILE trip holds check_every={k} steps and tests the flag after "
+                         f"them; unroll={unroll} disagrees: leave unroll out, or pass check_every={unroll} "
+                         f"(up to {unroll - 1} steps past the flag)")
+    if even and k > 1 and k % 2:
+        raise ValueError(f"check_every must be 1 or even with feed= (got {k}): copies alternate between the step "
+                         "and its swapped twin, so each trip must end where it began (or ping_pong='copy')")
+    return k
+
+
 def _check_unroll(unroll: Any, even: bool) -> int:
     if isinstance(unroll, bool) or not isinstance(unroll, (int, np.integer)):
         raise TypeError(f"unroll must be an int, got {type(unroll).__name__}")
@@ -376,7 +431,7 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
-           feed: dict, swap_allowed: bool) -> GraphedLoop:
+           feed: dict, swap_allowed: bool, every: int | None = None) -> GraphedLoop:
     if k is None:
         k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
     built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed)
@@ -384,9 +439,9 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     self.graph, self.inputs, self.outputs = built.graph, ins, outs
     self.steps_run, self.count, self._count_is_own = built.done, built.count, built.own_count
     self.steps = fixed if fixed >= 0 else None
-    self.unroll, self.feed = k, feed
+    self.unroll, self.feed, self.check_every = k, feed, every
     self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
-    self._until, self._remaining, self._step = until, built.remaining, owner
+    self._until, self._remaining, self._step, self._pdl = until, built.remaining, owner, built.pdl
     self._fn, self._lock = None, threading.Lock()
     self.__name__ = "graphed_loop"  # how jax.jit names the function
     return self

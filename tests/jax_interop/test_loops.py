@@ -115,17 +115,17 @@ def test_own_count_filled_by_replay(k, rng):
 @pytest.mark.parametrize("stop_at,steps", [(1, 20), (3, 20), (6, 20), (8, 20), (50, 20), (5, 5), (2, 0)])
 def test_until_flag_stops_exactly(k, rng, stop_at, steps):
     s = make_step(k, rng, stop_at)
-    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b],
-                                 outputs=[s.y])
+    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
+    assert loop.check_every == 1
     s.flag.fill_(1)  # a stale flag from an earlier run: the loop clears it at launch
     run_and_check(loop, s, rng, min(stop_at, steps))
-    assert "IF" in loop.summary() and "WHILE" in loop.summary()
+    assert "WHILE" in loop.summary()
 
 
 @pytest.mark.gpu
 def test_until_with_count_from_device(k, rng):
     s = make_step(k, rng)
-    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, unroll=4, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
+    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
     for stop_at, steps in ((7, 100), (100, 9), (4, 4)):
         s.stop.copy_(np.array([stop_at], np.int32))
         run_and_check(loop, s, rng, min(stop_at, steps), steps=steps, both_halves=False)
@@ -221,8 +221,7 @@ def _check_jit(k, rng):
         assert int(s.counter.numpy()[0]) == steps
     # A Python int and a fixed loop in jit, and until: (outputs, steps_run).
     s2 = make_step(k, rng, stop_at=6)
-    stopping = jaxgraph.graphed_loop(s2.g, 20, feed={0: 0}, unroll=4, until=s2.flag, inputs=[s2.x, s2.b],
-                                     outputs=[s2.y])
+    stopping = jaxgraph.graphed_loop(s2.g, 20, feed={0: 0}, until=s2.flag, inputs=[s2.x, s2.b], outputs=[s2.y])
     x0 = rng.standard_normal(N).astype(np.float32)
     y, ran = jax.jit(stopping)(jnp.asarray(x0), jnp.asarray(s2.b.numpy()))
     assert int(np.asarray(ran)[0]) == 6
