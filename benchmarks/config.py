@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = [
-    "COUNTERS", "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_JAX_MODES", "LOOP_NOJAX_MODES",
-    "LOOP_UNROLLS", "MIXED_MODES", "MIXED_REPLAYS", "MODE_INFO", "NOJAX_MODES", "QUICK", "SCALAR_INFO", "SETTINGS",
+    "COUNTERS", "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_CHECK_EVERY", "LOOP_JAX_MODES",
+    "LOOP_NOJAX_MODES", "LOOP_UNROLLS", "MIXED_MODES", "MIXED_REPLAYS", "MODE_INFO", "NOJAX_MODES", "QUICK",
+    "SCALAR_INFO", "SETTINGS",
     "RunConfig", "Setting", "fori_trips",
 ]
 
@@ -53,9 +54,12 @@ COUNTERS = ("handler_calls", "launch", "splice_nodes", "splice_whole", "uncaptur
 
 # --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
 LOOP_UNROLLS = (2, 8, 32)
-LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until", "loop_copy",
-                    "loop_unrolled")
-LOOP_JAX_MODES = ("raw", "loop_jit", "jit_fori", "xla_fori")
+LOOP_CHECK_EVERY = (8, 16, 32)  # until= with check_every=K: the flag tested once per K steps
+LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until",
+                    *(f"loop_until_k{k}" for k in LOOP_CHECK_EVERY), "loop_copy", "loop_unrolled")
+# The idiomatic JAX programs first: what a user writes without jaxgraph.
+LOOP_JAX_MODES = ("raw", "jnp_fori", "jnp_while", "loop_jit", "loop_jit_until",
+                  *(f"loop_jit_until_k{k}" for k in LOOP_CHECK_EVERY[:1]), "jit_fori", "xla_fori")
 
 MODE_INFO = {
     "raw": "`cuGraphLaunch` of the jaxgraph graph from cuda.bindings in a Python loop (the floor)",
@@ -76,7 +80,16 @@ MODE_INFO = {
     **{f"loop_k{k}": f"`jaxgraph.graphed_loop(step, R, feed={{0: 0}}, unroll={k}).replay()`: R steps in one launch"
        for k in LOOP_UNROLLS},
     "loop_kdefault": "the device loop with K from `jaxgraph.default_unroll` (64 at N=1, 10 at N=10, 2 at N=100)",
-    "loop_until": "loop_kdefault with an `until=` flag no kernel sets: every step guarded (a kernel and an IF node)",
+    "loop_until": "the device loop with an `until=` flag no kernel sets, exact stop (check_every=1): a WHILE trip "
+                  "per step, its check kernel copying y -> x (a pair up to 256 KiB; larger: the swapped twin "
+                  "behind an IF, `A ; check ; IF { B ; check }`)",
+    **{f"loop_until_k{k}": f"the device loop with `until=` and `check_every={k}`: {k} unchecked steps per WHILE "
+       f"trip (up to {k - 1} past the flag)" for k in LOOP_CHECK_EVERY},
+    "jnp_fori": "idiomatic JAX: `lax.fori_loop` of R steps of `x + 1` (N times; XLA fuses them) in one jit",
+    "jnp_while": "idiomatic JAX with a data-dependent stop: `lax.while_loop` of the same steps while "
+                 "`i < R and x[0] < 1e30`, in one jit",
+    "loop_jit_until": "the device loop with `until=` (exact) inside `jax.jit`: `(y, steps_run) = loop(x)`",
+    **{f"loop_jit_until_k{k}": f"as loop_jit_until with `check_every={k}`" for k in LOOP_CHECK_EVERY},
     "loop_copy": "loop_kdefault with `ping_pong=\"copy\"`: a device copy y -> x after each step instead of swapping",
     "loop_unrolled": "R * N kernels captured in one graph, raw `cuGraphLaunch` (the loops' floor)",
     "loop_jit": "the device loop inside `jax.jit`: one FFI call runs the R steps",

@@ -10,16 +10,25 @@ Without JAX (the ``nojax`` process, CUDA events):
 - ``loop_k2``, ``loop_k8``, ``loop_k32``: ``jaxgraph.graphed_loop(step, R,
   feed={0: 0}, unroll=K).replay()``, one launch per call;
 - ``loop_kdefault``: the same with K from ``jaxgraph.default_unroll``;
-- ``loop_until``: as ``loop_kdefault`` with an ``until=`` flag no kernel
-  sets: what guarding every step costs;
+- ``loop_until``: an ``until=`` flag no kernel sets, the exact stop
+  (``check_every=1``): what checking after every step costs;
+- ``loop_until_k8``, ``loop_until_k32``: the same with ``check_every=K``
+  (the flag tested once per K steps);
 - ``loop_copy``: as ``loop_kdefault`` with ``ping_pong="copy"``: a device
   copy y -> x after every step instead of the swapped twin (the fallback's cost);
 - ``loop_unrolled``: R * N kernels captured in one graph, raw
   ``cuGraphLaunch`` (the loop's floor).
 
-With JAX (one process per XLA flag setting, host wall clock):
+With JAX (one process per XLA flag setting, host wall clock), the idiomatic
+programs first:
 
+- ``jnp_fori``: what a JAX user writes: ``lax.fori_loop`` of R steps of
+  ``x + 1`` (N times per step; XLA fuses them into one kernel);
+- ``jnp_while``: the same with a data-dependent stop, ``lax.while_loop``
+  while ``i < R and x[0] < 1e30`` (never reached, so all R steps run);
 - ``loop_jit``: the device loop inside ``jax.jit`` (one FFI call per call);
+- ``loop_jit_until``, ``loop_jit_until_k8``: with ``until=`` (exact, and
+  ``check_every=8``), ``(y, steps_run) = loop(x)``, y returned;
 - ``jit_fori`` (jax_modes.py): R replays of the step in one ``lax.fori_loop``;
 - ``xla_fori``: R trips of N ``Kernel.jax_call``\\ s in one ``lax.fori_loop``.
 """
@@ -31,24 +40,26 @@ from typing import Any
 
 import numpy as np
 
-from .config import LOOP_UNROLLS, fori_trips
+from .config import LOOP_CHECK_EVERY, LOOP_UNROLLS, fori_trips
 from .graph_modes import event_timer
 from .harness import Mode
 from .jax_modes import _loop_mode
 from .workload import Chain, check_result, random_input
 
-__all__ = ["device_loop", "jax_factories", "loop_jit", "nojax_factories", "unrolled", "xla_fori"]
+__all__ = ["device_loop", "jax_factories", "jnp_fori", "jnp_while", "loop_jit", "nojax_factories", "unrolled",
+           "xla_fori"]
 
 
 def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, unroll: int | None,
-                until: bool = False, ping_pong: str = "auto") -> Mode:
+                until: bool = False, ping_pong: str = "auto", check_every: int = 1) -> Mode:
     """``graphed_loop(chain.graph, R, feed={0: 0}, unroll=K).replay()`` in a loop, timed by CUDA events."""
     import jaxgraph
 
     r = fori_trips(chain.n)
     flag = jaxgraph.zeros(1, np.int32) if until else None
     loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, unroll=unroll, until=flag, inputs=[chain.x_s],
-                                 outputs=[chain.y_s], ping_pong=ping_pong)
+                                 outputs=[chain.y_s], ping_pong=ping_pong,
+                                 **({"check_every": check_every} if until else {}))
 
     def replay_all(calls: int) -> None:
         with jaxgraph.stream(stream):
@@ -62,6 +73,8 @@ def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, u
         raise AssertionError(f"{key}: the loop ran {ran} steps, expected {r}")
     mode = Mode(key, run, per_call=r * chain.n, clock="cuda_event", check=check + f"; {ran} steps counted")
     mode.info.update(steps=r, unroll=loop.unroll, ping_pong=loop.ping_pong)
+    if until:
+        mode.info["check_every"] = check_every
     mode._keep = loop  # type: ignore[attr-defined]
     return mode
 
@@ -78,16 +91,57 @@ def unrolled(kernel: Any, n: int, stream: Any, rng: np.random.Generator) -> Mode
     return mode
 
 
-def loop_jit(chain: Chain, rng: np.random.Generator) -> Mode:
-    """The device loop as one FFI call inside ``jax.jit``."""
+def loop_jit(chain: Chain, rng: np.random.Generator, key: str = "loop_jit", until: bool = False,
+             check_every: int = 1) -> Mode:
+    """The device loop as one FFI call inside ``jax.jit`` (with ``until``: its state, not ``steps_run``)."""
     import jax
 
     import jaxgraph
 
     r = fori_trips(chain.n)
-    loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s])
-    mode = _loop_mode("loop_jit", jax.jit(loop), r * chain.n, rng, inputs=1)
+    kw = {"until": jaxgraph.zeros(1, np.int32), "check_every": check_every} if until else {}
+    loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s], **kw)
+    mode = _loop_mode(key, jax.jit((lambda x: loop(x)[0]) if until else loop), r * chain.n, rng, inputs=1)
     mode.info.update(steps=r, unroll=loop.unroll)
+    mode._keep = loop  # type: ignore[attr-defined]
+    return mode
+
+
+def jnp_fori(n: int, rng: np.random.Generator) -> Mode:
+    """Idiomatic JAX: ``lax.fori_loop`` of R steps, each ``x + 1`` N times (XLA fuses a step into one kernel)."""
+    import jax
+
+    r = fori_trips(n)
+
+    def body(i, x):
+        for _ in range(n):
+            x = x + np.float32(1)
+        return x
+
+    mode = _loop_mode("jnp_fori", jax.jit(lambda x: jax.lax.fori_loop(0, r, body, x)), r * n, rng, inputs=1)
+    mode.info["steps"] = r
+    return mode
+
+
+def jnp_while(n: int, rng: np.random.Generator) -> Mode:
+    """Idiomatic JAX with a data-dependent stop: ``lax.while_loop`` while ``i < R and x[0] < 1e30``."""
+    import jax
+
+    r = fori_trips(n)
+
+    def cond(c):
+        i, x = c
+        return (i < r) & (x[0] < np.float32(1e30))
+
+    def body(c):
+        i, x = c
+        for _ in range(n):
+            x = x + np.float32(1)
+        return i + 1, x
+
+    f = jax.jit(lambda x: jax.lax.while_loop(cond, body, (np.int32(0), x))[1])
+    mode = _loop_mode("jnp_while", f, r * n, rng, inputs=1)
+    mode.info["steps"] = r
     return mode
 
 
@@ -113,6 +167,8 @@ def nojax_factories(kernel: Any, chain: Chain, stream: Any, rng: np.random.Gener
            for k in LOOP_UNROLLS]
     out.append(("loop_kdefault", functools.partial(device_loop, chain, stream, rng, "loop_kdefault", None)))
     out.append(("loop_until", functools.partial(device_loop, chain, stream, rng, "loop_until", None, True)))
+    out += [(f"loop_until_k{k}", functools.partial(device_loop, chain, stream, rng, f"loop_until_k{k}", None, True,
+                                                   check_every=k)) for k in LOOP_CHECK_EVERY]
     out.append(("loop_copy", functools.partial(device_loop, chain, stream, rng, "loop_copy", None, False, "copy")))
     out.append(("loop_unrolled", functools.partial(unrolled, kernel, chain.n, stream, rng)))
     return out
@@ -120,7 +176,12 @@ def nojax_factories(kernel: Any, chain: Chain, stream: Any, rng: np.random.Gener
 
 def jax_factories(chain: Chain, one_kernel: Any, rng: np.random.Generator) -> list:
     """The loop modes of a JAX process (``jit_fori`` comes from the worker's own list)."""
-    return [("loop_jit", functools.partial(loop_jit, chain, rng)),
+    k = LOOP_CHECK_EVERY[0]
+    return [("jnp_fori", functools.partial(jnp_fori, chain.n, rng)),
+            ("jnp_while", functools.partial(jnp_while, chain.n, rng)),
+            ("loop_jit", functools.partial(loop_jit, chain, rng)),
+            ("loop_jit_until", functools.partial(loop_jit, chain, rng, "loop_jit_until", True)),
+            (f"loop_jit_until_k{k}", functools.partial(loop_jit, chain, rng, f"loop_jit_until_k{k}", True, k)),
             ("xla_fori", functools.partial(xla_fori, one_kernel, chain.n, rng))]
 
 

@@ -124,21 +124,47 @@ def _loop_tables(processes: dict) -> list[str]:
     nojax = processes.get("nojax", {})
     for n in _ns(nojax):
         floor = _median(nojax, "loop_unrolled", n)
-        for m in [m for m in LOOP_NOJAX_MODES if m.startswith("loop_k") or m in ("loop_until", "loop_copy")]:
+        for m in [m for m in LOOP_NOJAX_MODES if m.startswith(("loop_k", "loop_until")) or m == "loop_copy"]:
             if floor and _median(nojax, m, n):
                 rows.append(f"| nojax | {n} | {m} / loop_unrolled | {_median(nojax, m, n) / floor:.2f}x |")
     for key in [k for k in _ordered(processes) if k != "nojax"]:
         proc = processes[key]
         for n in _ns(proc):
-            mine = _median(proc, "loop_jit", n)
-            for other in ("xla_fori", "jit_fori"):
-                theirs = _median(proc, other, n)
+            # The idiomatic programs first: the same loop as a JAX user writes it, over jaxgraph's.
+            pairs = [("jnp_fori", "loop_jit"), ("jnp_while", "loop_jit_until"),
+                     *(("jnp_while", m) for m in LOOP_JAX_MODES if m.startswith("loop_jit_until_k")),
+                     ("xla_fori", "loop_jit"), ("jit_fori", "loop_jit")]
+            for other, ours in pairs:
+                theirs, mine = _median(proc, other, n), _median(proc, ours, n)
                 if mine and theirs:
-                    rows.append(f"| {key} | {n} | {other} / loop_jit | {theirs / mine:.2f}x |")
+                    rows.append(f"| {key} | {n} | {other} / {ours} | {theirs / mine:.2f}x |")
     if rows:
         lines += ["### Ratios within one process (per step)", "", "| process | N | ratio | value |",
                   "| --- | ---: | --- | ---: |", *rows, ""]
-    return lines + _trip_table(nojax)
+    return lines + _stop_table(nojax) + _trip_table(nojax)
+
+
+def _stop_table(nojax: dict) -> list[str]:
+    """The device stops' cost: us per step of each loop and what it adds over the unrolled floor."""
+    modes = [m for m in LOOP_NOJAX_MODES if m == "loop_kdefault" or m.startswith("loop_until")]
+    modes = [m for m in modes if m in nojax.get("modes", {})]
+    rows = []
+    for n in _ns(nojax):
+        floor = _median(nojax, "loop_unrolled", n)
+        if not floor:
+            continue
+        cells = []
+        for m in modes:
+            mine = _median(nojax, m, n)
+            cells.append(f"{fmt(mine * int(n))} ({(mine - floor) * int(n):+.2f})" if mine else "–")
+        rows.append(f"| {n} | {fmt(floor * int(n))} | " + " | ".join(cells) + " |")
+    if not modes or not rows:
+        return []
+    return ["### Device stops over the unrolled floor (nojax, us per step)", "",
+            "Median us per step, in parentheses what it adds over `loop_unrolled` (us per step). `loop_until` "
+            "is the exact stop; `loop_until_kK` tests the flag once every K steps; `loop_kdefault` has no flag.",
+            "", "| N | loop_unrolled | " + " | ".join(modes) + " |", "| ---: | ---: |" + " ---: |" * len(modes),
+            *rows, ""]
 
 
 def _trip_table(nojax: dict) -> list[str]:

@@ -45,6 +45,33 @@ def test_xla_fori_mode_checks_and_times_on_cpu():
         loop_modes.xla_fori(lambda x: x + np.float32(2), 3, np.random.default_rng())
 
 
+@pytest.mark.parametrize("factory", ["jnp_fori", "jnp_while"])
+def test_idiomatic_loop_modes_check_and_time_on_cpu(factory):
+    from benchmarks import loop_modes
+
+    mode = getattr(loop_modes, factory)(3, np.random.default_rng())
+    assert mode.per_call == 3 * config.fori_trips(3) and mode.info["steps"] == config.fori_trips(3)
+    assert "matches numpy" in mode.check
+    mode.calls = 2
+    assert mode.sample() > 0
+
+
+def test_loop_markdown_puts_idiomatic_jax_first_and_the_stops_over_the_floor():
+    nojax = worker_record("nojax", 1.0, {"loop_unrolled": 1.0, "loop_kdefault": 1.1, "loop_until": 5.5,
+                                         "loop_until_k8": 1.6, "loop_until_k32": 1.2}, ns=("1",))
+    on = worker_record("on", 2.0, {"jnp_fori": 3.0, "jnp_while": 15.0, "loop_jit": 1.2, "loop_jit_until": 6.0,
+                                   "loop_jit_until_k8": 1.5, "xla_fori": 4.8}, ns=("1",))
+    meta = {"schema": 1, "date": "2026-11-27T10:00:00+00:00", "quick": False, "device": {},
+            "config": {"repeats": 3, "loops": True}, "versions": {}}
+    text = report.markdown(stats.merge(meta, {"nojax": nojax, "on": on}))
+    assert "| N | raw | jnp_fori | jnp_while | loop_jit | loop_jit_until | loop_jit_until_k8 | xla_fori |" in text
+    assert text.index("| on | 1 | jnp_fori / loop_jit | 2.50x |") < text.index("| on | 1 | xla_fori / loop_jit |")
+    assert "| on | 1 | jnp_while / loop_jit_until | 2.50x |" in text
+    assert "| on | 1 | jnp_while / loop_jit_until_k8 | 10.00x |" in text
+    assert "### Device stops over the unrolled floor (nojax, us per step)" in text
+    assert "| 1 | 1.000 | 1.100 (+0.10) | 5.500 (+4.50) | 1.600 (+0.60) | 1.200 (+0.20) |" in text
+
+
 def test_loop_markdown_per_step_and_same_process_ratios(tmp_path):
     nojax = worker_record("nojax", 1.0, {"loop_k8": 1.05, "loop_unrolled": 1.0, "loop_until": 4.0},
                           ns=("1", "10"))

@@ -22,6 +22,7 @@ PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
                            "buffers JAX allocated"),
     "matched_floor_probe.py": (["--n", "100", "--rounds", "1", "--ms", "1"], "jit_loop / raw_xla"),
     "stamp_probe.py": (["--n", "100", "--calls", "20", "--rounds", "1"], "fori_loop: "),
+    "stop_probe.py": (["--steps", "50", "--rounds", "1", "--launches", "1"], "over the floor (median)"),
 }
 
 
