@@ -9,7 +9,8 @@ queues it. Here, on jaxgraph's preallocated arrays:
   2. CuPy:     y = sin(relu(h) * w)      a cupy.RawKernel, then a CuPy ufunc (out=)
   3. PyTorch:  z = y * y + h             torch.mul and torch.add (out=)
 
-CuPy and PyTorch launch on jaxgraph's capture stream (cupy.cuda.ExternalStream,
+CuPy and PyTorch launch on jaxgraph's capture stream (cupy.cuda.Stream.from_external,
+which takes a jaxgraph.Stream through the CUDA stream protocol, and
 torch.cuda.ExternalStream) and work on zero-copy views of jaxgraph's arrays
 (__cuda_array_interface__). Two rules make other libraries' calls capturable:
 run each call once before the capture (it compiles and loads kernels, creates
@@ -51,6 +52,15 @@ def optional(name):
     return module
 
 
+def cupy_stream(s):
+    """CuPy's view of jaxgraph stream ``s``: Stream.from_external (CuPy 14+; older CuPy: ExternalStream)."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(s)  # reads s.__cuda_stream__()
+    return cupy.cuda.ExternalStream(int(s), s.device)
+
+
 def reference(x, w, cupy, torch):
     """What the graph computes, in numpy, with the stages of the libraries present."""
     h = np.float32(A) * x + np.float32(B)
@@ -84,7 +94,7 @@ def main():
     if cupy is not None:
         relu_mul = cupy.RawKernel(RELU_MUL, "relu_mul")
         h_c, w_c, y_c = (cupy.asarray(a) for a in (h, w_s, y))  # views: no copies
-        on_s = cupy.cuda.ExternalStream(int(s))                  # CuPy launches on jaxgraph's stream
+        on_s = cupy_stream(s)                                     # CuPy launches on jaxgraph's stream
 
         def cupy_stage():
             with on_s:

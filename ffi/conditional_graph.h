@@ -39,9 +39,27 @@
 
 namespace jaxgraph {
 
+// Why a conditional graph's instantiation failure `err` stops its registration,
+// or "" where the CUDAGraph's executable (`has_borrowed`) may be shared: CUDA's
+// one-executable rule for such graphs answers cudaErrorNotSupported; any other
+// failure is reported as CUDA said it, not as that rule.
+inline std::string ConditionalInstantiateFailure(cudaError_t err, bool has_borrowed) {
+  if (err != cudaErrorNotSupported) {
+    return "CUDA could not instantiate this graph with conditional nodes for replay (" +
+           RuntimeError("cudaGraphInstantiate", err) + "); the graph itself is refused, so sharing the "
+           "CUDAGraph's executable would not help: check that g.replay() runs, and what the graph holds "
+           "(g.summary())";
+  }
+  if (has_borrowed) return "";
+  return "CUDA would not make a second executable of this graph with conditional nodes (" +
+         RuntimeError("cudaGraphInstantiate", err) + ": CUDA allows one executable of such a graph) and the "
+         "CUDAGraph has none to share; instantiate the CUDAGraph (capture_end does, or call instantiate()) "
+         "before building the replayable";
+}
+
 // The one executable of a conditional graph, at its static addresses: a new
 // one, or `borrowed` (the CUDAGraph's, 0 if it has none) where CUDA refuses a
-// second. Throws when there is neither.
+// second. Throws when there is neither, or when CUDA refused for another reason.
 inline void PrepareConditional(DeviceGraph* g, uint64_t borrowed) {
   ExecSlot slot;
   slot.addr = g->static_addr;
@@ -50,13 +68,8 @@ inline void PrepareConditional(DeviceGraph* g, uint64_t borrowed) {
     counters.instantiate.fetch_add(1, std::memory_order_relaxed);
   } else {
     cudaGetLastError();  // clear the runtime's sticky copy of a non-fatal error
-    if (borrowed == 0) {
-      throw std::runtime_error(
-          "CUDA would not make a second executable of this graph with conditional nodes (" +
-          RuntimeError("cudaGraphInstantiate", err) + ") and the CUDAGraph has none to share; "
-          "instantiate the CUDAGraph (capture_end does, or call instantiate()) before building the "
-          "replayable");
-    }
+    std::string failure = ConditionalInstantiateFailure(err, borrowed != 0);
+    if (!failure.empty()) throw std::runtime_error(failure);
     slot.exec = reinterpret_cast<cudaGraphExec_t>(borrowed);
     g->borrowed_exec = true;
     // The executable is the CUDAGraph's own: it is never pointed at XLA's

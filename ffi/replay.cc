@@ -234,8 +234,16 @@ ffi::Error ReplayUncapturedImpl(cudaStream_t stream, int32_t device, ffi::Remain
 }
 
 ffi::Error ReplayOnCpuImpl(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary) {
+  // via="callback" replays the graph from the host, still on a GPU: only a hint where one exists.
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  cudaGetLastError();
   return NotOnCuda("jaxgraph_replay (a jaxgraph.replayable)",
-                   ", or build the replayable with via=\"callback\", which replays from the host");
+                   gpus > 0 ? ", or build the replayable with via=\"callback\", which replays from the host"
+                            : "; this machine has no CUDA device either, and a replayable replays its CUDA "
+                              "graph on a GPU however it is called (via=\"callback\" too). Without a GPU, "
+                              "check a program by lowering it for CUDA: "
+                              "jax.jit(f).trace(*args).lower(lowering_platforms=(\"cuda\",))");
 }
 
 // Python's view of registration: a dict of options, checked here.

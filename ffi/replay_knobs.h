@@ -14,6 +14,7 @@
 
 #include "bind_policy.h"
 #include "capture_policy.h"
+#include "conditional_graph.h"
 #include "copy_ring.h"
 #include "device_graph.h"
 #include "exec_cache.h"
@@ -35,6 +36,11 @@ inline void DefineKnobs(nanobind::module_& m) {
   m.def("set_device_launch_nodes", [](int64_t nodes) { return device_launch_nodes.exchange(nodes); },
         nb::arg("nodes"), "Graphs registered from now on with at least `nodes` kernel nodes get device-launchable "
         "executables (< 0: none); returns the previous threshold. For tests and benchmarks.");
+  m.def("conditional_instantiate_failure", [](int err, bool has_borrowed) {
+    return ConditionalInstantiateFailure(static_cast<cudaError_t>(err), has_borrowed);
+  }, nb::arg("err"), nb::arg("has_borrowed"), "What registering a graph with conditional nodes says when "
+     "cudaGraphInstantiate answers `err` (a cudaError_t): '' where it shares the CUDAGraph's executable "
+     "(`has_borrowed`). For tests.");
   m.def("set_max_executables", &LimitExecs, nb::arg("id"), nb::arg("device"), nb::arg("count"),
         "Let graph `id` on `device` keep at most `count` executables (1 to the cap; the least recently used go "
         "now); returns the previous limit. For tests that need a full cache.");

@@ -53,6 +53,11 @@ def set_device_launch_nodes(nodes: int) -> int:
     Graphs registered from now on with at least `nodes` kernel nodes get device-launchable executables (< 0: none); returns the previous threshold. For tests and benchmarks.
     """
 
+def conditional_instantiate_failure(err: int, has_borrowed: bool) -> str:
+    """
+    What registering a graph with conditional nodes says when cudaGraphInstantiate answers `err` (a cudaError_t): '' where it shares the CUDAGraph's executable (`has_borrowed`). For tests.
+    """
+
 def set_max_executables(id: int, device: int, count: int) -> int:
     """
     Let graph `id` on `device` keep at most `count` executables (1 to the cap; the least recently used go now); returns the previous limit. For tests that need a full cache.

@@ -255,3 +255,14 @@ def run_xla_worker(worker, src, tmp_path, mode, seed):
     assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     (line,) = [l for l in proc.stdout.splitlines() if l.startswith("REPORT ")]
     return np.load(out), json.loads(line[len("REPORT "):])
+
+
+def cupy_stream(cupy, stream):
+    """CuPy's view of jaxgraph ``stream``: ``Stream.from_external`` (CuPy 14+, through ``__cuda_stream__``).
+
+    CuPy before 14 has only ``ExternalStream`` (deprecated since), used there alone.
+    """
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(stream)
+    return cupy.cuda.ExternalStream(int(stream), stream.device)

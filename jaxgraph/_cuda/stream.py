@@ -92,6 +92,10 @@ class Stream:
     def __int__(self) -> int:
         return self._handle_int
 
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol, ``(0, address)``: how CuPy's ``Stream.from_external`` and cuda.core read it."""
+        return (0, self._handle_int)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle_int == self._handle_int and (
             other._device == self._device

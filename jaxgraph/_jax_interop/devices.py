@@ -58,19 +58,21 @@ def cuda_ordinal(device: Any) -> int:
 def device_ordinals(devices: Any = None) -> tuple[int, ...]:
     """CUDA ordinals of ``devices`` (a Mesh, a device or a sequence of them); see :func:`capture_per_device`.
 
-    A mesh stands for its devices of this process (a global mesh under
-    ``jax.distributed`` also holds the other processes'). Raises
-    ``ValueError`` for no devices or a device given twice.
+    A mesh or a sequence stands for its devices of this process (a global
+    mesh, or ``jax.devices()``, under ``jax.distributed`` also holds the
+    other processes'): :func:`processes.local_devices` is the one rule.
+    Raises ``ValueError`` for no devices, none of this process's, or a
+    device given twice.
     """
     if devices is None:
         return _default_devices()
-    if _processes.is_mesh(devices):
-        devices = _processes.local_devices(devices)[0]
-    elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
-        devices = [devices]
-    elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
-        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
-    ordinals = tuple(cuda_ordinal(d) for d in devices)
+    local, spans = _processes.local_devices(devices)
+    if spans and not local:
+        other = next(d for d in _processes.device_list(devices) if hasattr(d, "process_index"))
+        raise ValueError(f"none of the devices given is this process's: {other} belongs to process "
+                         f"{other.process_index}, this is process {_process_index()}; each process captures graphs "
+                         "for its own devices (jax.local_devices())")
+    ordinals = tuple(cuda_ordinal(d) for d in local)
     if not ordinals:
         raise ValueError("devices is empty: name at least one device")
     repeated = sorted({d for d in ordinals if ordinals.count(d) > 1})

@@ -199,7 +199,9 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         R. An ``int`` fixes it now; a one-element int32 device array is read on
         the device at every launch (write it before ``replay()``); ``None``
         makes the loop own such an array, :attr:`GraphedLoop.count`, filled by
-        ``replay(steps=n)`` or ``loop(*args, steps=n)``. A negative count runs nothing.
+        ``replay(steps=n)`` or ``loop(*args, steps=n)``. A Python int outside
+        [0, 2**31) is a ``ValueError`` (here and in those calls); a negative
+        count read on the device (an array, a traced ``steps=``) runs nothing.
     feed : dict of int to int, optional
         ``{output index: input index}``: that output of one step is that input
         of the next (same shape and dtype). Default: no feed (the step reruns

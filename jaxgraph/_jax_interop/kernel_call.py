@@ -37,7 +37,8 @@ import jax
 import numpy as np
 
 from .._cuda import driver as _driver
-from .._kernels.load import reserve_shared_memory
+from .._kernels.launch_limits import check_geometry
+from .._kernels.load import check_launch_limits, reserve_shared_memory
 from .._cuda.native import native, register_ffi_targets
 from .._kernels.signature import check_count, check_pointer_dtype, dim3, not_an_array, scalar_word
 
@@ -68,6 +69,10 @@ def kernel_call(kernel: Any, *args: Any, grid: int | Sequence[int] | None = None
             if p.name in inout:
                 raise TypeError(f"kernel {kernel.name}: parameter {p.name} is in inout=, so it "
                                 "needs the array's current value, got a jax.ShapeDtypeStruct")
+            if p.is_const_pointer:  # the kernel cannot write through it: the "output" would be garbage
+                raise TypeError(f"kernel {kernel.name}: parameter {p.name} is {p.ctype}, which the kernel only "
+                                "reads, so it cannot be a new output (a jax.ShapeDtypeStruct); pass an array "
+                                "to read, or declare the parameter without const if the kernel writes it")
             check_pointer_dtype(kernel.name, p, a.dtype)
             pending.append((index, len(results)))
             results.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
@@ -91,8 +96,12 @@ def kernel_call(kernel: Any, *args: Any, grid: int | Sequence[int] | None = None
     for index, result_index in pending:  # results follow the operands in the handler's list
         codes[index] = len(operands) + result_index
     grid3 = _derive_grid(kernel.name, grid, block3, results[0])
+    check_geometry(kernel.name, grid3, block3)  # CUDA's limits, known without a device
+    kid = kernel_id(kernel, shared_mem)  # where a device exists: loaded, its shared memory checked and reserved
+    if _driver.device_count() > 0:
+        check_launch_limits(kernel, grid3, block3)  # each device's limits, and the kernel's own on it
 
-    out = jaxgraph_launch(kernel_id(kernel, shared_mem), operands, results, grid=grid3, block=block3,
+    out = jaxgraph_launch(kid, operands, results, grid=grid3, block=block3,
                           shared_mem=shared_mem, params=codes, scalars=words,
                           input_output_aliases=aliases)
     return out[0] if len(out) == 1 else tuple(out)

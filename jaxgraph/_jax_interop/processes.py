@@ -27,22 +27,31 @@ spans several processes.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import json
+import threading
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["agree", "check_everywhere", "disagreements", "is_mesh", "local_devices", "process_count",
-           "process_index"]
+__all__ = ["agree", "check_everywhere", "device_list", "disagreements", "is_mesh", "local_devices",
+           "process_count", "process_index"]
 
-_sequence = itertools.count()  # every process calls agree() in the same order, as the program is SPMD
+_agreed: dict[tuple[str, str], int] = {}  # (topic, subject digest) -> agreements reached on it by this process
+_agreed_lock = threading.Lock()
 
 
-def agree(topic: str, record: dict, *, timeout_s: float) -> list[dict]:
+def agree(topic: str, record: dict, *, subject: Any, timeout_s: float) -> list[dict]:
     """Publish ``record`` and return every process's record, in process order.
 
-    Collective: every process must call it, in the same order as its other
-    calls of :func:`agree`. Records are JSON-serialisable dicts.
+    Collective: every process must call it with the same ``topic`` and
+    ``subject``. The key-value store keys come from what is agreed on, not
+    from the order of calls: ``subject`` (JSON-serialisable: the mesh's
+    devices, say) and how many agreements on that subject this process has
+    reached. A process that made other checks first, or whose earlier check
+    on the subject timed out (its record is taken back; the count moves only
+    on an agreement), meets the others on the same keys. Records are
+    JSON-serialisable dicts; what may differ between processes belongs in
+    the record (compared by :func:`disagreements`), not in ``subject``.
 
     Raises
     ------
@@ -55,10 +64,26 @@ def agree(topic: str, record: dict, *, timeout_s: float) -> list[dict]:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     client = _client()
     me, count = process_index(), process_count()
-    prefix = f"jaxgraph/{topic}/{next(_sequence)}/"
+    digest = hashlib.sha256(json.dumps(subject, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    with _agreed_lock:
+        round_ = _agreed.get((topic, digest), 0)
+    prefix = f"jaxgraph/{topic}/{digest}/{round_}/"
     # The records stay in the coordinator: a process may still be reading them
     # when this one moves on, and each is a few hundred bytes.
-    client.key_value_set(prefix + str(me), json.dumps(record))
+    _publish(client, prefix + str(me), json.dumps(record))
+    try:
+        records = _read_all(client, prefix, record, me, count, topic, timeout_s)
+    except BaseException:
+        _take_back(client, prefix + str(me))  # a later try on this subject must not meet this record
+        raise
+    with _agreed_lock:
+        _agreed[(topic, digest)] = round_ + 1
+    return records
+
+
+def _read_all(client: Any, prefix: str, record: dict, me: int, count: int, topic: str,
+              timeout_s: float) -> list[dict]:
+    """Every process's record under ``prefix``, waiting at most ``timeout_s`` in all."""
     deadline = time.monotonic() + timeout_s
     records = []
     for p in range(count):
@@ -78,6 +103,23 @@ def agree(topic: str, record: dict, *, timeout_s: float) -> list[dict]:
     return records
 
 
+def _publish(client: Any, key: str, value: str) -> None:
+    """Set ``key``, replacing what an earlier, abandoned try left there."""
+    try:
+        client.key_value_set(key, value, allow_overwrite=True)
+    except TypeError:  # a jax whose client has no allow_overwrite
+        _take_back(client, key)
+        client.key_value_set(key, value)
+
+
+def _take_back(client: Any, key: str) -> None:
+    """Delete ``key`` from the store (never raises)."""
+    try:
+        client.key_value_delete(key)
+    except Exception:
+        pass
+
+
 def disagreements(records: Sequence[dict], fields: dict[str, str]) -> list[str]:
     """One line per problem in ``records`` (one dict per process, in process order).
 
@@ -95,11 +137,11 @@ def disagreements(records: Sequence[dict], fields: dict[str, str]) -> list[str]:
 
 
 def check_everywhere(topic: str, what: str, check: Callable[[], Any], facts: dict, fields: dict[str, str], *,
-                     timeout_s: float, advice: str) -> Any:
+                     subject: Any, timeout_s: float, advice: str) -> Any:
     """Run ``check`` on this process and make any process's failure every process's (collective).
 
     A ``ValueError`` or ``RuntimeError`` from ``check`` is not raised here
-    at once: it is shared through :func:`agree` with ``facts`` (a dict,
+    at once: it is shared through :func:`agree` (on ``subject``) with ``facts`` (a dict,
     compared between processes by :func:`disagreements` with ``fields``).
     Returns what ``check`` returned when no process failed and the facts
     agree; otherwise every process raises the same ``ValueError``: that the
@@ -109,7 +151,7 @@ def check_everywhere(topic: str, what: str, check: Callable[[], Any], facts: dic
         result, error = check(), None
     except (ValueError, RuntimeError) as exc:  # every process must learn of it, not only this one
         result, error = None, f"{type(exc).__name__}: {exc}"
-    records = agree(topic, {"error": error, **facts}, timeout_s=timeout_s)
+    records = agree(topic, {"error": error, **facts}, subject=subject, timeout_s=timeout_s)
     problems = disagreements(records, fields)
     if problems:
         raise ValueError(f"the processes disagree about {what}, so none may run the step: "
@@ -120,22 +162,31 @@ def check_everywhere(topic: str, what: str, check: Callable[[], Any], facts: dic
 def local_devices(devices: Any) -> tuple[list, bool]:
     """``devices`` (a Mesh, a device or a sequence) as a list of this process's, and whether others' were there.
 
-    CUDA ordinals (ints) are this process's. Raises ``TypeError`` for anything else than these.
+    The one rule for device lists that span processes (``devices.device_ordinals``
+    uses it too): a mesh, a sequence or a single device stands for its
+    devices of this process; the others' are dropped (they are for the
+    cross-process check). CUDA ordinals (ints) are this process's. Raises
+    ``TypeError`` for anything else than these.
     """
-    import numpy as np
-
-    if is_mesh(devices):
-        devices = list(np.asarray(devices.devices).flat)
-    elif isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
-        devices = [devices]
-    elif not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
-        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
-    devices = list(devices)
+    devices = device_list(devices)
     if not any(hasattr(d, "process_index") for d in devices):
         return devices, False
     here = process_index()
     local = [d for d in devices if getattr(d, "process_index", here) == here]
     return local, len(local) < len(devices)
+
+
+def device_list(devices: Any) -> list:
+    """``devices`` (a Mesh, a device or a sequence of them) as a flat list; ``TypeError`` for anything else."""
+    import numpy as np
+
+    if is_mesh(devices):
+        return list(np.asarray(devices.devices).flat)
+    if isinstance(devices, (int, np.integer)) or hasattr(devices, "platform"):
+        return [devices]
+    if not isinstance(devices, (list, tuple, range)) and not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices must be a Mesh, a device or a sequence of devices, got {type(devices).__name__}")
+    return list(devices)
 
 
 def is_mesh(devices: Any) -> bool:

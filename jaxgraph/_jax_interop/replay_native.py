@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import weakref
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "GraphInfo",
     "Registration",
     "ReplayState",
+    "call_site",
     "describe_bindings",
     "describe_graph",
     "jaxgraph_replay",
@@ -123,9 +125,12 @@ def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
     ``jaxgraph_replay_uncaptured`` (``spec.uncaptured``, graphs with
     conditional nodes) is not: XLA runs it outside its command buffers.
 
-    Every call carries its own ``call`` attribute, so two calls on the same
-    operands are different operations and XLA never merges them: each call
-    replays, as each ``g.replay()`` does. Calls are not side-effecting unless
+    Every call carries its own ``call`` attribute (:func:`call_site`: its
+    place among the replays of the function being traced), so two calls on
+    the same operands in one function are different operations and XLA never
+    merges them: each call replays, as each ``g.replay()`` does. The
+    attribute depends on the function alone, not on what the process traced
+    before, so every process of a multi-process program lowers the same HLO. Calls are not side-effecting unless
     ``spec.side_effects`` (``has_side_effect`` made a call cost 175 us instead of
     47 on the H100: ``benchmarks/probes/side_effect_cost.py``): XLA removes a call whose
     outputs are unused.
@@ -152,7 +157,7 @@ def jaxgraph_replay(spec: "ReplaySpec") -> Callable[..., list]:
             call = calls[varying] = jax.ffi.ffi_call(
                 spec.target, result_shapes(spec.outputs, varying), vmap_method="sequential",
                 has_side_effect=spec.side_effects, input_output_aliases=dict(spec.aliases) or None)
-        return list(call(*args, graph=graph, call=np.int64(next(_call_sites))))
+        return list(call(*args, graph=graph, call=np.int64(call_site())))
 
     return replay
 
@@ -203,7 +208,37 @@ def result_shapes(outputs: Sequence[Any], varying: frozenset) -> list:
         return list(outputs)
 
 
+def call_site() -> int:
+    """The ``call`` attribute of a replay being traced: 1, 2, ... in the order of the traced function's replays.
+
+    Counted per JAX trace (the function being traced: a jit, a ``shard_map``
+    or loop body), so it depends on what is agreed between processes, the
+    program, and not on a process-wide order: a process that traced another
+    function (or an extra replay) first still lowers the same HLO. Outside
+    any trace (an eager call, compiled on its own) it is 0. Two calls in
+    separately traced functions may carry the same number; XLA may then
+    merge them when it inlines both into one computation with the same
+    operands, which is what a pure function allows (a graph with effects
+    is built with ``side_effects=True``, which XLA never merges).
+    """
+    try:
+        from jax._src import core
+
+        trace = core.trace_ctx.trace
+        if isinstance(trace, core.EvalTrace):
+            return 0
+    except (ImportError, AttributeError):  # a jax without trace_ctx: one process-wide order
+        return next(_call_sites)
+    with _call_lock:
+        counter = _call_counts.get(trace)
+        if counter is None:
+            counter = _call_counts[trace] = itertools.count(1)
+        return next(counter)
+
+
 _call_sites = itertools.count(1)
+_call_lock = threading.Lock()
+_call_counts: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # trace -> count of its replays
 
 
 # ----------------------------------------------------------------------------

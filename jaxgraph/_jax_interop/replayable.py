@@ -236,7 +236,7 @@ class Replayable:
                 f"via={self._via} graph={self.graph_id} {state}")
         try:
             if self.alive:
-                text += " paths=" + "|".join(p.value for p in self.replay_paths)
+                text += " paths=" + ("|".join(p.value for p in self.replay_paths) or "none (no graph registered)")
             if self._via == "ffi" and self.alive and self._state.devices:
                 device, rows = next(iter(self.bindings.items()))
                 text += f"; device {device}: " + "; ".join(str(r) for r in rows)

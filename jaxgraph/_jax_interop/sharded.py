@@ -305,9 +305,12 @@ class ShardedGraph:
         if not spans:
             return self._check_local(local)
         facts = {"graph": self.graph_id, "shapes": f"({fmt_all(self.in_shapes)}) -> ({fmt_all(self.out_shapes)})"}
+        # Keyed by the devices (the same on every process); ids and shapes may differ: compared, not keyed.
+        subject = [[str(getattr(d, "id", d)), getattr(d, "process_index", None)]
+                   for d in _processes.device_list(devices)]
         return _processes.check_everywhere("check_devices", "this ShardedGraph", lambda: self._check_local(local),
                                            facts, {"shapes": "shard shapes", "graph": "graph ids"},
-                                           timeout_s=timeout_s, advice=_CROSS_PROCESS_ADVICE)
+                                           subject=subject, timeout_s=timeout_s, advice=_CROSS_PROCESS_ADVICE)
 
     def _check_local(self, devices: list) -> tuple[int, ...]:
         """:meth:`check_devices` on this process's devices."""
@@ -433,7 +436,7 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
         something other than device arrays.
     ValueError
         Unknown ``bind`` or ``capture_error_mode``, an alias naming no input,
-        bad ``devices`` (none, repeated, not CUDA, another process's), or on
+        bad ``devices`` (none, none of this process's, repeated, not CUDA), or on
         some device: outputs on another device, or shapes differing from the
         first device's. The message names the device.
     RuntimeError

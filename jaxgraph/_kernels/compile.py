@@ -16,6 +16,8 @@ import json
 import os
 import re
 import tempfile
+import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,19 @@ def _cuda_include_dir() -> str | None:
         return path if os.path.isfile(os.path.join(path, "cuda_fp16.h")) else None
 
 
+_CCCL_HEADERS = ("cuda/", "cub/", "thrust/", "nv/")  # CCCL's header trees (libcu++, CUB, Thrust)
+
+
+def _cccl_include_dir() -> str | None:
+    """CCCL's include directory (``<cuda/std/...>``): NVIDIA's nvidia-cuda-cccl wheel, a toolkit; else ``None``."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        return find_nvidia_header_directory("cccl")
+    except Exception:
+        return None
+
+
 def _supported_archs() -> tuple[int, ...]:
     """The ``XY`` of every ``sm_XY`` this NVRTC compiles for (empty if it cannot say)."""
     archs = _listed_archs()
@@ -261,6 +276,15 @@ def _include_hint(log: str) -> str:
     """Where CUDA's headers come from, when NVRTC could not open one."""
     if "cannot open source file" not in log:
         return ""
+    missing = re.findall(r'cannot open source file "([^"]+)"', log)
+    if any(m.startswith(_CCCL_HEADERS) for m in missing):
+        found = _cccl_include_dir()
+        where = f"found at {found}, which jaxgraph does not pass by itself" if found else "not found here"
+        return ("\n\n<cuda/std/...>, <cuda/...>, <cub/...>, <thrust/...> and <nv/...> are CCCL's headers, which "
+                "the nvidia-cuda-runtime wheel lacks: they come from NVIDIA's CCCL wheel (pip install "
+                "\"nvidia-cuda-cccl>=13,<14\") or a CUDA toolkit's include directory (CUDA_HOME/include); "
+                f"CCCL's include directory was {where}. Pass it with options={{'include_path': [...]}} (keep "
+                "the CUDA runtime's directory in the list too).")
     found = _cuda_include_dir()
     where = f"jaxgraph passed {found}" if found else "jaxgraph found no CUDA include directory"
     return ("\n\nCUDA headers such as <cuda_fp16.h> come from NVIDIA's nvidia-cuda-runtime wheel "
@@ -310,6 +334,23 @@ def _write_cache(directory: Path, key: str, cubin: bytes, lowered: str) -> Path 
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, directory / f"{key}{suffix}")
-    except OSError:
-        return None  # an unwritable cache only costs a recompile
+    except OSError as exc:
+        _warn_unwritable(directory, exc)  # it costs a recompile in every process: say so, once
+        return None
     return directory / f"{key}.cubin"
+
+
+_warned_dirs: set = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_unwritable(directory: Path, exc: OSError) -> None:
+    """Warn once per directory that cubins cannot be cached there (every process then compiles again)."""
+    with _warned_lock:
+        if directory in _warned_dirs:
+            return
+        _warned_dirs.add(directory)
+    warnings.warn(f"jaxgraph cannot write its kernel cache at {directory} ({type(exc).__name__}: {exc}), so "
+                  "every process compiles its kernels again; pass cache_dir= or set JAXGRAPH_CACHE_DIR to a "
+                  "writable directory (JAXGRAPH_CACHE_DIR= turns the cache off and this warning with it)",
+                  RuntimeWarning, stacklevel=4)

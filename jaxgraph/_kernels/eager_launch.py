@@ -35,7 +35,7 @@ from .._cuda import captures as _captures, driver as _driver
 from .._cuda.array import asarray
 from .._cuda.captures import streams_capturing
 from .load import DEFAULT_SHARED_LIMIT, KernelLoading
-from .packer import ArgumentPacker, geometry, plain_ints
+from .packer import ArgumentPacker, geometry, plain_ints, unpack_geometry
 from .._cuda.driver import thread_state
 from .._cuda.stream import Stream, current_stream, thread_streams
 
@@ -167,7 +167,7 @@ class KernelLaunching(KernelLoading):
         geo_key = (grid, block, shared_mem)
         geo = self._geometries.get(geo_key) if plain else None
         if geo is None:
-            geo = geometry(grid, block, shared_mem)
+            geo = geometry(grid, block, shared_mem, self.name)
             if plain:
                 if len(self._geometries) >= MAX_LAUNCH_CONFIGS:
                     self._geometries.clear()
@@ -300,6 +300,8 @@ def _prepared(kernel: KernelLaunching, stream: Stream, config: list) -> tuple:
         kernel._load()
     address, device = int(stream), stream.device
     _, geo, shared_mem, _ = config
+    grid, block, _ = unpack_geometry(geo)
+    kernel._check_limits(device, grid, block)  # the device's and the kernel's own, named before CUDA refuses
     if shared_mem > kernel._shared_limit:
         kernel._raise_shared_limit(shared_mem, device)
     context = _driver.context_address(device)

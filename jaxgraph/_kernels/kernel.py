@@ -72,6 +72,16 @@ class Kernel(KernelLaunching):
     Notes
     -----
     A kernel is launched as ``k[grid, block](*args)``, not called directly.
+    Scalars are converted to the declared C type when they fit it: a Python
+    ``bool`` is refused for an integer parameter (it is most often a flag
+    in a count's place; pass ``int(flag)``), and a ``bool`` parameter takes it.
+    Grid and block are checked against CUDA's limits (1024 threads per
+    block, block dimensions up to (1024, 1024, 64), grid dimensions up to
+    (2**31 - 1, 65535, 65535)), then at the first launch on a device against
+    that device's limits and the kernel's own most threads per block
+    (registers or ``__launch_bounds__`` can lower it), and dynamic shared
+    memory against the device's opt-in limit: a ``ValueError`` names the
+    limit and the value before the driver sees the launch.
     """
 
     def __init__(self, source: str, name: str, options: Any = None, *, signature: str | None = None,
@@ -105,6 +115,8 @@ class Kernel(KernelLaunching):
         self._native_launch = None    # jaxgraph._launch.launch, bound at load
         self._shared_limit = DEFAULT_SHARED_LIMIT
         self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
+        self._thread_limits: dict[int, int] = {}  # device -> most threads per block (registers, launch bounds)
+        self._limits_checked: set = set()  # (device, grid, block) checked against the device's limits
         self._flags = access_flags(params)  # per parameter: r (only read), w (other pointer), s (scalar)
         self._lock = threading.Lock()  # loading
 
@@ -172,9 +184,11 @@ class Kernel(KernelLaunching):
             One per kernel parameter, in order:
 
             - a pointer the kernel only reads: a JAX array (or numpy array);
-            - a pointer the kernel writes: ``jax.ShapeDtypeStruct(shape, dtype)``,
-              which declares a new output (its initial contents are undefined:
-              the kernel must write every element it is expected to produce);
+            - a pointer the kernel writes (not ``const``):
+              ``jax.ShapeDtypeStruct(shape, dtype)``, which declares a new
+              output (its initial contents are undefined: the kernel must
+              write every element it is expected to produce). A ``const T*``
+              parameter is refused as an output: the kernel cannot write it;
             - a pointer the kernel reads *and* writes: a JAX array, with the
               parameter's name in ``inout``;
             - a scalar: a Python number (or numpy scalar of the exact type),
@@ -203,13 +217,17 @@ class Kernel(KernelLaunching):
         ------
         TypeError
             Wrong number of arguments, something other than an array for a
-            pointer, an array of the wrong dtype for a typed pointer, a scalar
+            pointer, an array of the wrong dtype for a typed pointer, a
+            ``jax.ShapeDtypeStruct`` for a ``const`` pointer, a scalar
             that does not fit its C type, or ``grid``, ``block``,
             ``shared_mem`` or ``inout`` of the wrong type.
         ValueError
             No outputs, ``inout`` names something that is not a pointer, a
-            negative ``shared_mem`` or a dimension below 1, or no ``grid``
-            with a multi-dimensional ``block``.
+            negative ``shared_mem`` or a dimension below 1, no ``grid``
+            with a multi-dimensional ``block``, or a grid or block over
+            CUDA's limits (where a GPU exists: over each device's, or the
+            kernel's own most threads per block, or more dynamic shared
+            memory than a device allows); the message names the limit.
 
         Examples
         --------

@@ -20,9 +20,10 @@ from .compile import CompiledKernel, remember_display_name
 from .._cuda.driver import check
 from .._cuda.native import native
 from .cubin import check_param_sizes
+from .launch_limits import check_geometry, device_limits
 from .signature import Param
 
-__all__ = ["DEFAULT_SHARED_LIMIT", "KernelLoading", "node_handles", "reserve_shared_memory"]
+__all__ = ["DEFAULT_SHARED_LIMIT", "KernelLoading", "check_launch_limits", "node_handles", "reserve_shared_memory"]
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without raising its limit
 
@@ -47,6 +48,8 @@ class KernelLoading:
     _native_launch: Callable[..., int] | None
     _shared_limit: int
     _functions: dict[int, int]
+    _thread_limits: dict[int, int]
+    _limits_checked: set
 
     def _load(self) -> Any:
         """Load the cubin unless another thread did; return the handle."""
@@ -81,7 +84,43 @@ class KernelLoading:
             function = self._functions[device] = int(handle) if err == 0 and handle is not None else 0
         return (self._function_address, function) if function else (self._function_address,)
 
+    def _max_threads(self, device: int) -> int | None:
+        """The most threads per block this kernel may have on ``device`` (registers, ``__launch_bounds__``).
+
+        ``None`` when it was not loaded through cuda.core (nothing to ask).
+        """
+        most = self._thread_limits.get(device)
+        if most is None and self._core is not None:
+            most = self._thread_limits[device] = self._function_attribute("max_threads_per_block", device)
+        return most
+
+    def _function_attribute(self, name: str, device: int) -> int:
+        """``CU_FUNC_ATTRIBUTE_<NAME>`` of the loaded kernel on ``device`` (cuKernelGetAttribute)."""
+        drv = _driver.driver()
+        attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
+        dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
+        kernel = drv.CUkernel(int(self._h_kernel))
+        return int(check(drv.cuKernelGetAttribute(attr, kernel, dev), "cuKernelGetAttribute"))
+
+    def _check_limits(self, device: int, grid: tuple, block: tuple) -> None:
+        """Raise ``ValueError`` naming the limit when ``grid``/``block`` exceed ``device``'s or this kernel's."""
+        key = (device, grid, block)
+        if key in self._limits_checked:
+            return
+        check_geometry(self.name, grid, block, device_limits(device)[0], self._max_threads(device))
+        if len(self._limits_checked) >= 256:
+            self._limits_checked.clear()
+        self._limits_checked.add(key)
+
     def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
+        optin = device_limits(device)[1]
+        static = self._function_attribute("shared_size_bytes", device)
+        if shared_mem + static > optin:  # the driver would say only CUDA_ERROR_INVALID_VALUE
+            raise ValueError(
+                f"kernel {self.name}: shared_mem={shared_mem} bytes of dynamic shared memory is over what "
+                f"{device_limits(device)[0].where} allows this kernel: {optin - static} bytes (the device's "
+                f"opt-in limit of {optin} bytes per block, less the kernel's {static} bytes of static shared "
+                "memory)")
         drv = _driver.driver()
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
@@ -98,6 +137,12 @@ class KernelLoading:
 def node_handles(kernel: KernelLoading, device: int) -> tuple[int, ...]:
     """The handles a graph node launching ``kernel`` (loaded) on ``device`` may name, its CUfunction last."""
     return kernel._handles_on(device)
+
+
+def check_launch_limits(kernel: KernelLoading, grid: tuple, block: tuple) -> None:
+    """Check ``grid``/``block`` against every device's limits and ``kernel``'s (loaded) own on each."""
+    for device in range(_driver.device_count()):
+        kernel._check_limits(device, tuple(grid), tuple(block))
 
 
 def reserve_shared_memory(kernel: KernelLoading, shared_mem: int) -> None:

@@ -36,10 +36,11 @@ from typing import Any, Callable
 import numpy as np
 
 from .._cuda.array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
+from .launch_limits import check_geometry
 from .signature import (Param, check_count, check_pointer_dtype, dim3, not_an_array, pack_error,
                          scalar_value)
 
-__all__ = ["ArgumentPacker", "device_operand", "geometry", "plain_ints"]
+__all__ = ["ArgumentPacker", "device_operand", "geometry", "plain_ints", "unpack_geometry"]
 
 _MAX_KINDS = 16  # specialized functions kept per kernel (tuples of argument types seen)
 _GEOMETRY = struct.Struct("<7I")  # grid x, y, z, block x, y, z, dynamic shared memory bytes
@@ -146,32 +147,48 @@ class ArgumentPacker:
             raise self.pack_error(values, exc) from None
 
 
-def geometry(grid: Any, block: Any, shared_mem: Any) -> bytes:
+def geometry(grid: Any, block: Any, shared_mem: Any, kernel: str = "") -> bytes:
     """Grid, block and dynamic shared memory checked and packed as the native launch takes them.
+
+    The dimensions are checked against the limits every CUDA GPU shares
+    (:func:`~jaxgraph._signature.check_geometry`); the device's and the
+    kernel's own are checked when a launch knows its device.
 
     Raises
     ------
     TypeError
         ``grid`` or ``block`` is not an int or 1 to 3 ints, or ``shared_mem`` is not an int.
     ValueError
-        A dimension below 1, a negative ``shared_mem``, or a value that does not fit 32 bits.
+        A dimension below 1 or over CUDA's limits (the message names the limit
+        and the value), a negative ``shared_mem``, or a value that does not fit 32 bits.
     """
+    packed = None
     if type(grid) is int and type(block) is int and type(shared_mem) is int and grid >= 1 and block >= 1 and (
             shared_mem >= 0):  # the usual case, without the general checks' conversions
         try:
-            return _GEOMETRY.pack(grid, 1, 1, block, 1, 1, shared_mem)
+            packed = _GEOMETRY.pack(grid, 1, 1, block, 1, 1, shared_mem)
         except struct.error:
             pass  # over 32 bits: the general checks say which
-    grid, block = dim3(grid, "grid"), dim3(block, "block")
-    if not isinstance(shared_mem, (int, np.integer)) or isinstance(shared_mem, bool):
-        raise TypeError(f"shared_mem must be an int number of bytes, got {shared_mem!r}")
-    if shared_mem < 0:
-        raise ValueError(f"shared_mem must be >= 0, got {shared_mem}")
-    try:
-        return _GEOMETRY.pack(*grid, *block, int(shared_mem))
-    except struct.error:
-        raise ValueError(f"grid {grid}, block {block} and shared_mem {shared_mem} must each fit in "
-                         "32 bits (CUDA's limits are far lower)") from None
+    if packed is None:
+        grid, block = dim3(grid, "grid"), dim3(block, "block")
+        if not isinstance(shared_mem, (int, np.integer)) or isinstance(shared_mem, bool):
+            raise TypeError(f"shared_mem must be an int number of bytes, got {shared_mem!r}")
+        if shared_mem < 0:
+            raise ValueError(f"shared_mem must be >= 0, got {shared_mem}")
+        try:
+            packed = _GEOMETRY.pack(*grid, *block, int(shared_mem))
+        except struct.error:
+            raise ValueError(f"grid {grid}, block {block} and shared_mem {shared_mem} must each fit in "
+                             "32 bits (CUDA's limits are far lower)") from None
+    dims = _GEOMETRY.unpack(packed)
+    check_geometry(kernel, dims[0:3], dims[3:6])
+    return packed
+
+
+def unpack_geometry(geo: bytes) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """``(grid, block, shared_mem)`` of a packed :func:`geometry`."""
+    dims = _GEOMETRY.unpack(geo)
+    return dims[0:3], dims[3:6], dims[6]
 
 
 def plain_ints(key: tuple) -> bool:

@@ -114,18 +114,24 @@ def _dtype(name: str) -> np.dtype:
 
 
 def parse_signature(text: str) -> tuple[Param, ...]:
-    """Parse a C parameter list such as ``"float* y, const float* x, float a, int n"``.
+    """Parse a C parameter list such as ``"float* y, const float* x, float a, int n"`` (``""``, ``"void"``: none).
 
     Raises
     ------
     ValueError
-        If a parameter's type is not a pointer or a known scalar type.
+        If a parameter's type is not a pointer or a known scalar type, or an
+        entry is empty (``"int* counter,, int n"``, a trailing comma).
     """
+    entries = _split_top_level(text, keep_empty=True)
+    if len(entries) == 1 and entries[0].strip() in ("", "void"):
+        return ()
     params = []
-    for index, raw in enumerate(_split_top_level(text)):
+    for index, raw in enumerate(entries):
         decl = raw.split("=")[0].strip()          # drop default values
         if not decl or decl == "void":
-            continue
+            what = "empty" if not decl else repr(raw.strip())
+            raise ValueError(f"kernel parameter {index + 1} of {len(entries)} in {text.strip()!r} is {what}: each "
+                             "entry between commas must declare one parameter, such as 'int n'")
         is_array = decl.endswith("]")
         decl = re.sub(r"\[[^\]]*\]\s*$", "", decl).strip()
         name_match = re.search(r"([A-Za-z_]\w*)\s*$", decl)
@@ -139,6 +145,9 @@ def parse_signature(text: str) -> tuple[Param, ...]:
             raise ValueError(f"kernel parameter {raw.strip()!r}: references cannot be kernel parameters")
         base = " ".join(_QUALIFIERS.sub(" ", type_text.replace("*", " ")).split())
         base_dtype = _SCALARS.get(base)
+        if not base or not re.fullmatch(r"[A-Za-z_][\w:<>, ]*", base):
+            raise ValueError(f"kernel parameter {index + 1} ({raw.strip()!r}) names no type that C++ spells "
+                             f"that way (read {base!r}); write it as, e.g., 'const float* x' or 'int n'")
         if stars > 1:
             params.append(Param(name, _normalize_ctype(type_text), True, None))
         elif stars == 1:
@@ -167,7 +176,7 @@ def find_signature(source: str, name: str) -> str:
         If no ``__global__`` definition of that name is found.
     """
     base, template_args = _split_name(name)
-    code = _strip_comments(source)
+    code = re.sub(r"__launch_bounds__\s*\([^()]*\)", " ", _strip_comments(source))  # not the parameter list
     for match in re.finditer(r"__global__", code):
         head = code[match.end():]
         call = re.match(r"[^;{()]*?\b" + re.escape(base) + r"\s*\(", head)
@@ -241,7 +250,7 @@ def scalar_value(kernel: str, p: Param, value: Any) -> Any:
     """``value`` checked for scalar parameter ``p``: a Python value that ``p.pack_format`` packs.
 
     Integers must fit the C type; floats are not accepted for integer
-    parameters, nor bools for floating ones; a numpy scalar must have exactly
+    parameters, nor bools for numeric ones (``bool`` ones take them); a numpy scalar must have exactly
     the parameter's dtype; a JAX array is refused (scalars are baked into the
     launch). ``bfloat16`` becomes its 16-bit pattern.
     """
@@ -304,6 +313,9 @@ def _scalar_slow(kernel: str, p: Param, value: Any) -> Any:
         if not isinstance(value, (int, bool)):
             raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got "
                             f"{type(value).__name__} {value!r}")
+        if isinstance(value, bool) and dtype.kind != "b":  # most often a flag given in a count's place
+            raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got bool {value!r}; pass "
+                            f"{int(value)} (an int) if you mean it, or declare the parameter bool")
         return scalar_value(kernel, p, int(value)) if dtype.kind != "b" else bool(value)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"kernel {kernel}: parameter {p.name} is {p.ctype}, got {type(value).__name__}")
@@ -337,7 +349,7 @@ def _normalize_ctype(text: str) -> str:
     return " ".join(text.replace("*", " * ").split()).replace(" *", "*")
 
 
-def _split_top_level(text: str) -> list[str]:
+def _split_top_level(text: str, keep_empty: bool = False) -> list[str]:
     parts, depth, current = [], 0, []
     for ch in text:
         if ch in "<([{":
@@ -349,7 +361,7 @@ def _split_top_level(text: str) -> list[str]:
             current = []
         else:
             current.append(ch)
-    if "".join(current).strip():
+    if keep_empty or "".join(current).strip():
         parts.append("".join(current))
     return parts
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import GRAPH_KERNELS, blocks, poison
+from graph_support import GRAPH_KERNELS, blocks, cupy_stream, poison
 
 pytestmark = pytest.mark.gpu
 
@@ -109,7 +109,7 @@ def test_cupy_array_on_the_capture_stream_needs_no_wait(axpb, cupy, rng):
     x_cp = cp.asarray(host)
     y_s = jaxgraph.empty(N)
     cp.cuda.Device().synchronize()
-    g = capture(axpb, x_cp, y_s, cupy_stream=lambda s: cp.cuda.ExternalStream(int(s)))
+    g = capture(axpb, x_cp, y_s, cupy_stream=lambda s: cupy_stream(cp, s))
     assert node_types(g) == ["kernel"]
     poison(y_s)
     g.replay()
@@ -128,7 +128,7 @@ def test_cupy_work_forked_into_the_capture_joins_the_launch(axpb, cupy, rng):
     g = jaxgraph.CUDAGraph(keep_graph=True)
     with jaxgraph.graph(g):
         fork.wait_stream(jaxgraph.current_stream())  # fork joins the capture
-        with cp.cuda.ExternalStream(int(fork)):
+        with cupy_stream(cp, fork):
             cp.multiply(src, 2.0, out=x_cp)          # captured on the fork
             axpb[blocks(N), 256](y_s, x_cp, 3.0, 1.0, N)  # on the capture stream, after the fork's work
     g.instantiate()

@@ -24,6 +24,7 @@ with no GPU.
 import hashlib
 import json
 import os
+import re
 import sys
 import traceback
 import types
@@ -143,13 +144,30 @@ def cpu_scenarios(rank, world, seed):
     def ids_differ():
         return {"error": error(lambda: spec(8 if rank == 0 else 7).check_devices(gpu_mesh))}
 
+    def traced_differently():
+        # Process 0 does more before the common step: a check on another mesh that process 1 never
+        # joins (it times out), and a trace of other replays. Neither may shift what both then agree
+        # on (the check's keys) or the program both lower (the replays' call attributes).
+        other = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(
+            platform="gpu", local_hardware_id=0, process_index=p, id=100 + p) for p in range(world)]),
+            axis_names=("x",))
+        extra = None
+        if rank == 0:
+            extra = error(lambda: spec(7).check_devices(other, timeout_s=2))
+            lowered(spec(9))
+            jax.jit(lambda v: spec(7)(spec(7)(v))).trace(f32((N,), jnp.float32)).lower(lowering_platforms=("cuda",))
+        text = lowered(spec(7))
+        return {"extra": extra, "ordinals": list(spec(7).check_devices(gpu_mesh, timeout_s=60)),
+                "digest": digest(text), "calls": [re.search(r"call = \d+ : i64, graph = \d+", line).group(0)
+                                                  for line in replays(text)]}
+
     def silent_process():  # last: process 1 never arrives at the check
         if rank == 1:
             return {"error": None}
         return {"error": error(lambda: spec(7).check_devices(gpu_mesh, timeout_s=2))}
 
     for fn in (gloo_psum, lowering, lowering_with_ids_of_creation_order, check_agrees, missing_graph,
-               closed_graph, shapes_differ, ids_differ, silent_process):
+               closed_graph, shapes_differ, ids_differ, traced_differently, silent_process):
         out[fn.__name__] = run(fn)
     return out
 

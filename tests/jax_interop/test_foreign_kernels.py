@@ -19,6 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
+from graph_support import cupy_stream  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +64,7 @@ def cupy_setup(cupy):
     """Static x and y, their CuPy views, and a jaxgraph stream CuPy launches on."""
     x_s, y_s = jaxgraph.empty((ROWS, COLS)), jaxgraph.empty((ROWS, COLS))
     s = jaxgraph.Stream()
-    return x_s, y_s, cupy.asarray(x_s), cupy.asarray(y_s), s, cupy.cuda.ExternalStream(int(s))
+    return x_s, y_s, cupy.asarray(x_s), cupy.asarray(y_s), s, cupy_stream(cupy, s)
 
 
 def test_cupy_raw_kernel(rng):

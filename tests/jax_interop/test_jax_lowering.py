@@ -151,6 +151,19 @@ X = np.zeros(8, np.float32)        # an operand (a constant once traced)
     ((f32(8), X, 1.0, 8), {"block": (16, 16)}, ValueError, "grid= is required"),
     ((f32(8), X, 1.0, 8), {"shared_mem": -1}, ValueError, "shared_mem must be >= 0"),
     ((f32(8), X, 1.0, 8), {"grid": 0}, ValueError, "grid dimensions must be >= 1"),
+    ((f32(8), X, 1.0, 8), {"grid": (2, 0)}, ValueError, r"grid dimensions must be >= 1, got \(2, 0\)"),
+    # saxpy(float* y, const float* x, ...): x is only read, so it cannot be a new output.
+    ((X, f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads, so it "
+                                         r"cannot be a new output \(a jax.ShapeDtypeStruct\)"),
+    ((f32(8), f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads"),
+    # Launch geometry over CUDA's limits, named at trace time (no device needed).
+    ((f32(8), X, 1.0, 8), {"block": 2048}, ValueError, r"block \(2048, 1, 1\) has 2048 along x, over the limit "
+                                                         r"of 1024 \(CUDA's limit for every GPU"),
+    ((f32(8), X, 1.0, 8), {"block": (64, 32), "grid": 1}, ValueError,
+     r"block \(64, 32, 1\) has 2048 threads, over the limit of 1024 threads per block"),
+    ((f32(8), X, 1.0, 8), {"block": (1, 1, 65), "grid": 1}, ValueError, "has 65 along z, over the limit of 64"),
+    ((f32(8), X, 1.0, 8), {"grid": (1, 65536)}, ValueError, r"grid \(1, 65536, 1\) has 65536 along y, over the "
+                                                           "limit of 65535"),
 ])
 def test_kernel_call_errors_are_raised_at_trace_time(saxpy, args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
@@ -187,6 +200,23 @@ def test_replay_lowers_to_one_call_between_xla_ops():
     # In order: the multiply feeds the call, the subtract consumes it.
     body = text[text.index("func.func public @main"):]
     assert body.index("stablehlo.multiply") < body.index("@jaxgraph_replay") < body.index("stablehlo.subtract")
+
+
+def test_the_call_attribute_depends_on_the_function_not_on_what_was_traced_before():
+    step, other = make_step([f32(64)], [f32(64)], graph_id=7), make_step([f32(64)], [f32(64)], graph_id=8)
+
+    def f(x):
+        return step(step(x) + 1.0) * step(x)  # three replays, two of them on the same operand
+
+    first = lower(lambda x: f(x), f32(64))  # a new function each time: traced anew, not found in jit's cache
+    calls = [re.search(r"call = (\d+) : i64", line).group(1) for line in custom_calls(first, "jaxgraph_replay")]
+    assert sorted(calls) == ["1", "2", "3"]  # distinct within the function: XLA merges none of them
+    lower(lambda x: other(step(other(x))), f32(64))  # other replays traced in between (as another process might not)
+    jax.eval_shape(step, f32(64))
+    assert lower(lambda x: f(x), f32(64)) == first  # the same program, as every process of a multi-process run must lower
+    inner = jax.jit(lambda x: step(x))
+    nested = lower(lambda x: inner(x) + step(x), f32(64))
+    assert len(custom_calls(nested, "jaxgraph_replay")) == 2
 
 
 def test_replay_with_several_inputs_and_outputs_returns_a_tuple():

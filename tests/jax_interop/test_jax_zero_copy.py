@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from internals import counters  # noqa: E402
 from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
-from graph_support import alternate_calls, launched, path_calls, ref_uniform  # noqa: E402
+from graph_support import alternate_calls, cupy_stream, launched, path_calls, ref_uniform  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -150,7 +150,7 @@ def test_a_kernel_jaxgraph_did_not_launch_makes_what_it_touches_copied_unless_tr
     jaxgraph.synchronize()
     g = jaxgraph.CUDAGraph()
     with jaxgraph.graph(g):
-        with cupy.cuda.ExternalStream(int(jaxgraph.current_stream())):
+        with cupy_stream(cupy, jaxgraph.current_stream()):
             double((B,), (256,), (cupy.asarray(y_s), cupy.asarray(x_s), np.int32(N)))
     step = jaxgraph.replayable(g, [x_s], [y_s])
     rows = step.bindings[g.device]

@@ -90,8 +90,26 @@ def test_a_global_mesh_stands_for_this_process_s_devices():
     assert device_ordinals(mesh) == (0, 1)  # process 1's device 0 is not ours to capture on
     assert _processes.local_devices(mesh) == ([mesh.devices[0], mesh.devices[2]], True)
     assert _processes.local_devices([0, 1]) == ([0, 1], False)  # ordinals are this process's
+    with pytest.raises(ValueError, match="none of the devices given is this process's: .* belongs to process 1, "
+                                         "this is process 0"):
+        device_ordinals([fake_gpu(0, 1)])  # naming only another process's devices stays an error
     with pytest.raises(ValueError, match="belongs to process 1, this is process 0"):
-        device_ordinals([fake_gpu(0, 1)])  # naming another process's device outright stays an error
+        device_ordinals(fake_gpu(0, 1))
+
+
+def test_one_rule_for_device_lists_that_include_other_processes_devices():
+    # A list (jax.devices() under jax.distributed) is read as a mesh is: this process's devices of it.
+    mine, theirs = fake_gpu(1, 0), fake_gpu(0, 1)
+    for given in ([mine, theirs], (theirs, mine), fake_mesh(theirs, mine)):
+        assert device_ordinals(given) == (1,)
+        assert _processes.local_devices(given) == ([mine], True)
+    assert device_ordinals([mine]) == (1,) and _processes.local_devices([mine]) == ([mine], False)
+    with pytest.raises(ValueError, match=r"device\(s\) 1 given more than once"):
+        device_ordinals([mine, theirs, fake_gpu(1, 0)])
+    with pytest.raises(TypeError, match="devices must be a Mesh, a device or a sequence of devices, got float"):
+        device_ordinals(1.5)
+    with pytest.raises(TypeError, match="devices must be a Mesh, a device or a sequence of devices, got float"):
+        _processes.local_devices(1.5)
 
 
 def test_checking_a_global_mesh_needs_jax_distributed():
@@ -100,7 +118,7 @@ def test_checking_a_global_mesh_needs_jax_distributed():
     with pytest.raises(RuntimeError, match="span several processes but jax.distributed is not initialized"):
         sg.check_devices(fake_mesh(fake_gpu(0, 0), fake_gpu(0, 1)))
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
-        _processes.agree("t", {}, timeout_s=0)
+        _processes.agree("t", {}, subject="mesh", timeout_s=0)
 
 
 def test_disagreements_name_each_process():
@@ -170,6 +188,18 @@ def test_what_breaks_on_one_process_is_the_same_error_on_every_process(cpu_resul
     assert errors[0].startswith("ValueError: the processes disagree about this ShardedGraph, so none may run")
     assert match in errors[0], errors[0]
     assert "in the same order" in errors[0]
+
+
+def test_processes_that_traced_differently_still_agree_and_lower_one_program(cpu_results):
+    # Process 0 first checked another mesh (timed out: process 1 never joined) and traced other
+    # replays; the check both then make meets on the same keys, and the HLO is byte-identical.
+    out, text = cpu_results
+    seen = [scenario(r, "traced_differently", text) for r in out]
+    assert seen[0]["extra"].startswith("RuntimeError: check_devices: process 1 did not reach this check within 2 s")
+    assert all(s["extra"] is None for s in seen[1:])
+    assert all(s["ordinals"] == [0] for s in seen), seen
+    assert len({s["digest"] for s in seen}) == 1, seen
+    assert seen[0]["calls"] == ["call = 1 : i64, graph = 7"], seen
 
 
 def test_a_process_that_never_arrives_is_named_after_the_timeout(cpu_results):

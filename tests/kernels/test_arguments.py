@@ -36,6 +36,8 @@ CASES = [
     ((Y, X, np.float64(1.0), 8), r"parameter a is float \(float32\), got a numpy float64 scalar"),
     ((Y, X, 1.0, np.int64(8)), r"parameter n is int \(int32\), got a numpy int64 scalar"),
     ((Y, X, True, 8), "parameter a is float, got bool"),
+    ((Y, X, 1.0, True), r"parameter n is int, got bool True; pass 1 \(an int\) if you mean it"),
+    ((Y, X, 1.0, np.bool_(False)), r"parameter n is int \(int32\), got a numpy bool scalar"),
     ((Y, X, "2", 8), "parameter a is float, got str"),
     ((Y, X, 1e40, 8), r"parameter a is float, got float 1e\+40 \(.*too large"),
     ((Y, X, jnp.float32(1.0), 8), "parameter a .* is a scalar, which is baked into the launch; got a JAX array"),

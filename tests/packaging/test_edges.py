@@ -43,6 +43,81 @@ def test_missing_header_says_where_cuda_headers_come_from(tmp_path):
         jaxgraph.Kernel(src, "add_one", arch="sm_90", cache_dir=tmp_path)
 
 
+def test_missing_cccl_header_says_cccl_not_the_runtime_wheel(tmp_path):
+    src = '#include <cuda/std/cstdint>\n' + ADD_ONE
+    with pytest.raises(jaxgraph.CompileError) as info:
+        jaxgraph.Kernel(src, "add_one", arch="sm_90", cache_dir=tmp_path, options={"include_path": [str(tmp_path)]})
+    message = str(info.value)
+    assert 'cannot open source file "cuda/std/cstdint"' in message
+    assert "are CCCL's headers, which the nvidia-cuda-runtime wheel lacks" in message
+    assert 'pip install "nvidia-cuda-cccl>=13,<14"' in message
+    assert "CUDA headers such as <cuda_fp16.h>" not in message  # not the runtime wheel's hint
+
+
+def test_an_unwritable_cache_dir_warns_once_saying_where(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    where = blocker / "kernels"  # under a file: mkdir fails whoever runs the test (root too)
+    with pytest.warns(RuntimeWarning, match=r"jaxgraph cannot write its kernel cache at .*a_file/kernels") as seen:
+        first = jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=where)
+    assert len([w for w in seen if "kernel cache" in str(w.message)]) == 1
+    assert first.cache_path is None and not first.cache_hit
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second kernel, same directory: compiled again, no second warning
+        again = jaxgraph.Kernel(ADD_ONE.replace("1.0f", "2.0f"), "add_one", arch="sm_90", cache_dir=where)
+    assert again.cache_path is None and again.cubin != first.cubin
+
+
+def test_a_replayable_s_repr_says_when_no_path_is_known_yet():
+    from internals import spec_replayable
+
+    step = spec_replayable((jax.ShapeDtypeStruct((4,), jnp.float32),), (jax.ShapeDtypeStruct((4,), jnp.float32),), 7)
+    text = repr(step)
+    assert not text.endswith("paths=>"), text
+    assert text.endswith("via=ffi graph=7 alive paths=none (no graph registered)>"), text
+
+
+def test_a_replay_on_jax_s_cpu_suggests_via_callback_only_where_a_gpu_exists():
+    from internals import spec_replayable
+
+    step = spec_replayable((jax.ShapeDtypeStruct((4,), jnp.float32),), (jax.ShapeDtypeStruct((4,), jnp.float32),), 7)
+    x = jax.device_put(np.zeros(4, np.float32), jax.devices("cpu")[0])
+    with pytest.raises(Exception, match="jaxgraph_replay .*runs on JAX's CUDA backend") as info:
+        jax.block_until_ready(jax.jit(step)(x))
+    message = str(info.value)
+    if jaxgraph.device_count() > 0:  # a GPU with JAX on the CPU: the host-callback path works here
+        assert 'build the replayable with via="callback", which replays from the host' in message
+    else:
+        assert "this machine has no CUDA device either" in message
+        assert 'however it is called (via="callback" too)' in message
+        assert "build the replayable with via" not in message
+        assert 'lower(lowering_platforms=("cuda",))' in message
+
+
+def test_a_conditional_graph_s_instantiation_failure_says_what_cuda_said():
+    from internals import native_replay
+
+    failure = native_replay().conditional_instantiate_failure
+    not_supported, invalid_value, out_of_memory = 801, 1, 2  # cudaError_t
+    assert failure(not_supported, True) == ""  # CUDA's one-executable rule: the CUDAGraph's executable is shared
+    assert "CUDA allows one executable of such a graph" in failure(not_supported, False)
+    assert "cudaErrorNotSupported" in failure(not_supported, False)
+    for err, name in [(invalid_value, "cudaErrorInvalidValue"), (out_of_memory, "cudaErrorMemoryAllocation")]:
+        for borrowed in (True, False):
+            text = failure(err, borrowed)
+            assert f"cudaGraphInstantiate failed with {name}" in text
+            assert "one executable" not in text  # not reported as the one-executable rule
+
+
+def test_a_stream_speaks_the_cuda_stream_protocol():
+    """What CuPy's Stream.from_external (and cuda.core) read: version 0 and the stream's address."""
+    stream = jaxgraph.Stream.__new__(jaxgraph.Stream)
+    stream._setup(0x1234, 0, None, False)
+    assert stream.__cuda_stream__() == (0, 0x1234) == (0, int(stream))
+
+
 @pytest.mark.parametrize("value", ["no", 1, None])
 def test_keep_graph_must_be_a_bool(value):
     with pytest.raises(TypeError, match="keep_graph must be a bool"):
