@@ -11,8 +11,8 @@ checked against numpy/scipy before it is timed:
   (``examples/gray_scott.py``): ``jnp`` (the model in ``jax.numpy``, a
   jitted ``lax.fori_loop``), ``xla_fused`` (the example's fused kernel as
   ``Kernel.jax_call``s in that fori_loop), ``loop_fused_jit`` and
-  ``loop_blocked_jit`` (the device loop, one substep or all ten per launch,
-  inside ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
+  ``loop_blocked_jit`` (the device loop, one substep per launch or
+  ``gray_scott.default_blocking``'s temporally blocked launches, inside ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
   Python, timed by CUDA events);
 - ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4
   (``examples/poisson_solver.py``): ``jnp_jacobi`` (a jitted
@@ -177,7 +177,8 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
         return run
 
     fused = lambda: gs.CudaGrayScott(nx, substeps, 1, steps)  # noqa: E731
-    blocked = lambda: gs.CudaGrayScott(nx, substeps, min(substeps, 10), steps)  # noqa: E731
+    per_launch, tile = gs.default_blocking(nx, substeps)
+    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile)  # noqa: E731
 
     def loop_jit(key: str, make: Callable) -> harness.Mode:
         _, loop = make().device_loop()

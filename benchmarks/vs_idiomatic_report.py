@@ -17,10 +17,11 @@ IDIOMATIC = {"gray_scott": "jnp", "poisson_jacobi": "jnp_jacobi", "poisson_cg": 
 MODES = {
     "gray_scott": {
         "jnp": "idiomatic JAX: `jnp.roll` stencil, substeps unrolled in a jitted `lax.fori_loop` over steps",
-        "xla_fused": "XLA: the fused kernel (one a substep) and `record` as `Kernel.jax_call`s in that fori_loop",
-        "loop_fused_jit": "jaxgraph device loop in `jax.jit`: fused kernel, one a substep (11 kernels a step)",
-        "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: blocked kernel, 10 substeps a launch (2 kernels "
-                            "a step)",
+        "xla_fused": "XLA: the fused kernel (one a substep) as `Kernel.jax_call`s in that fori_loop",
+        "loop_fused_jit": "jaxgraph device loop in `jax.jit`: fused kernel, one a substep (10 kernels a step, the "
+                          "last records the total)",
+        "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: temporally blocked kernel, 10 substeps a launch in "
+                            "16 x 16 tiles up to grid 512 (1 kernel a step), 5 in 32 x 32 tiles above",
         "loop_blocked_eager": "the blocked device loop replayed from Python (`loop.replay()`, CUDA events)",
     },
     "poisson_jacobi": {
@@ -34,7 +35,7 @@ MODES = {
     },
     "poisson_cg": {
         "jax_scipy_cg": "idiomatic JAX: `jax.scipy.sparse.linalg.cg` on the `jnp` operator in `jax.jit`",
-        "cg_exact_s1": "jaxgraph CG (3 kernels an iteration) `until=` device loop in jit, one iteration a step",
+        "cg_exact_s1": "jaxgraph CG (2 kernels an iteration) `until=` device loop in jit, one iteration a step",
         "cg_exact": "jaxgraph CG device loop in jit, S iterations a step, each skipped once converged (exact stop)",
         "cg_exact_eager": "cg_exact replayed from Python (`loop.replay()`, CUDA events)",
         "cg_every": "as cg_exact with `check_every=K` (same result and iteration count)",

@@ -23,15 +23,18 @@ Jacobi sweeps until the update of a sweep is small: ||u_new - u|| <= rtol *
   Conjugate gradients
   4. idiomatic JAX: jax.scipy.sparse.linalg.cg on the same matrix-free
      operator in jax.numpy, same tolerance, in jax.jit;
-  5. jaxgraph: CG as three kernels an iteration (operator and p.Ap, the
-     updates of x and r and r.r, the new direction and the residual test
+  5. jaxgraph: CG as two kernels an iteration (the new direction p and
+     A p with p.Ap; then the updates of x and r, r.r and the residual test
      that sets the flag), in the same device loop, exact and every-K stop.
 
 The kernels are written as a CUDA programmer would: `jacobi` is one kernel a
 sweep (each block sums its squared updates; the last block to finish adds
-the blocks' sums in a fixed order, counts the sweep and sets the flag); the
-dot products are per-block sums that the next kernel's blocks each add up in
-the same fixed order (no atomics on floats: every run takes the same path).
+the blocks' sums in a fixed order, counts the sweep and sets the flag). CG's
+first kernel computes the new direction of each point's neighbours itself
+(p = r + beta p is elementwise), so it needs no kernel of its own; the dot
+products are per-block sums that the next kernel's blocks (or its last
+block) add up in a fixed order (no atomics on floats: every run takes the
+same path).
 A step of the loop is `--sweeps-per-step` sweeps (iterations); each kernel
 first reads the flag and does nothing once it is set (a Jacobi sweep then
 carries u over), so the result and the sweep count on the device are those
@@ -64,16 +67,19 @@ COMMAND_BUFFERS = {"on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --x
 SOURCE = r"""
 // The sum of x over a block of 256 threads in a fixed order, returned to every thread.
 __device__ float block_total(float x) {
-  __shared__ float part[256];
-  part[threadIdx.x] = x;
+  __shared__ float warp_sums[8];
+  __shared__ float result;
+  int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  for (int o = 16; o > 0; o /= 2) x += __shfl_down_sync(0xffffffffu, x, o);  // lane 0: its warp's sum
+  if (lane == 0) warp_sums[warp] = x;
   __syncthreads();
-  for (int s = 128; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
+  if (warp == 0) {
+    x = lane < 8 ? warp_sums[lane] : 0.0f;
+    for (int o = 4; o > 0; o /= 2) x += __shfl_down_sync(0xffffffffu, x, o);
+    if (lane == 0) result = x;
   }
-  float total = part[0];
   __syncthreads();
-  return total;
+  return result;  // the next call writes `result` only after a barrier every thread passes after reading it
 }
 
 // The sum of the blocks' partial sums, in a fixed order (every block that calls it gets the same).
@@ -124,30 +130,40 @@ extern "C" __global__ void jacobi(float* u_new, float* partial, unsigned int* ar
   }
 }
 
-// CG, kernel 1 of 3: ap = A p, partial[block] = its share of p.Ap. rr = {r.r, r.r of the
-// last iteration}: this iteration's r.r moves into rr[0] (no other block reads rr here).
-extern "C" __global__ void cg_apply(float* ap, float* partial, float* rr, const float* p, const int* flag, int n) {
+// Conjugate gradients, two kernels an iteration. rr = {r.r of the last iteration, r.r now};
+// beta = rr[1] / rr[0] (0 at the start: p_in = 0 there). Kernel 1: p = r + beta p_in into p_out
+// and ap = A p, computing the neighbours' new p on the fly (it is elementwise), so no kernel
+// has to finish p first; partial[block] = its share of p.Ap.
+extern "C" __global__ void cg_direction(float* p_out, float* ap, float* partial, const float* r, const float* p_in,
+                                        const float* rr, const int* flag, int n) {
   if (*flag) return;
+  float beta = rr[1] / rr[0];
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   float d = 0.0f;
   if (i < n * n) {
-    float a = 4.0f * p[i] - neighbours(p, i, n);
+    int x = i % n, y = i / n;
+    float pi = r[i] + beta * p_in[i];
+    float nb = ((x > 0 ? r[i - 1] + beta * p_in[i - 1] : 0.0f) + (x < n - 1 ? r[i + 1] + beta * p_in[i + 1] : 0.0f))
+             + ((y > 0 ? r[i - n] + beta * p_in[i - n] : 0.0f) + (y < n - 1 ? r[i + n] + beta * p_in[i + n] : 0.0f));
+    float a = 4.0f * pi - nb;
+    p_out[i] = pi;
     ap[i] = a;
-    d = p[i] * a;
+    d = pi * a;
   }
   float mine = block_total(d);
-  if (threadIdx.x == 0) {
-    partial[blockIdx.x] = mine;
-    if (blockIdx.x == 0) rr[0] = rr[1];
-  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = mine;
 }
 
-// CG, kernel 2 of 3: alpha = r.r / p.Ap (each block adds the partial sums itself), x += alpha p,
-// r -= alpha Ap, partial2[block] = its share of the new r.r.
-extern "C" __global__ void cg_update(float* x, float* r, float* partial2, const float* p, const float* ap,
-                                     const float* partial, const float* rr, const int* flag, int nn) {
+// Kernel 2: alpha = rr[1] / p.Ap (each block adds the partial sums itself, in the same order),
+// x += alpha p, r -= alpha Ap; each block stores its share of the new r.r, and the last block to
+// finish adds them in order, moves rr along, counts the iteration and sets *flag once
+// ||r||^2 <= tol2.
+extern "C" __global__ void cg_update(float* x, float* r, float* partial2, float* rr, unsigned int* arrived,
+                                     int* flag, int* count, const float* p, const float* ap, const float* partial,
+                                     int nn, float tol2) {
+  __shared__ bool last;
   if (*flag) return;
-  float alpha = rr[0] / sum_parts(partial, gridDim.x);
+  float alpha = rr[1] / sum_parts(partial, gridDim.x);
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   float d = 0.0f;
   if (i < nn) {
@@ -157,22 +173,20 @@ extern "C" __global__ void cg_update(float* x, float* r, float* partial2, const 
     d = ri * ri;
   }
   float mine = block_total(d);
-  if (threadIdx.x == 0) partial2[blockIdx.x] = mine;
-}
-
-// CG, kernel 3 of 3: the new r.r, p = r + (new r.r / r.r) p; block 0 stores the new r.r in rr[1],
-// counts the iteration and sets *flag once ||r||^2 <= tol2.
-extern "C" __global__ void cg_direction(float* p, float* rr, int* flag, int* count, const float* r,
-                                        const float* partial2, int nn, float tol2) {
-  if (*flag) return;
+  if (threadIdx.x == 0) {
+    partial2[blockIdx.x] = mine;
+    __threadfence();
+    last = atomicAdd(arrived, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
   float rr_new = sum_parts(partial2, gridDim.x);
-  float beta = rr_new / rr[0];
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < nn) p[i] = r[i] + beta * p[i];
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
+    rr[0] = rr[1];
     rr[1] = rr_new;
     *count += 1;
     if (rr_new <= tol2) *flag = 1;
+    *arrived = 0;
   }
 }
 """
@@ -248,9 +262,9 @@ class Kernels:
         if per_step < 1:
             raise ValueError(f"per_step must be >= 1, got {per_step}")
         self.prob, self.per_step = prob, per_step
-        self.jacobi, self.cg_apply, self.cg_update, self.cg_direction = (
-            jaxgraph.Kernel(SOURCE, k) for k in ("jacobi", "cg_apply", "cg_update", "cg_direction"))
-        self.arrived = jaxgraph.zeros(1, np.uint32)  # the jacobi kernel's last block leaves it at 0
+        self.jacobi, self.cg_direction, self.cg_update = (
+            jaxgraph.Kernel(SOURCE, k) for k in ("jacobi", "cg_direction", "cg_update"))
+        self.arrived = jaxgraph.zeros(1, np.uint32)  # each kernel's last block leaves it at 0
 
     def jacobi_step(self, u, f, count):
         """``per_step`` sweeps, u -> u_out; count (in place) counts the sweeps that ran; the flag is set once
@@ -268,15 +282,23 @@ class Kernels:
         return u_out, count, flag
 
     def cg_step(self, x, r, p_dir, rr, count):
-        """``per_step`` CG iterations on (x, r, p, rr = [r.r, r.r], count), all in place; returns them and the flag."""
-        p = self.prob
-        ap, part1, part2 = jaxgraph.empty((p.n, p.n)), jaxgraph.empty(p.blocks), jaxgraph.empty(p.blocks)
+        """``per_step`` CG iterations on (x, r, p, rr = [last r.r, r.r], count); returns them and the flag.
+
+        x, r, rr and count are updated in place; p ping-pongs with a scratch
+        array, ending in p_dir itself after an even number of iterations and
+        in a new array after an odd one (the loop feeds it back).
+        """
+        p, shape = self.prob, (self.prob.n, self.prob.n)
+        ap, part1, part2 = jaxgraph.empty(shape), jaxgraph.empty(p.blocks), jaxgraph.empty(p.blocks)
         flag = jaxgraph.empty(1, np.int32)
-        for _ in range(self.per_step):
-            self.cg_apply[p.blocks, THREADS](ap, part1, rr, p_dir, flag, p.n)
-            self.cg_update[p.blocks, THREADS](x, r, part2, p_dir, ap, part1, rr, flag, p.n * p.n)
-            self.cg_direction[p.blocks, THREADS](p_dir, rr, flag, count, r, part2, p.n * p.n, p.cg_tol2)
-        return x, r, p_dir, rr, count, flag
+        bufs = (p_dir, jaxgraph.empty(shape))
+        p_out = p_dir if self.per_step % 2 == 0 else jaxgraph.empty(shape)
+        for s in range(self.per_step):
+            src, dst = bufs[s % 2], (p_out if s == self.per_step - 1 else bufs[(s + 1) % 2])
+            self.cg_direction[p.blocks, THREADS](dst, ap, part1, r, src, rr, flag, p.n)
+            self.cg_update[p.blocks, THREADS](x, r, part2, rr, self.arrived, flag, count, dst, ap, part1,
+                                              p.n * p.n, p.cg_tol2)
+        return x, r, p_out, rr, count, flag
 
     def jacobi_loop(self, max_sweeps, check_every=1):
         """(graphed sweep, graphed_loop until its flag): at most ``max_sweeps`` sweeps."""
@@ -293,7 +315,7 @@ class Kernels:
         graphed = jaxgraph.make_graphed_callables(
             self.cg_step, (z, z, z, np.zeros(2, np.float32), np.zeros(1, np.int32)))
         steps = -(-max_iter // self.per_step)
-        return graphed, _until_loop(graphed, steps, None, check_every)
+        return graphed, _until_loop(graphed, steps, {2: 2} if self.per_step % 2 else None, check_every)
 
     def xla_jacobi(self, max_sweeps):
         """XLA launching the jacobi kernel (``Kernel.jax_call``) in a jitted lax.while_loop; f -> (u, sweeps)."""
@@ -352,8 +374,8 @@ def cg_in_jit(loop):
     import jax.numpy as jnp
 
     def solve(b):
-        rr = jnp.sum(b * b)
-        (x, _, _, _, count, _), _ = loop(jnp.zeros_like(b), b, b, jnp.stack([rr, rr]), jnp.zeros(1, jnp.int32))
+        rr = jnp.stack([jnp.float32(1), jnp.sum(b * b)])  # beta = 0 at the start (p = 0 there)
+        (x, _, _, _, count, _), _ = loop(jnp.zeros_like(b), b, jnp.zeros_like(b), rr, jnp.zeros(1, jnp.int32))
         return x, count[0]
 
     return jax.jit(solve)
@@ -378,12 +400,12 @@ def cg_eager(graphed, loop, prob):
     """The CG device loop replayed from Python: () -> (x, iterations) as device arrays."""
     x, r, p_dir, rr, count = graphed.static_inputs
     b = jaxgraph.asarray(prob.b)
-    rr0 = jaxgraph.asarray(np.full(2, np.dot(prob.b.ravel(), prob.b.ravel()), np.float32))
+    rr0 = jaxgraph.asarray(np.array([1, np.dot(prob.b.ravel(), prob.b.ravel())], np.float32))
 
     def run():
         x.fill_(0)
         r.copy_(b)
-        p_dir.copy_(b)
+        p_dir.fill_(0)
         rr.copy_(rr0)
         count.fill_(0)
         loop.replay()
@@ -530,16 +552,16 @@ def main(argv=None):
     tables = {}
     if not args.no_jacobi:
         print("[Jacobi] idiomatic JAX, XLA on the jacobi kernel, jaxgraph device loops", flush=True)
-        runs = {"idiomatic JAX: jnp sweep in a jitted lax.while_loop":
-                timed(lambda: jnp_jacobi(prob, args.max_sweeps)(f)),
-                "XLA: the jacobi kernel as a jax_call in the while_loop":
-                timed(lambda: kernels.xla_jacobi(args.max_sweeps)(f))}
+        idiomatic, xla = jnp_jacobi(prob, args.max_sweeps), kernels.xla_jacobi(args.max_sweeps)
+        runs = {"idiomatic JAX: jnp sweep in a jitted lax.while_loop": timed(lambda: idiomatic(f)),
+                "XLA: the jacobi kernel as a jax_call in the while_loop": timed(lambda: xla(f))}
         for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
             if k is None:
                 continue
             graphed, loop = kernels.jacobi_loop(args.max_sweeps, k)
             runs[f"jaxgraph: device loop, {how}, eager"] = timed(jacobi_eager(graphed, loop, prob))
-            runs[f"jaxgraph: device loop, {how}, in jax.jit"] = timed(lambda: jacobi_in_jit(loop)(f))
+            solve = jacobi_in_jit(loop)
+            runs[f"jaxgraph: device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
         worst = max(check.jacobi(name, u, n, args.max_sweeps) for name, ((u, n), _) in runs.items())
         counts = {name: n for name, ((_, n), _) in runs.items()}
         ours = {n for name, n in counts.items() if not name.startswith("idiomatic")}
@@ -549,14 +571,15 @@ def main(argv=None):
               f"of its largest value; sweeps: {counts}", flush=True)
         tables["Jacobi"] = runs
     print("[CG] jax.scipy.sparse.linalg.cg, jaxgraph device loops", flush=True)
-    runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit":
-            timed(lambda: (jax_scipy_cg(prob, args.max_iter)(b), jnp.zeros(1, jnp.int32)))}
+    idiomatic_cg, none = jax_scipy_cg(prob, args.max_iter), jnp.zeros(1, jnp.int32)  # cg does not say its count
+    runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit": timed(lambda: (idiomatic_cg(b), none))}
     for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
         if k is None:
             continue
         graphed, loop = kernels.cg_loop(args.max_iter, k)
         runs[f"jaxgraph: CG device loop, {how}, eager"] = timed(cg_eager(graphed, loop, prob))
-        runs[f"jaxgraph: CG device loop, {how}, in jax.jit"] = timed(lambda: cg_in_jit(loop)(b))
+        solve = cg_in_jit(loop)
+        runs[f"jaxgraph: CG device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
     worst = max(check.cg(name, x) for name, ((x, _), _) in runs.items())
     counts = {name: n for name, ((_, n), _) in runs.items() if not name.startswith("idiomatic")}
     if len(set(counts.values())) != 1 or next(iter(counts.values())) >= args.max_iter:
