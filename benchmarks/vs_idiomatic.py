@@ -14,13 +14,15 @@ checked against numpy/scipy before it is timed:
   ``loop_blocked_jit`` (the device loop, one substep per launch or
   ``gray_scott.default_blocking``'s temporally blocked launches, inside ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
   Python, timed by CUDA events);
-- ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4
+- ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4 (Jacobi
+  above 64 x 64 only in ``--jacobi-big-settings``: ~76,000 sweeps at 256)
   (``examples/poisson_solver.py``): ``jnp_jacobi`` (a jitted
   ``lax.while_loop``), ``xla_jacobi`` (the kernel as a ``jax_call`` in it),
   ``jax_scipy_cg`` (``jax.scipy.sparse.linalg.cg`` on the matrix-free
   operator), and the device loops in jit: ``*_exact`` (``until=``, exact
   stop), ``*_every`` (``check_every=K``, where this jaxgraph has it),
-  ``*_exact_s1`` (one sweep a step: the loop's own stop after every sweep).
+  ``jacobi_exact_s1`` (one sweep a step: the loop's own stop after every
+  sweep). The CG loops run pipelined CG, one kernel an iteration.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
 ``benchmarks/config.py``), started by ``run.run_worker``; in each, a case's
@@ -68,12 +70,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     p.add_argument("--grids", default=None, help="gray_scott grids (default 64,256,1024; quick 64)")
     p.add_argument("--poisson-grids", default=None, help="poisson grids (default 64,256; quick 32)")
-    p.add_argument("--jacobi-max-grid", type=int, default=256,
-                   help="Jacobi only up to this grid (its sweeps grow as n^2; default 256)")
+    p.add_argument("--jacobi-big-settings", default="on,while",
+                   help="settings that also time Jacobi above 64 x 64 (its sweeps grow as n^2: ~76,000 at 256, "
+                        "seconds a solve); default on,while")
     p.add_argument("--steps", type=int, default=100, help="gray_scott steps (default 100)")
     p.add_argument("--substeps", type=int, default=10, help="gray_scott substeps per step (default 10)")
     p.add_argument("--per-step", type=int, default=8, help="poisson sweeps (iterations) per loop step (default 8)")
-    p.add_argument("--check-every", type=int, default=8, help="K of the every-K stop (default 8)")
+    p.add_argument("--check-every", type=int, default=8, help="K of Jacobi's every-K stop (default 8)")
+    p.add_argument("--cg-check-every", type=int, default=4,
+                   help="K of CG's every-K stop (default 4: up to K-1 steps of no-op kernels may follow)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
@@ -84,9 +89,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.settings = _names(p, args.settings, SETTINGS, "setting")
     args.cases = _names(p, args.cases, CASES, "case")
+    args.jacobi_big_settings = _names(p, args.jacobi_big_settings, SETTINGS, "setting") if \
+        args.jacobi_big_settings.strip() else ()
     args.grids = _ints(p, args.grids or ("64" if args.quick else "64,256,1024"), "--grids")
     args.poisson_grids = _ints(p, args.poisson_grids or ("32" if args.quick else "64,256"), "--poisson-grids")
-    for name in ("steps", "substeps", "per_step", "check_every"):
+    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.quick:
@@ -131,10 +138,10 @@ def _jit_mode(key: str, fn: Callable, args: tuple, check: Callable[[Any], tuple]
     steps, sweeps or iterations it took), then time back-to-back calls."""
     import jax
 
-    from benchmarks.jax_modes import _timed_calls
+    from benchmarks.jax_modes import timed_calls
 
     what, steps = check(jax.block_until_ready(fn(*args)))
-    return harness.Mode(key, _timed_calls(lambda a: fn(*a), [args]), per_call=1, unit="us_per_call",
+    return harness.Mode(key, timed_calls(lambda a: fn(*a), [args]), per_call=1, unit="us_per_call",
                         clock="wall", check=what, info={"steps": steps})
 
 
@@ -167,13 +174,17 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
     gs = _example("gray_scott")
     steps, substeps = args.steps, args.substeps
     u0, v0 = gs.initial_state(nx, np.random.default_rng())
-    want = gs.reference(u0, v0, steps, substeps)
     u, v = jnp.asarray(u0), jnp.asarray(v0)
+    if nx <= 256:
+        want, against = gs.reference(u0, v0, steps, substeps), "numpy"
+    else:  # numpy would take a minute: check jnp's first step against it, then use jnp's run as the reference
+        gs.check("jnp, one step", gs.jnp_simulation(1, substeps)(u, v), gs.reference(u0, v0, 1, substeps))
+        want, against = tuple(np.asarray(a) for a in gs.jnp_simulation(steps, substeps)(u, v)), "jnp (its step: numpy)"
 
     def check(name: str) -> Callable[[Any], tuple]:
         def run(out: Any) -> tuple:
             worst = gs.check(name, out, want)
-            return f"u, v and {steps} totals match numpy (v within {worst:.1e})", steps
+            return f"u, v and {steps} totals match {against} (v within {worst:.1e})", steps
         return run
 
     fused = lambda: gs.CudaGrayScott(nx, substeps, 1, steps)  # noqa: E731
@@ -203,7 +214,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
     prob = ps.Problem(n, args.rtol, np.random.default_rng())
     checker = ps.Checker(prob)
     max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
-    every = args.check_every if ps.has_check_every() else None
+    every = (args.check_every if method == "jacobi" else args.cg_check_every) if ps.has_check_every() else None
     f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
 
     def check(name: str) -> Callable[[Any], tuple]:
@@ -227,8 +238,8 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
             return _jit_mode(key, ps.jacobi_in_jit(lp), (f,), check(key))
         graphed, lp = kernels.cg_loop(max_iter, check_every)
         if eager:
-            return _eager_mode(key, ps.cg_eager(graphed, lp, prob), check(key))
-        return _jit_mode(key, ps.cg_in_jit(lp), (b,), check(key))
+            return _eager_mode(key, ps.cg_eager(graphed, lp, prob, ps.numpy_operator), check(key))
+        return _jit_mode(key, ps.cg_in_jit(lp, ps.jnp_operator), (b,), check(key))
 
     s = args.per_step
     if method == "jacobi":
@@ -246,7 +257,6 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
 
     cg = jax.jit(lambda b: (ps.jax_scipy_cg(prob, max_iter)(b), jnp.zeros(0, jnp.int32)))
     out = [("jax_scipy_cg", lambda: _jit_mode("jax_scipy_cg", cg, (b,), check("jax_scipy_cg"))),
-           ("cg_exact_s1", lambda: loop("cg_exact_s1", 1, 1)),
            ("cg_exact", lambda: loop("cg_exact", s, 1)),
            ("cg_exact_eager", lambda: loop("cg_exact_eager", s, 1, eager=True))]
     if every:
@@ -272,9 +282,12 @@ def worker(args: argparse.Namespace) -> dict:
             measure(f"gray_scott/{nx}", gray_scott_factories(args, nx))
     if "poisson" in args.cases:
         for n in args.poisson_grids:
-            if n <= args.jacobi_max_grid:
-                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
             measure(f"poisson_cg/{n}", poisson_factories(args, n, "cg"))
+            if n <= 64:
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
+        for n in args.poisson_grids:  # last: seconds a solve
+            if n > 64 and args.worker in args.jacobi_big_settings:
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
     ps = _example("poisson_solver")
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
             "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
@@ -305,9 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
-           "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
+           "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every, "cg_check_every": args.cg_check_every,
            "rtol": args.rtol, "repeats": args.repeats, "target_ms": args.target_ms, "quick": args.quick,
-           "settings": list(args.settings), "cases": list(args.cases), "jacobi_max_grid": args.jacobi_max_grid}
+           "settings": list(args.settings), "cases": list(args.cases),
+           "jacobi_big_settings": list(args.jacobi_big_settings)}
     meta = run.collect_meta(config.QUICK, argv)
     processes = {}
     with tempfile.TemporaryDirectory(prefix="jaxgraph-vs-idiomatic-") as tmp:

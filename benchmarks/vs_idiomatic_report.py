@@ -35,10 +35,10 @@ MODES = {
     },
     "poisson_cg": {
         "jax_scipy_cg": "idiomatic JAX: `jax.scipy.sparse.linalg.cg` on the `jnp` operator in `jax.jit`",
-        "cg_exact_s1": "jaxgraph CG (2 kernels an iteration) `until=` device loop in jit, one iteration a step",
-        "cg_exact": "jaxgraph CG device loop in jit, S iterations a step, each skipped once converged (exact stop)",
+        "cg_exact": "jaxgraph pipelined CG (1 kernel an iteration) `until=` device loop in jit, S iterations a step, "
+                    "each skipped once converged (exact stop)",
         "cg_exact_eager": "cg_exact replayed from Python (`loop.replay()`, CUDA events)",
-        "cg_every": "as cg_exact with `check_every=K` (same result and iteration count)",
+        "cg_every": "as cg_exact with `check_every=K` (K = the CG K below; same result and iteration count)",
     },
 }
 # (group, the mode, at least this many times faster than the idiomatic program at its best setting)
@@ -116,7 +116,8 @@ def markdown(results: dict) -> str:
              "best setting; in brackets, the slowest round of the one against the fastest of the other, both ways. "
              "gray_scott: "
              f"{cfg['steps']} steps of {cfg['substeps']} substeps; poisson: rtol {cfg['rtol']:g}, S = "
-             f"{cfg['per_step']} sweeps (iterations) a step, K = {cfg['check_every']}.", "",
+             f"{cfg['per_step']} sweeps (iterations) a step, every-K stop K = {cfg['check_every']} (Jacobi), "
+             f"{cfg.get('cg_check_every', cfg['check_every'])} (CG).", "",
              "## Targets (H100; against the idiomatic program at its best XLA setting)", "",
              "| case | mode | target | measured (range) | mode's / idiomatic's best setting | verdict |",
              "| --- | --- | ---: | ---: | --- | --- |"]
