@@ -12,10 +12,13 @@ checked against numpy/scipy before it is timed:
   jitted ``lax.fori_loop``), ``xla_fused`` (the example's fused kernel as
   ``Kernel.jax_call``s in that fori_loop), ``loop_fused_jit`` and
   ``loop_blocked_jit`` (the device loop, one substep per launch or
-  ``gray_scott.default_blocking``'s temporally blocked launches, inside ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
-  Python, timed by CUDA events);
+  ``gray_scott.default_blocking``'s temporally blocked launches, inside
+  ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
+  Python, timed by CUDA events). Up to grid 256 every mode is checked
+  against numpy; at 1024 (numpy would take a minute a process) against
+  the ``jnp`` run, itself checked against numpy on one step;
 - ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4 (Jacobi
-  above 64 x 64 only in ``--jacobi-big-settings``: ~76,000 sweeps at 256)
+  above 64 x 64 only in ``--jacobi-big-settings``, 3 rounds: ~76,000 sweeps at 256)
   (``examples/poisson_solver.py``): ``jnp_jacobi`` (a jitted
   ``lax.while_loop``), ``xla_jacobi`` (the kernel as a ``jax_call`` in it),
   ``jax_scipy_cg`` (``jax.scipy.sparse.linalg.cg`` on the matrix-free
@@ -271,9 +274,9 @@ def worker(args: argparse.Namespace) -> dict:
     groups: dict = {}
     target_s = args.target_ms / 1e3
 
-    def measure(key: str, factories: list) -> None:
+    def measure(key: str, factories: list, repeats: int = args.repeats) -> None:
         start = time.perf_counter()
-        groups[key] = {"modes": harness.measure_group(f"[{args.worker} {key}]", factories, args.repeats, target_s,
+        groups[key] = {"modes": harness.measure_group(f"[{args.worker} {key}]", factories, repeats, target_s,
                                                       10_000)}
         groups[key]["wall_s"] = round(time.perf_counter() - start, 1)
 
@@ -287,7 +290,7 @@ def worker(args: argparse.Namespace) -> dict:
                 measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
         for n in args.poisson_grids:  # last: seconds a solve
             if n > 64 and args.worker in args.jacobi_big_settings:
-                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"), min(3, args.repeats))
     ps = _example("poisson_solver")
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
             "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
@@ -318,37 +321,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
-           "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every, "cg_check_every": args.cg_check_every,
-           "rtol": args.rtol, "repeats": args.repeats, "target_ms": args.target_ms, "quick": args.quick,
-           "settings": list(args.settings), "cases": list(args.cases),
-           "jacobi_big_settings": list(args.jacobi_big_settings)}
+           "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
+           "cg_check_every": args.cg_check_every, "rtol": args.rtol, "repeats": args.repeats,
+           "target_ms": args.target_ms, "quick": args.quick, "settings": list(args.settings),
+           "cases": list(args.cases), "jacobi_big_settings": list(args.jacobi_big_settings)}
     meta = run.collect_meta(config.QUICK, argv)
-    processes = {}
+    results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
+               "command": " ".join(["python", "benchmarks/vs_idiomatic.py", *argv]), "config": cfg,
+               "device": "unknown device", "processes": {}}
     with tempfile.TemporaryDirectory(prefix="jaxgraph-vs-idiomatic-") as tmp:
         for key in args.settings:
             command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", key]
-            processes[key] = run.run_worker(config.SETTINGS[key], None, Path(tmp), args.timeout_s, command)
-    device = next((p["device"]["name"] for p in processes.values() if p.get("device")), "unknown device")
-    results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
-               "command": " ".join(["python", "benchmarks/vs_idiomatic.py", *argv]), "config": cfg,
-               "device": device, "wall_s": round(time.perf_counter() - start, 1),
-               "processes": processes}
-    results = summarize(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = stats.device_slug(device) + ("-vs-idiomatic-quick" if args.quick else "-vs-idiomatic")
-    text = markdown(results)
-    (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    written = f"{args.out / stem}.json and .md"
-    try:
-        render(results, args.out / f"{stem}.png")
-        written += " and .png"
-    except ImportError as exc:
-        print(f"no PNG ({exc})")
-    print(f"\nwrote {written} in {results['wall_s']:.0f} s\n\n{text}")
+            results["processes"][key] = run.run_worker(config.SETTINGS[key], None, Path(tmp), args.timeout_s, command)
+            results["wall_s"] = round(time.perf_counter() - start, 1)
+            written = _write(results, args, plot=key == args.settings[-1])  # after each process: a cut run keeps some
+    print(f"\nwrote {written} in {results['wall_s']:.0f} s\n\n{markdown(results)}")
     failed = any(p.get("failed") or any("error" in r for g in p.get("groups", {}).values()
-                                        for r in g["modes"].values()) for p in processes.values())
+                                        for r in g["modes"].values()) for p in results["processes"].values())
     return 1 if failed else 0
+
+
+def _write(results: dict, args: argparse.Namespace, plot: bool) -> str:
+    """Summarize what the processes so far recorded and write ``.json``, ``.md`` (and ``.png``); say what."""
+    processes = results["processes"]
+    results["device"] = next((p["device"]["name"] for p in processes.values() if p.get("device")), "unknown device")
+    summarize(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = stats.device_slug(results["device"]) + ("-vs-idiomatic-quick" if args.quick else "-vs-idiomatic")
+    stem = args.out / name
+    stem.with_suffix(".json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(results) + "\n")
+    written = f"{stem}.json and .md"
+    if plot:
+        try:
+            render(results, stem.with_suffix(".png"))
+            written += " and .png"
+        except ImportError as exc:
+            print(f"no PNG ({exc})")
+    return written
 
 
 if __name__ == "__main__":

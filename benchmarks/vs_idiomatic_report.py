@@ -137,8 +137,8 @@ def markdown(results: dict) -> str:
         lines += ["", f"## {case}, {group.split('/')[1]} x {group.split('/')[1]}", "",
                   "| mode | " + " | ".join(settings) + " | steps | vs idiomatic |",
                   "| --- | " + " | ".join("---:" for _ in settings) + " | ---: | ---: |"]
-        keys = list(dict.fromkeys([*MODES.get(case, {}), *(k for p in processes.values()
-                                                         for k in p.get("groups", {}).get(group, {}).get("modes", {}))]))
+        seen = (k for p in processes.values() for k in p.get("groups", {}).get(group, {}).get("modes", {}))
+        keys = list(dict.fromkeys([*MODES.get(case, {}), *seen]))
         for key in keys:
             records = [processes[s].get("groups", {}).get(group, {}).get("modes", {}).get(key) for s in settings]
             if not any(records):
