@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", key]
             results["processes"][key] = run.run_worker(config.SETTINGS[key], None, Path(tmp), args.timeout_s, command)
             results["wall_s"] = round(time.perf_counter() - start, 1)
-            written = _write(results, args, plot=key == args.settings[-1])  # after each process: a cut run keeps some
+            written = _write(results, args, plot=True)  # after each process: a run cut short keeps what it did
     print(f"\nwrote {written} in {results['wall_s']:.0f} s\n\n{markdown(results)}")
     failed = any(p.get("failed") or any("error" in r for g in p.get("groups", {}).values()
                                         for r in g["modes"].values()) for p in results["processes"].values())
