@@ -45,6 +45,20 @@ class Kernels:
             u = dst
         return u_out, count, part_out, flag
 
+    def jacobi_loop(self, max_sweeps, check_every=1):
+        """(graphed sweeps, graphed_loop until their flag): at most ``max_sweeps`` sweeps."""
+        n = self.prob.n
+        graphed = jaxgraph.make_graphed_callables(
+            self.jacobi_step, (np.zeros((n, n), np.float32), self.prob.f, np.zeros(1, np.int32),
+                               np.full(self.prob.blocks, np.inf, np.float32)))
+        steps = -(-max_sweeps // self.per_step) + 1  # + the launch that sees the last sweep converged
+        return graphed, _until_loop(graphed, steps, self.jacobi_feed, check_every)
+
+    @property
+    def jacobi_feed(self):
+        """The Jacobi step's ``{output: input}``: u, and the sums when an odd step leaves them in a new array."""
+        return {0: 0, 2: 3} if self.per_step % 2 else {0: 0}
+
     def cg_step(self, x, p_dir, count, r, w, s, part, scal):
         """``per_step`` (even) pipelined CG iterations, one ``cg_fused`` kernel each; returns the inputs
         (all updated in place: r, w, s, part and scal ping-pong with scratch sets and end where they

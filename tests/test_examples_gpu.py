@@ -111,9 +111,3 @@ def test_cg_matches_scipy_and_its_stops_agree(n, per_step):
         x_k, its_k = (np.asarray(a) for a in ps.cg_in_jit(every, ps.jnp_operator)(b))
         assert int(its_k) == int(its)
         np.testing.assert_array_equal(x_k, x)
-
-
-def test_fused_cg_needs_an_even_step():
-    prob = ps.Problem(8, 1e-4, np.random.default_rng())
-    with pytest.raises(ValueError, match="even per_step"):
-        ps.Kernels.cg_loop(type("K", (), {"prob": prob, "per_step": 3})(), 100)
