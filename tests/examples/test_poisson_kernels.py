@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 spec = importlib.util.spec_from_file_location("poisson_solver", ROOT / "examples" / "poisson_solver.py")
 ps = importlib.util.module_from_spec(spec)

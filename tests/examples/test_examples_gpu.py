@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _example(name):
