@@ -3,7 +3,8 @@
     python benchmarks/gray_scott_bench.py            # 4 XLA settings, 15 rounds: about a minute
     python benchmarks/gray_scott_bench.py --quick    # 5 rounds of short samples
 
-The step is ``examples/gray_scott.py``'s: ``2 * substeps + 2`` kernels
+The step is the one ``examples/gray_scott.py`` had before it fused its substeps
+(``gray_scott_split.GrayScott``, over the example's model): ``2 * substeps + 2`` kernels
 (Laplacian and reaction per substep, then zero and total), on the default
 256 x 256 grid. Every mode runs ``--steps`` steps in one jitted
 ``lax.fori_loop`` (its trips carry u, v and the totals), called from Python:
@@ -70,6 +71,7 @@ if __package__ in (None, ""):  # run as a file: import the harness as the packag
 
 from benchmarks import config, harness, stats, targets  # noqa: E402
 from benchmarks.gray_scott_report import MODES, markdown, summarize  # noqa: E402
+from benchmarks.gray_scott_split import GrayScott  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # benchmarks/config.py's settings, and JAX's default command-buffer types at min size 1: with the
@@ -240,7 +242,7 @@ def worker(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng()
     u0, v0 = gs.initial_state(nx, rng)
     want = gs.reference(u0, v0, steps, substeps)
-    model = gs.GrayScott(nx, substeps)
+    model = GrayScott(gs, nx, substeps)
     u, v = jnp.asarray(u0), jnp.asarray(v0)
     variants = {"graphed_fresh": dict(in_place=False, zero="memset"), "graphed_memset": dict(in_place=True, zero="memset"),
                 "graphed_forked": dict(in_place=True, zero="forked")}

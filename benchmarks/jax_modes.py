@@ -27,7 +27,7 @@ from .harness import Mode, Skip
 from .workload import check_equal, check_result, random_input
 
 __all__ = ["jax_calls", "jit_changing", "jit_fori", "jit_loop", "jit_unrolled", "kernel_step", "mixed",
-           "mixed_calls", "mixed_reference", "trivial_jit"]
+           "mixed_calls", "mixed_reference", "timed_calls", "trivial_jit"]
 
 
 def jit_loop(step: Callable, n: int, rng: np.random.Generator) -> Mode:
@@ -174,10 +174,10 @@ def _loop_mode(key: str, f: Callable, steps: int, rng: np.random.Generator, inpu
             check = check_equal(f(a), want, x, what)
     if inputs > 1:
         check += f" (each of {inputs} inputs)"
-    return Mode(key, _timed_calls(f, arrays), per_call=steps, clock="wall", check=check)
+    return Mode(key, timed_calls(f, arrays), per_call=steps, clock="wall", check=check)
 
 
-def _timed_calls(f: Callable, arrays: Sequence[Any]) -> Callable[[int], float]:
+def timed_calls(f: Callable, arrays: Sequence[Any]) -> Callable[[int], float]:
     """``run(calls)``: call ``f`` ``calls`` times (cycling over ``arrays``), wait for the last result."""
     import jax
 

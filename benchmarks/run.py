@@ -115,11 +115,17 @@ def worker_command(setting: str, json_path: Path, cfg: config.RunConfig) -> list
             "--config", json.dumps(cfg.to_json())]
 
 
-def run_worker(setting: config.Setting, cfg: config.RunConfig, tmp: Path, timeout_s: float) -> dict:
-    """Run one worker, echoing its output; return its record, or ``{"failed": why}``."""
+def run_worker(setting: config.Setting, cfg: config.RunConfig | None, tmp: Path, timeout_s: float,
+               command: list[str] | None = None) -> dict:
+    """Run one worker, echoing its output; return its record, or ``{"failed": why}``.
+
+    ``command``: another worker program (as ``benchmarks/vs_idiomatic.py`` runs), given
+    ``--json <path>`` after its own arguments, instead of ``benchmarks.worker`` with ``cfg``.
+    """
     json_path = tmp / f"{setting.key}.json"
     print(f"[{setting.key}] starting: {setting.label}; XLA_FLAGS={setting.xla_flags!r}", flush=True)
-    proc = subprocess.Popen(worker_command(setting.key, json_path, cfg), cwd=ROOT,
+    argv = [*command, "--json", str(json_path)] if command else worker_command(setting.key, json_path, cfg)
+    proc = subprocess.Popen(argv, cwd=ROOT,
                             env=worker_env(setting, os.environ), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     killed = threading.Event()

@@ -1,33 +1,47 @@
-"""A research loop: a Gray-Scott reaction-diffusion simulation whose step is graphed once, then
-replayed inside a jitted lax.fori_loop, or run as a loop on the device.
+"""Gray-Scott reaction-diffusion: idiomatic JAX against the same model as CUDA kernels in one device loop.
 
-Run:  python examples/gray_scott.py                            # 256 x 256 grid, 100 steps of 10 substeps
-      python examples/gray_scott.py --grid 64 --steps 10 --substeps 4    # seconds
-      python examples/gray_scott.py --command-buffers off      # XLA's command buffers off (or: on)
+Run:  python examples/gray_scott.py                  # 256 x 256 grid, 100 steps of 10 substeps
+      python examples/gray_scott.py --quick          # a 48 x 48 grid, 5 steps of 3 substeps: seconds
+      python examples/gray_scott.py --grid 1024 --per-launch 5 --tile 32
+      python examples/gray_scott.py --command-buffers off   # XLA's command buffers off (or: on, while)
 
-Two chemicals u and v react and diffuse on a periodic grid. One step is
-`substeps` explicit Euler substeps, each two custom kernels (the 5-point
-Laplacian of u and v, then the reaction update), then a one-thread kernel that
-zeroes the total and a reduction kernel that adds v into it: 2 * substeps + 2
-kernels. The step is a plain Python function that launches those kernels on
-device arrays and updates u and v in place (see GrayScott.step for why), run
-six ways on the same fresh random initial state:
+Two chemicals u and v react and diffuse on a periodic grid. A step is
+`substeps` explicit Euler substeps (5-point Laplacian plus the reaction
+u + 2v -> 3v), then the total of v is recorded: `steps` steps give the state
+and a time series of the total. The same fresh random initial state is run
+these ways, and every result is checked against numpy:
 
-  1. kernel by kernel from Python (jaxgraph's eager launches);
-  2. graphed with jaxgraph.make_graphed_callables, replayed from a Python loop;
-  3. the same kernels as Kernel.jax_call custom calls in a jitted lax.fori_loop:
-     XLA launches them, or records them into its command buffers;
-  4. the graphed step replayed inside the same jitted lax.fori_loop;
-  5. jaxgraph.graphed_loop: one CUDA graph runs all the steps (a WHILE node of
-     unrolled steps, u and v ping-ponging between the step's buffers), one launch;
-  6. that device loop inside jax.jit, as one FFI call.
+  1. idiomatic JAX: the model in jax.numpy (`jnp.roll` stencil) in a jitted
+     lax.fori_loop, the program a JAX user writes. XLA fuses a substep into
+     one kernel; it cannot fuse several substeps (each needs its
+     neighbours' previous values).
+  2. XLA launching this file's CUDA kernels (Kernel.jax_call) in the same
+     jitted fori_loop: the fused kernel, then the temporally blocked one.
+  3. jaxgraph: the step (kernels below) captured once and run as a device
+     loop (jaxgraph.graphed_loop: every step in one CUDA graph, one launch),
+     eagerly and inside jax.jit (one FFI call). Two kernels do a step:
+     - `fused`: one substep per launch, the Laplacian and the reaction in
+       one kernel, as XLA's fusion does (substeps kernels a step);
+     - `blocked`: `--per-launch` substeps per launch. Each block loads its
+       tile plus a halo as wide as the substeps it runs into shared memory,
+       advances the tile and its shrinking halo there (recomputing the halo
+       its neighbours also compute), and writes the tile once: XLA cannot
+       do this (ceil(substeps / per_launch) kernels a step: one by default).
+     The step's last kernel also records the total of v: each block stores
+     its sum, and the last block to finish adds them in a fixed order and
+     stores the total at masses[count] (count += 1), so the loop keeps the
+     time series on the device with no extra kernel.
 
-It checks one step against numpy, checks that the runs agree with each other
-and with numpy, and prints how long each took.
+The periodic boundaries are the same everywhere (a wrapped index, a roll).
+The table leads with idiomatic JAX, then XLA on this file's kernels, then
+jaxgraph; `benchmarks/vs_idiomatic.py` times them properly (interleaved
+rounds, each XLA setting in its own process). Without a GPU the example
+says so and exits 0.
 """
 
 import argparse
 import os
+import pathlib
 import sys
 import time
 
@@ -35,101 +49,172 @@ import numpy as np
 
 import jaxgraph
 
-SOURCE = r"""
-// The 5-point Laplacian of u and v on a periodic nx x ny grid (row-major).
-extern "C" __global__ void laplacian(float* lu, float* lv, const float* u, const float* v, int nx, int ny) {
-  int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
-  if (x >= nx || y >= ny) return;
-  int i = y * nx + x;
-  int w = y * nx + (x + nx - 1) % nx, e = y * nx + (x + 1) % nx;
-  int s = ((y + ny - 1) % ny) * nx + x, n = ((y + 1) % ny) * nx + x;
-  lu[i] = u[w] + u[e] + u[s] + u[n] - 4.0f * u[i];
-  lv[i] = v[w] + v[e] + v[s] + v[n] - 4.0f * v[i];
-}
-
-// One explicit Euler substep of Gray-Scott: diffusion plus the reaction u + 2v -> 3v.
-extern "C" __global__ void react(float* u_out, float* v_out, const float* u, const float* v,
-                                 const float* lu, const float* lv, float du, float dv,
-                                 float feed, float kill, float dt, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float uvv = u[i] * v[i] * v[i];
-  u_out[i] = u[i] + dt * (du * lu[i] - uvv + feed * (1.0f - u[i]));
-  v_out[i] = v[i] + dt * (dv * lv[i] + uvv - (feed + kill) * v[i]);
-}
-
-// out[0] = 0, before `total` adds into it.
-extern "C" __global__ void zero(float* out) { out[0] = 0.0f; }
-
-// out[0] += sum(x); out zeroed first. One atomicAdd per block.
-extern "C" __global__ void total(float* out, const float* x, int n) {
-  __shared__ float part[256];
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  part[threadIdx.x] = i < n ? x[i] : 0.0f;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) atomicAdd(out, part[0]);
-}
-"""
-
 DU, DV, FEED, KILL, DT = 0.16, 0.08, 0.035, 0.065, 1.0  # spots, in grid units
 COMMAND_BUFFERS = {"on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-                   "off": "--xla_gpu_enable_command_buffer="}
+                   "off": "--xla_gpu_enable_command_buffer=",
+                   "while": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL "
+                            "--xla_gpu_graph_min_graph_size=1"}
 
 
-class GrayScott:
-    """The kernels and the step, on an ``nx`` x ``nx`` grid."""
+def _f32(x):
+    """A float32 constant as a CUDA literal (the value numpy's float32 arithmetic uses)."""
+    return f"{float(np.float32(x))!r}f"
 
-    def __init__(self, nx, substeps):
-        self.nx, self.n, self.substeps = nx, nx * nx, substeps
-        self.laplacian, self.react, self.zero, self.total = (jaxgraph.Kernel(SOURCE, k)
-                                                             for k in ("laplacian", "react", "zero", "total"))
-        self.grid2, self.grid1 = ((nx + 15) // 16, (nx + 15) // 16), (self.n + 255) // 256
 
-    def step(self, u, v):
-        """Device arrays u, v -> (u, v, [total of v]) after ``substeps`` substeps: the code a researcher writes.
+# The model's constants are baked in: the same float32 values as numpy's reference.
+MODEL = f"""
+#define DU {_f32(DU)}
+#define DV {_f32(DV)}
+#define FEED {_f32(FEED)}
+#define FEED_KILL {_f32(FEED + KILL)}
+#define DT {_f32(DT)}
+"""
 
-        u and v are updated in place: the substeps ping-pong between them and
-        one scratch pair, ordered so that the last one writes u and v (with an
-        odd count the first reaction runs in place, which is safe: it is
-        elementwise, and the Laplacian went to lu, lv). A graphed step whose
-        outputs are its inputs is, inside ``jax.jit``, a replay whose outputs
-        share its operands' buffers (XLA aliases them), so ``lax.fori_loop``
-        carries the state in place, as it does for XLA's own kernels. A step
-        returning new arrays would make XLA copy each of them into the loop's
-        carry on every trip (two 256 KiB copies a step on the default grid).
-        The total is zeroed by a kernel, not a memset: jaxgraph points kernel
-        arguments at XLA's buffers, but copies an output a memset node writes
-        out of the graph's own array after each replay.
+# The kernels: examples/gray_scott.cu (the model's constants, TILE and HALO are prepended).
+CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
+
+
+def default_blocking(nx, substeps):
+    """``(per_launch, tile)`` for the blocked kernel: the fastest of those tried on an H100 (a run of
+    scratch timings on 2026-11-27: 10 substeps a launch in 16 x 16 tiles up to grid 256, in 32 x 32
+    tiles 5 a launch at 1024, where the halo's recomputation costs more than a launch)."""
+    return (min(substeps, 10), 16) if nx <= 512 else (min(substeps, 5), 32)
+
+
+class CudaGrayScott:
+    """The CUDA programmer's step on an ``nx`` x ``nx`` grid: ``substeps`` substeps, ``per_launch`` at a time.
+
+    ``per_launch=1`` runs the ``fused`` kernel once per substep; more runs the
+    ``blocked`` kernel, compiled for a halo of ``per_launch`` points and tiles
+    of ``tile`` x ``tile`` (shared memory: 16 (tile + 2 per_launch)^2 bytes,
+    at most 48 KiB). The step's last kernel records the total of v at
+    masses[count] (``steps``: the length of that time series).
+    """
+
+    def __init__(self, nx, substeps, per_launch, steps, tile=16):
+        if not 1 <= per_launch <= substeps:
+            raise ValueError(f"per_launch must be in [1, substeps={substeps}], got {per_launch}")
+        if tile < 1:
+            raise ValueError(f"tile must be >= 1, got {tile}")
+        if per_launch > 1 and 16 * (tile + 2 * per_launch) ** 2 + 1024 > 48 * 1024:
+            raise ValueError(f"tile {tile} with a halo of {per_launch} needs "
+                             f"{16 * (tile + 2 * per_launch) ** 2 + 1024} bytes of shared memory, over 48 KiB")
+        self.nx, self.substeps, self.per_launch, self.steps, self.tile = nx, substeps, per_launch, steps, tile
+        source = MODEL + f"#define TILE {tile}\n#define HALO {per_launch}\n" + CUDA_SOURCE
+        self.kernel = jaxgraph.Kernel(source, "fused" if per_launch == 1 else "blocked")
+        side = 16 if per_launch == 1 else tile
+        self.grid, self.block = ((nx + side - 1) // side,) * 2, (16, 16)
+        self.blocks = self.grid[0] * self.grid[1]
+        full, rest = divmod(substeps, per_launch)
+        self.runs = [per_launch] * full + ([rest] if rest else [])  # substeps of each launch
+        self.arrived = jaxgraph.zeros(1, np.uint32)  # the recording block leaves it at 0
+
+    @property
+    def name(self):
+        return "fused" if self.per_launch == 1 else f"blocked x{self.per_launch}"
+
+    def _scalars(self, j, t):
+        last = int(j == len(self.runs) - 1)
+        return (self.nx, self.steps, last) if self.per_launch == 1 else (self.nx, self.steps, last, t)
+
+    def step(self, u, v, masses, count):
+        """Device arrays -> (u, v after one step, masses, count): masses[count] = total of v, count += 1.
+
+        u and v move into new arrays (the loop's feed swaps them with the
+        inputs: no copies); masses and count are updated in place.
         """
         shape = (self.nx, self.nx)
-        lu, lv = jaxgraph.empty(shape), jaxgraph.empty(shape)
-        pairs = ((u, v), (jaxgraph.empty(shape), jaxgraph.empty(shape)))
-        for s in range(self.substeps):
-            u_next, v_next = pairs[(self.substeps - 1 - s) % 2]  # the last substep writes u, v
-            self.laplacian[self.grid2, (16, 16)](lu, lv, u, v, self.nx, self.nx)
-            self.react[self.grid1, 256](u_next, v_next, u, v, lu, lv, DU, DV, FEED, KILL, DT, self.n)
-            u, v = u_next, v_next
-        mass = jaxgraph.empty(1)
-        self.zero[1, 1](mass)
-        self.total[self.grid1, 256](mass, v, self.n)
-        return u, v, mass
+        scratch = [(jaxgraph.empty(shape), jaxgraph.empty(shape)) for _ in range(min(2, len(self.runs) - 1))]
+        out, partial = (jaxgraph.empty(shape), jaxgraph.empty(shape)), jaxgraph.empty(self.blocks)
+        src = (u, v)
+        for j, t in enumerate(self.runs):
+            dst = out if j == len(self.runs) - 1 else scratch[j % 2]
+            self.kernel[self.grid, self.block](*dst, partial, self.arrived, masses, count, *src, *self._scalars(j, t))
+            src = dst
+        return out[0], out[1], masses, count
 
-    def xla_step(self, u, v):
+    def xla_step(self, u, v, masses, count, arrived):
         """The same kernels on JAX arrays, one XLA custom call each (``Kernel.jax_call``)."""
         import jax
         import jax.numpy as jnp
 
         f32 = jax.ShapeDtypeStruct(u.shape, jnp.float32)
-        for _ in range(self.substeps):
-            lu, lv = self.laplacian.jax_call(f32, f32, u, v, self.nx, self.nx, grid=self.grid2, block=(16, 16))
-            u, v = self.react.jax_call(f32, f32, u, v, lu, lv, DU, DV, FEED, KILL, DT, self.n, grid=self.grid1)
-        mass = self.zero.jax_call(jax.ShapeDtypeStruct((1,), jnp.float32), grid=1, block=1)
-        mass = self.total.jax_call(mass, v, self.n, inout=("out",), grid=self.grid1)
-        return u, v, mass
+        part = jax.ShapeDtypeStruct((self.blocks,), jnp.float32)
+        for j, t in enumerate(self.runs):
+            u, v, _, arrived, masses, count = self.kernel.jax_call(
+                f32, f32, part, arrived, masses, count, u, v, *self._scalars(j, t), grid=self.grid, block=self.block,
+                inout=("arrived", "masses", "count"))
+        return u, v, masses, count, arrived
+
+    def device_loop(self):
+        """``(graphed step, graphed_loop)``: every step in one CUDA graph, u and v fed back."""
+        nx, steps = self.nx, self.steps
+        sample = (np.zeros((nx, nx), np.float32),) * 2 + (np.zeros(steps, np.float32), np.zeros(1, np.int32))
+        graphed = jaxgraph.make_graphed_callables(self.step, sample)
+        return graphed, jaxgraph.graphed_loop(graphed, steps, feed={0: 0, 1: 1})
+
+
+def jnp_simulation(steps, substeps):
+    """Idiomatic JAX: the model in ``jax.numpy`` in a jitted ``lax.fori_loop``; (u, v) -> (u, v, totals)."""
+    import jax
+    import jax.numpy as jnp
+
+    def laplacian(a):
+        return jnp.roll(a, 1, 1) + jnp.roll(a, -1, 1) + jnp.roll(a, 1, 0) + jnp.roll(a, -1, 0) - 4 * a
+
+    def substep(u, v):
+        uvv = u * v * v
+        return (u + DT * (DU * laplacian(u) - uvv + FEED * (1 - u)),
+                v + DT * (DV * laplacian(v) + uvv - (FEED + KILL) * v))
+
+    def body(i, carry):
+        u, v, masses = carry
+        for _ in range(substeps):
+            u, v = substep(u, v)
+        return u, v, masses.at[i].set(jnp.sum(v))
+
+    return jax.jit(lambda u, v: jax.lax.fori_loop(0, steps, body, (u, v, jnp.zeros(steps, jnp.float32))))
+
+
+def xla_simulation(model):
+    """``model.xla_step`` in the same jitted fori_loop: XLA launches this file's kernels."""
+    import jax
+    import jax.numpy as jnp
+
+    def run(u, v):
+        carry = (u, v, jnp.zeros(model.steps, jnp.float32), jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.uint32))
+        return jax.lax.fori_loop(0, model.steps, lambda i, c: model.xla_step(*c), carry)[:3]
+
+    return jax.jit(run)
+
+
+def loop_in_jit(loop):
+    """The device loop inside ``jax.jit``, one FFI call: (u, v) -> (u, v, totals)."""
+    import jax
+    import jax.numpy as jnp
+
+    steps = loop.steps
+
+    def run(u, v):
+        out = loop(u, v, jnp.zeros(steps, jnp.float32), jnp.zeros(1, jnp.int32))
+        return out[:3]
+
+    return jax.jit(run)
+
+
+def loop_eager(graphed, loop, u0, v0):
+    """The device loop replayed from Python: returns a function () -> (u, v, totals) as device arrays."""
+    u_s, v_s, masses, count = graphed.static_inputs
+    u_d, v_d = jaxgraph.asarray(u0), jaxgraph.asarray(v0)
+
+    def run():
+        u_s.copy_(u_d)  # the initial state into the step's inputs (device copies, no host sync)
+        v_s.copy_(v_d)
+        count.fill_(0)
+        loop.replay()
+        return u_s, v_s, masses  # after the last step the fed inputs hold the state too
+
+    return run
 
 
 def reference(u, v, steps, substeps):
@@ -157,136 +242,120 @@ def initial_state(nx, rng):
     return u, v
 
 
-def timed(run, repeats=5):
-    """Run once (compiles and warms up), then time ``repeats`` more runs, each until its work is done.
+def check(name, got, want):
+    """Assert (u, v, totals) match numpy's within float32 tolerance; return the largest difference in v."""
+    u, v, m = (np.asarray(a.numpy() if isinstance(a, jaxgraph.DeviceArray) else a) for a in got)
+    np.testing.assert_allclose(u, want[0], rtol=0, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(v, want[1], rtol=0, atol=1e-4, err_msg=name)
+    # A total adds up n^2 values, each within float32 rounding of numpy's: 1e-3 of it, or 1e-6 a point
+    np.testing.assert_allclose(m, want[2], rtol=1e-3, atol=1e-6 * v.size, err_msg=name)
+    return float(np.abs(v - want[1]).max())
 
-    ``run`` returns (u, v, totals of v) as device or JAX arrays (and has waited
-    for JAX's); the last run's are copied to the host after the clocks stop.
-    Returns ``(numpy results, median seconds)``. (benchmarks/gray_scott_bench.py
-    measures the jitted loops properly: interleaved rounds, one process per XLA setting.)
+
+def timed(run, repeats=5):
+    """Run once (compiles, warms up), then ``repeats`` more, each until its work is done.
+
+    Returns ``(the last run's results on the host, median seconds)``. A quick
+    look only: benchmarks/vs_idiomatic.py times these properly.
     """
-    run()
+    import jax
+
+    jax.block_until_ready(run())
     times = []
     for _ in range(repeats):
         jaxgraph.synchronize()
         start = time.perf_counter()
-        u, v, masses = run()
+        out = jax.block_until_ready(run())
         jaxgraph.synchronize()
         times.append(time.perf_counter() - start)
+    return tuple(np.asarray(a.numpy() if isinstance(a, jaxgraph.DeviceArray) else a) for a in out), \
+        float(np.median(times))
 
-    def host(a):
-        return a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a)
 
-    masses = np.concatenate([host(m) for m in masses]) if isinstance(masses, list) else host(masses)
-    return (host(u), host(v), masses), float(np.median(times))
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", type=int, default=256, help="grid side (default 256)")
+    p.add_argument("--steps", type=int, default=100, help="steps: totals recorded (default 100)")
+    p.add_argument("--substeps", type=int, default=10, help="substeps per step (default 10)")
+    p.add_argument("--per-launch", type=int, default=None,
+                   help="substeps per launch of the blocked kernel (default: 10 up to grid 512, else 5)")
+    p.add_argument("--tile", type=int, default=None, help="blocked kernel's tile side (default: 16 up to grid 512, "
+                   "else 32)")
+    p.add_argument("--quick", action="store_true", help="48 x 48 grid, 5 steps of 3 substeps (tests)")
+    p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
+                   help="XLA's command buffers: JAX's defaults, or forced on, off, or on with WHILE (sets XLA_FLAGS)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.grid, args.steps, args.substeps = 48, 5, 3
+    for name in ("grid", "steps", "substeps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    per_launch, tile = default_blocking(args.grid, args.substeps)
+    args.per_launch = per_launch if args.per_launch is None else args.per_launch
+    args.tile = tile if args.tile is None else args.tile
+    if not 1 <= args.per_launch <= args.substeps:
+        p.error(f"--per-launch must be in [1, --substeps={args.substeps}], got {args.per_launch}")
+    return args
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=int, default=256, help="grid side (default 256)")
-    p.add_argument("--steps", type=int, default=100, help="steps, i.e. graph replays (default 100)")
-    p.add_argument("--substeps", type=int, default=10, help="substeps per step (default 10)")
-    p.add_argument("--command-buffers", choices=("default", "on", "off"), default="default",
-                   help="XLA's command buffers: JAX's defaults, or forced on or off (sets XLA_FLAGS)")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
     if jaxgraph.device_count() == 0:
         print("a CUDA GPU is needed to run the simulation: none found, so this example stops here")
         return 0
     if args.command_buffers != "default":
         os.environ["XLA_FLAGS"] = COMMAND_BUFFERS[args.command_buffers]
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with jaxgraph
-    import jax
     import jax.numpy as jnp
 
     nx, steps, substeps = args.grid, args.steps, args.substeps
-    kernels = steps * (2 * substeps + 2)
     rng = np.random.default_rng()
     u0, v0 = initial_state(nx, rng)
-
-    print(f"[1/8] compiling 4 kernels; graphing a step of {2 * substeps + 2} kernels on a {nx} x {nx} grid", flush=True)
-    model = GrayScott(nx, substeps)
-    graphed = jaxgraph.make_graphed_callables(model.step, (u0, v0))
-
-    print("[2/8] checking one step against numpy on fresh random input", flush=True)
-    u1, v1 = initial_state(nx, rng)
-    got = [np.asarray(a) for a in jax.jit(graphed)(u1, v1)]
-    want = reference(u1, v1, 1, substeps)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g.reshape(np.shape(w)), w, rtol=1e-4, atol=1e-5)
-
-    print(f"[3/8] {steps} steps, kernel by kernel from Python", flush=True)
-    u0_d, v0_d = jaxgraph.asarray(u0), jaxgraph.asarray(v0)
-
-    def eager(step):
-        u, v, masses = jaxgraph.empty(u0.shape).copy_(u0_d), jaxgraph.empty(v0.shape).copy_(v0_d), []  # updated in place
-        for _ in range(steps):
-            u, v, m = step(u, v)
-            masses.append(jaxgraph.empty(1).copy_(m))  # a graph's outputs are overwritten by its next replay
-        return u, v, masses
+    want = reference(u0, v0, steps, substeps)
+    u, v = jnp.asarray(u0), jnp.asarray(v0)
+    flags = os.environ.get("XLA_FLAGS") or "unset: JAX's defaults"
+    print(f"{nx} x {nx} grid, {steps} steps of {substeps} substeps; XLA_FLAGS {flags}", flush=True)
 
     runs = {}
-    runs["kernels launched one by one from Python"] = timed(lambda: eager(model.step))
-    print(f"[4/8] {steps} steps, the graph replayed from a Python loop", flush=True)
-    runs["graph replayed from a Python loop"] = timed(lambda: eager(graphed))
+    print("[1/4] idiomatic JAX: jnp.roll stencil in a jitted lax.fori_loop", flush=True)
+    idiomatic = jnp_simulation(steps, substeps)
+    runs["idiomatic JAX: jnp in a jitted fori_loop"] = timed(lambda: idiomatic(u, v))
+    models = [CudaGrayScott(nx, substeps, 1, steps)]
+    if args.per_launch > 1:
+        models.append(CudaGrayScott(nx, substeps, args.per_launch, steps, args.tile))
+    print(f"[2/4] XLA launching this file's kernels ({', '.join(m.name for m in models)}) in the fori_loop",
+          flush=True)
+    for m in models:
+        sim = xla_simulation(m)
+        runs[f"XLA: {m.name} kernels as jax_calls in the fori_loop"] = timed(lambda sim=sim: sim(u, v))
+    print("[3/4] jaxgraph: the step as a device loop (graphed_loop), replayed eagerly and inside jax.jit", flush=True)
+    loops = []
+    for m in models:
+        graphed, loop = m.device_loop()
+        loops.append((m, loop))
+        per_step = len(m.runs)
+        runs[f"jaxgraph: {m.name} device loop, eager ({per_step} kernels/step)"] = timed(
+            loop_eager(graphed, loop, u0, v0))
+        in_jit = loop_in_jit(loop)
+        runs[f"jaxgraph: {m.name} device loop in jax.jit ({per_step} kernels/step)"] = timed(
+            lambda in_jit=in_jit: in_jit(u, v))
 
-    def fori(step):
-        def body(i, carry):
-            u, v, masses = carry
-            u, v, m = step(u, v)
-            return u, v, masses.at[i].set(m[0])
+    print("[4/4] checking every way against numpy", flush=True)
+    worst = max(check(name, out, want) for name, (out, _) in runs.items())
+    print(f"\nthe {len(runs)} ways agree, and each matches numpy's u, v and {steps} totals (largest difference in v: "
+          f"{worst:.1e}); total of v {want[2][0]:.1f} -> {want[2][-1]:.1f}\n")
 
-        sim = jax.jit(lambda u, v: jax.lax.fori_loop(0, steps, body, (u, v, jnp.zeros(steps, jnp.float32))))
-        u, v = jnp.asarray(u0), jnp.asarray(v0)
-        return lambda: jax.block_until_ready(sim(u, v))
-
-    flags = os.environ.get("XLA_FLAGS") or "unset: JAX's default command buffers"
-    print(f"[5/8] {steps} steps in a jitted lax.fori_loop of jax_call kernels (XLA_FLAGS {flags})", flush=True)
-    runs["XLA: jax_call kernels in a jitted fori_loop"] = timed(fori(model.xla_step))
-    print(f"[6/8] {steps} steps in a jitted lax.fori_loop of graph replays", flush=True)
-    runs["jaxgraph: graphed step in a jitted fori_loop"] = timed(fori(graphed))
-
-    loop = jaxgraph.graphed_loop(graphed, steps, feed={0: 0, 1: 1})  # outputs u, v feed inputs u, v
-    print(f"[7/8] {steps} steps as one device loop, one launch ({loop.unroll} steps per WHILE trip, "
-          f"{loop.ping_pong})", flush=True)
-    u_s, v_s = graphed.static_inputs
-
-    def device_loop():
-        u_s.copy_(u0_d)  # the initial state into the step's inputs (device copies, no host sync)
-        v_s.copy_(v0_d)
-        loop.replay()
-        return graphed.static_outputs  # u, v and the total of v after the last step
-
-    runs["jaxgraph: device loop (graphed_loop), one launch"] = timed(device_loop)
-    print(f"[8/8] {steps} steps as the device loop inside jax.jit (one FFI call)", flush=True)
-    in_jit = jax.jit(loop)
-    u0_j, v0_j = jnp.asarray(u0), jnp.asarray(v0)
-    runs["jaxgraph: device loop inside jax.jit"] = timed(lambda: jax.block_until_ready(in_jit(u0_j, v0_j)))
-
-    u_ref, v_ref, m_ref = reference(u0, v0, steps, substeps)
-    first = next(iter(runs.values()))[0]
-    for name, ((u, v, m), _) in runs.items():
-        np.testing.assert_allclose(u, first[0], rtol=0, atol=1e-5, err_msg=name)  # the same kernels
-        np.testing.assert_allclose(v, first[1], rtol=0, atol=1e-5, err_msg=name)
-        # Float atomics: any order. A device loop keeps only the last step's total.
-        np.testing.assert_allclose(m, m_ref[-m.size:], rtol=1e-3, err_msg=name)
-        np.testing.assert_allclose(u, u_ref, rtol=0, atol=1e-4, err_msg=name)
-        np.testing.assert_allclose(v, v_ref, rtol=0, atol=1e-4, err_msg=name)
-    worst = max(float(np.abs(r[0][1] - v_ref).max()) for r in runs.values())
-    print(f"\nthe {len(runs)} runs agree, and each matches numpy (largest difference in v: {worst:.1e}); "
-          f"total of v {m_ref[0]:.1f} -> {m_ref[-1]:.1f}\n")
-
-    base = runs["kernels launched one by one from Python"][1]
+    first = "idiomatic JAX: jnp in a jitted fori_loop"
+    base = runs[first][1]
     width = max(map(len, runs))
-    print(f"{'way of running ' + str(steps) + ' steps (' + str(kernels) + ' kernels)':<{width}}  "
-          f"{'ms':>8}  {'us/kernel':>9}  speedup")
+    print(f"{'way of running ' + str(steps) + ' steps':<{width}}  {'ms':>8}  {'us/step':>8}  vs idiomatic JAX")
     for name, (_, seconds) in runs.items():
-        print(f"{name:<{width}}  {seconds * 1e3:8.2f}  {seconds / kernels * 1e6:9.2f}  {base / seconds:6.1f}x")
-    xla = runs["XLA: jax_call kernels in a jitted fori_loop"][1]
-    ours = runs["jaxgraph: graphed step in a jitted fori_loop"][1]
-    print(f"\ngraphed step vs XLA on the same kernels, both in jit: {xla / ours:.2f}x")
-    device = runs["jaxgraph: device loop inside jax.jit"][1]
-    print(f"device loop in jit vs XLA's fori_loop on the same kernels: {xla / device:.2f}x\n")
-    print(graphed.summary())
+        print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {seconds / steps * 1e6:8.2f}  {base / seconds:6.2f}x")
+    best = min(s for name, (_, s) in runs.items() if "jaxgraph" in name and "jit" in name)
+    print(f"\nfastest jaxgraph device loop in jit vs idiomatic JAX (this process's XLA setting, median of 5): "
+          f"{base / best:.2f}x")
+    for m, loop in loops:
+        print(f"{m.name}: {loop!r}")
     return 0
 
 

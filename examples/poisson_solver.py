@@ -1,32 +1,57 @@
-"""An iterative solver run to a tolerance on the device: Jacobi on a 2-D Poisson problem.
+"""A 2-D Poisson problem solved to a tolerance on the device: Jacobi and conjugate gradients, against JAX.
 
 Run:  python examples/poisson_solver.py                  # 64 x 64 grid, relative tolerance 1e-4
-      python examples/poisson_solver.py --grid 16        # seconds
-      python examples/poisson_solver.py --command-buffers off   # XLA's command buffers off (or: on)
+      python examples/poisson_solver.py --quick          # 16 x 16: seconds
+      python examples/poisson_solver.py --grid 256 --no-jacobi       # Jacobi needs ~10^5 sweeps there
+      python examples/poisson_solver.py --command-buffers on   # XLA's command buffers (off, on, while)
 
 It solves -laplace(u) = f on the unit square (zero on the boundary), f fresh
-random, with the 5-point stencil on a grid x grid interior, by Jacobi
-sweeps until the update of a sweep is small: ||u_new - u|| <= rtol * ||first
-update||. A sweep is two custom kernels: `jacobi` (the new iterate, and per
-block the sum of squared updates, in a fixed order) and `converged` (one
-thread: adds the blocks' sums in order and sets a flag). Nothing is random
-in the arithmetic, so every way below stops after the same sweep:
+random, with the 5-point stencil on a grid x grid interior: A u = h^2 f with
+(A u)[i] = 4 u[i] - (its four neighbours, zero outside), matrix-free.
 
-  1. host loop: the graphed sweep replayed from Python, the flag read back
-     after every sweep (one host round trip per sweep);
-  2. XLA: jax.lax.while_loop over the same kernels as Kernel.jax_call
-     custom calls (XLA brings the predicate to the host every iteration);
+Jacobi sweeps until the update of a sweep is small: ||u_new - u|| <= rtol *
+||first update||. Conjugate gradients iterate until ||r|| <= rtol * ||b||
+(what jax.scipy.sparse.linalg.cg's `tol` means). Each way, idiomatic first:
+
+  Jacobi
+  1. idiomatic JAX: the sweep in jax.numpy in a jitted lax.while_loop;
+  2. XLA launching this file's `jacobi` kernel (Kernel.jax_call) in the
+     same while_loop;
   3. jaxgraph.graphed_loop(..., until=flag): one CUDA graph runs the sweeps
-     and stops on the device after the sweep that set the flag;
-  4. that device loop inside jax.jit, as one FFI call.
+     and stops on the device, eagerly and inside jax.jit (one FFI call);
+     exact stop, and `check_every=K` (the flag read once per K steps).
+  Conjugate gradients
+  4. idiomatic JAX: jax.scipy.sparse.linalg.cg on the same matrix-free
+     operator in jax.numpy, same tolerance, in jax.jit;
+  5. jaxgraph: CG in the same device loop, exact and every-K stop, one
+     kernel an iteration: pipelined CG (Chronopoulos and Gear), whose two
+     dot products r.r and (A r).r come from one reduction.
 
-The solution is checked against the exact solution of the discrete problem
-(scipy's sparse solver, or numpy's sine-transform solve without scipy) and
-against numpy running the same number of Jacobi sweeps.
+The kernels are written as a CUDA programmer would: `jacobi` is one kernel a
+sweep (each block stores its sum of squared updates; every block of the
+next launch adds those sums up in a fixed order and stops, carrying u over
+and setting the flag, if that sweep was within tolerance). A stencil after
+an elementwise update recomputes that update at the neighbours instead of
+waiting for a kernel to finish it (`cg_fused`: the neighbours' new r). Dot
+products are per-block sums that the next launch's blocks each add up in
+the same fixed order: no float atomics, so every run takes the same path.
+A step of the loop is `--sweeps-per-step` sweeps (iterations); each kernel
+first reads the flag and does nothing once it is set (a Jacobi sweep then
+carries u over), so the result and the sweep count on the device are those
+of the exact stop, whichever stop the loop uses: the every-K stop only
+runs up to K-1 steps of such no-ops past convergence.
+
+Every solution is checked against scipy (`scipy.sparse.linalg.spsolve` of
+the same matrix, or numpy's sine-transform solve without scipy), Jacobi's
+also against numpy running the same number of sweeps, CG's residual in
+float64. `benchmarks/vs_idiomatic.py` times these properly (interleaved
+rounds, each XLA setting in its own process). Without a GPU the example
+says so and exits 0.
 """
 
 import argparse
 import os
+import pathlib
 import sys
 import time
 
@@ -34,46 +59,82 @@ import numpy as np
 
 import jaxgraph
 
-SOURCE = r"""
-// One Jacobi sweep for (4 u - neighbours) / h^2 = f, zero outside the n x n grid.
-// partial[b] = sum over block b of (u_new - u)^2, reduced in a fixed order (deterministic).
-extern "C" __global__ void jacobi(float* u_new, float* partial, const float* u, const float* f, float h2, int n) {
-  __shared__ float part[256];
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  float d = 0.0f;
-  if (i < n * n) {
-    int x = i % n, y = i / n;
-    float s = (x > 0 ? u[i - 1] : 0.0f) + (x < n - 1 ? u[i + 1] : 0.0f)
-            + (y > 0 ? u[i - n] : 0.0f) + (y < n - 1 ? u[i + n] : 0.0f);
-    float v = 0.25f * (s + h2 * f[i]);
-    d = v - u[i];
-    u_new[i] = v;
-  }
-  part[threadIdx.x] = d * d;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k /= 2) {
-    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = part[0];
-}
-
-// One thread: the squared norm of the sweep's update, and whether it is within tolerance.
-extern "C" __global__ void converged(int* flag, float* update2, const float* partial, int blocks, float tol2) {
-  float s = 0.0f;
-  for (int b = 0; b < blocks; ++b) s += partial[b];
-  *update2 = s;
-  *flag = s <= tol2;
-}
-"""
-
 COMMAND_BUFFERS = {"on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-                   "off": "--xla_gpu_enable_command_buffer="}
+                   "off": "--xla_gpu_enable_command_buffer=",
+                   "while": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL "
+                            "--xla_gpu_graph_min_graph_size=1"}
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # poisson_kernels.py lives beside this file
+from poisson_kernels import (THREADS, Kernels, cg_eager, cg_in_jit, has_check_every,  # noqa: E402
+                             jacobi_eager, jacobi_in_jit)
 
 
-def exact_solution(f, h):
+class Problem:
+    """The n x n problem: f, h^2, the right-hand side b = h^2 f and the two tolerances (squared)."""
+
+    def __init__(self, n, rtol, rng):
+        self.n, self.rtol = n, rtol
+        self.h = 1.0 / (n + 1)
+        self.h2 = np.float32(self.h * self.h)
+        self.f = rng.standard_normal((n, n)).astype(np.float32)
+        self.b = (self.h2 * self.f).astype(np.float32)
+        self.blocks = (n * n + THREADS - 1) // THREADS
+        # Jacobi: from u = 0 the first update is b / 4. CG: ||r|| <= rtol ||b||, as jax.scipy's cg.
+        self.jacobi_tol2 = np.float32((rtol * np.linalg.norm(self.b.astype(np.float64) / 4)) ** 2)
+        self.cg_tol2 = np.float32((rtol * np.linalg.norm(self.b.astype(np.float64))) ** 2)
+
+
+# ----------------------------------------------------------------------------
+# Idiomatic JAX
+# ----------------------------------------------------------------------------
+
+
+def jnp_operator(x):
+    """A x, matrix-free in jax.numpy: 4 x minus the four neighbours (zero outside the grid)."""
+    import jax.numpy as jnp
+
+    p = jnp.pad(x, 1)
+    return 4 * x - ((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1]))
+
+
+def jnp_jacobi(prob, max_sweeps):
+    """Idiomatic Jacobi: the sweep in jax.numpy in a jitted lax.while_loop; f -> (u, sweeps)."""
+    import jax
+    import jax.numpy as jnp
+
+    def solve(f):
+        def cond(state):
+            k, _, d2 = state
+            return (d2 > prob.jacobi_tol2) & (k < max_sweeps)
+
+        def body(state):
+            k, u, _ = state
+            p = jnp.pad(u, 1)
+            u_new = 0.25 * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.h2 * f)
+            return k + 1, u_new, jnp.sum((u_new - u) ** 2)
+
+        k, u, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros_like(f), jnp.float32(jnp.inf)))
+        return u, k
+
+    return jax.jit(solve)
+
+
+def jax_scipy_cg(prob, max_iter):
+    """The call a JAX user makes: jax.scipy.sparse.linalg.cg on the matrix-free operator, in jit; b -> x."""
+    import jax
+
+    return jax.jit(lambda b: jax.scipy.sparse.linalg.cg(jnp_operator, b, tol=prob.rtol, atol=0.0,
+                                                        maxiter=max_iter)[0])
+
+
+# ----------------------------------------------------------------------------
+# References (numpy, scipy)
+# ----------------------------------------------------------------------------
+
+
+def exact_solution(prob):
     """The discrete problem's exact solution: scipy's sparse LU, or numpy's sine-transform solve."""
-    n = f.shape[0]
+    n, f, h = prob.n, prob.f, prob.h
     try:
         import scipy.sparse as sp
         import scipy.sparse.linalg as spla
@@ -88,144 +149,173 @@ def exact_solution(f, h):
         return s @ ((s @ f.astype(np.float64) @ s) / (lam[:, None] + lam[None, :])) @ s, "numpy sine transform"
 
 
-def numpy_jacobi(f, h2, sweeps):
+def numpy_jacobi(prob, sweeps):
     """``sweeps`` Jacobi sweeps from zero in float32, as the kernel computes them."""
-    u = np.zeros_like(f)
-    p = np.zeros((f.shape[0] + 2, f.shape[1] + 2), np.float32)
+    u = np.zeros_like(prob.f)
+    p = np.zeros((prob.n + 2, prob.n + 2), np.float32)
     for _ in range(sweeps):
         p[1:-1, 1:-1] = u
-        u = np.float32(0.25) * ((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1]) + np.float32(h2) * f)
+        u = np.float32(0.25) * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.b)
     return u
 
 
-def timed(run):
-    """Run once (compiles, warms up), then time a second run; returns (its result, seconds)."""
-    run()
-    jaxgraph.synchronize()
-    start = time.perf_counter()
-    result = run()
-    jaxgraph.synchronize()
-    return result, time.perf_counter() - start
+def numpy_operator(x):
+    """A x in numpy (in x's dtype): 4 x minus the four neighbours, zero outside."""
+    q = np.pad(x, 1)
+    return x.dtype.type(4) * x - ((q[1:-1, :-2] + q[1:-1, 2:]) + (q[:-2, 1:-1] + q[2:, 1:-1]))
+
+
+def relative_residual(prob, x):
+    """||b - A x|| / ||b|| in float64."""
+    b = prob.b.astype(np.float64)
+    return float(np.linalg.norm(b - numpy_operator(np.asarray(x, np.float64))) / np.linalg.norm(b))
+
+
+class Checker:
+    """Checks every solution against the references (computed once per problem)."""
+
+    def __init__(self, prob):
+        self.prob = prob
+        self.exact, self.how = exact_solution(prob)
+        self.scale = float(np.abs(self.exact).max())
+        self._jacobi = {}
+
+    def jacobi(self, name, u, sweeps, max_sweeps):
+        """u after ``sweeps`` sweeps: numpy's same sweeps (float32 rounding) and the exact solution."""
+        if sweeps >= max_sweeps:
+            raise AssertionError(f"{name}: not converged after {max_sweeps} sweeps")
+        if sweeps not in self._jacobi:
+            self._jacobi[sweeps] = numpy_jacobi(self.prob, sweeps)
+        np.testing.assert_allclose(u, self._jacobi[sweeps], rtol=0, atol=5e-4 * self.scale, err_msg=name)
+        np.testing.assert_allclose(u, self.exact, rtol=0, atol=0.05 * self.scale, err_msg=name)
+        return float(np.abs(u - self.exact).max()) / self.scale
+
+    def cg(self, name, x):
+        """x's residual (within tolerance, allowing float32 drift) and its distance to the exact solution."""
+        res = relative_residual(self.prob, x)
+        if not res <= 2 * self.prob.rtol:
+            raise AssertionError(f"{name}: relative residual {res:.2e} above 2 x rtol = {2 * self.prob.rtol:.1e}")
+        np.testing.assert_allclose(x, self.exact, rtol=0, atol=0.01 * self.scale, err_msg=name)
+        return float(np.abs(x - self.exact).max()) / self.scale
+
+
+# ----------------------------------------------------------------------------
+# The example
+# ----------------------------------------------------------------------------
+
+
+def timed(run, repeats=3):
+    """Run once (compiles, warms up), then ``repeats`` more; ((results on the host), median seconds)."""
+    import jax
+
+    jax.block_until_ready(run())
+    times = []
+    for _ in range(repeats):
+        jaxgraph.synchronize()
+        start = time.perf_counter()
+        out = jax.block_until_ready(run())
+        jaxgraph.synchronize()
+        times.append(time.perf_counter() - start)
+    u, count = (np.asarray(a.numpy() if isinstance(a, jaxgraph.DeviceArray) else a) for a in out)
+    return (u, int(np.ravel(count)[0])), float(np.median(times))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", type=int, default=64, help="interior points per side (default 64)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
+    p.add_argument("--max-sweeps", type=int, default=400_000, help="give up after this many Jacobi sweeps")
+    p.add_argument("--max-iter", type=int, default=20_000, help="give up after this many CG iterations")
+    p.add_argument("--sweeps-per-step", type=int, default=8,
+                   help="sweeps (CG iterations) per step of the device loop (default 8)")
+    p.add_argument("--check-every", type=int, default=8,
+                   help="Jacobi's every-K stop: steps between reads of the flag (default 8)")
+    p.add_argument("--cg-check-every", type=int, default=4,
+                   help="CG's every-K stop (default 4: up to K-1 steps of no-op kernels follow convergence)")
+    p.add_argument("--no-jacobi", action="store_true", help="CG only (Jacobi needs ~n^2 sweeps)")
+    p.add_argument("--quick", action="store_true", help="a 16 x 16 grid (tests)")
+    p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
+                   help="XLA's command buffers: JAX's defaults, or forced on, off, or on with WHILE (sets XLA_FLAGS)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.grid = 16
+    for name in ("grid", "max_sweeps", "max_iter", "sweeps_per_step", "check_every", "cg_check_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.sweeps_per_step % 2:
+        p.error(f"--sweeps-per-step must be even (the pipelined CG's arrays ping-pong), got {args.sweeps_per_step}")
+    if not 0 < args.rtol < 1:
+        p.error(f"--rtol must be in (0, 1), got {args.rtol}")
+    return args
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=int, default=64, help="interior points per side (default 64)")
-    p.add_argument("--rtol", type=float, default=1e-4, help="stop when the update shrank by this (default 1e-4)")
-    p.add_argument("--max-sweeps", type=int, default=200_000, help="give up after this many sweeps")
-    p.add_argument("--command-buffers", choices=("default", "on", "off"), default="default",
-                   help="XLA's command buffers: JAX's defaults, or forced on or off (sets XLA_FLAGS)")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
     if jaxgraph.device_count() == 0:
-        print("a CUDA GPU is needed to run the solver: none found, so this example stops here")
+        print("a CUDA GPU is needed to run the solvers: none found, so this example stops here")
         return 0
     if args.command_buffers != "default":
         os.environ["XLA_FLAGS"] = COMMAND_BUFFERS[args.command_buffers]
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import jax
     import jax.numpy as jnp
 
-    n, max_sweeps = args.grid, args.max_sweeps
-    h = 1.0 / (n + 1)
-    h2 = np.float32(h * h)
-    blocks = (n * n + 255) // 256
-    f = np.random.default_rng().standard_normal((n, n)).astype(np.float32)
-    # From u = 0 the first update is h^2 f / 4: the tolerance is relative to it.
-    tol2 = np.float32((args.rtol * np.linalg.norm(h2 * f / 4)) ** 2)
-    jacobi, converged = (jaxgraph.Kernel(SOURCE, k) for k in ("jacobi", "converged"))
+    prob = Problem(args.grid, args.rtol, np.random.default_rng())
+    check = Checker(prob)
+    kernels = Kernels(prob, args.sweeps_per_step)
+    every, cg_every = (args.check_every, args.cg_check_every) if has_check_every() else (None, None)
+    f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
+    flags = os.environ.get("XLA_FLAGS") or "unset: JAX's defaults"
+    print(f"{prob.n} x {prob.n} Poisson problem, rtol {prob.rtol:g}; {args.sweeps_per_step} sweeps (iterations) "
+          f"per device-loop step; XLA_FLAGS {flags}", flush=True)
+    if every is None:
+        print("this jaxgraph's graphed_loop has no check_every=: the every-K stop is left out", flush=True)
+    tables = {}
+    if not args.no_jacobi:
+        print("[Jacobi] idiomatic JAX, XLA on the jacobi kernel, jaxgraph device loops", flush=True)
+        idiomatic, xla = jnp_jacobi(prob, args.max_sweeps), kernels.xla_jacobi(args.max_sweeps)
+        runs = {"idiomatic JAX: jnp sweep in a jitted lax.while_loop": timed(lambda: idiomatic(f)),
+                "XLA: the jacobi kernel as a jax_call in the while_loop": timed(lambda: xla(f))}
+        for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
+            if k is None:
+                continue
+            graphed, loop = kernels.jacobi_loop(args.max_sweeps, k)
+            runs[f"jaxgraph: device loop, {how}, eager"] = timed(jacobi_eager(graphed, loop, prob))
+            solve = jacobi_in_jit(loop)
+            runs[f"jaxgraph: device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
+        worst = max(check.jacobi(name, u, n, args.max_sweeps) for name, ((u, n), _) in runs.items())
+        counts = {name: n for name, ((_, n), _) in runs.items()}
+        ours = {n for name, n in counts.items() if not name.startswith("idiomatic")}
+        if len(ours) != 1:  # the same kernel, the same order of additions: the same sweep, however stopped
+            raise AssertionError(f"the kernel's ways stopped after different sweeps: {counts}")
+        print(f"every Jacobi solution matches numpy's sweeps and the exact solution ({check.how}) to {worst:.1e} "
+              f"of its largest value; sweeps: {counts}", flush=True)
+        tables["Jacobi"] = runs
+    print("[CG] jax.scipy.sparse.linalg.cg, jaxgraph device loops", flush=True)
+    idiomatic_cg, none = jax_scipy_cg(prob, args.max_iter), jnp.zeros(1, jnp.int32)  # cg does not say its count
+    runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit": timed(lambda: (idiomatic_cg(b), none))}
+    for how, k in (("exact stop", 1), (f"every-{cg_every} stop", cg_every)):
+        if k is None:
+            continue
+        graphed, loop = kernels.cg_loop(args.max_iter, k)
+        runs[f"jaxgraph: CG device loop, {how}, eager"] = timed(cg_eager(graphed, loop, prob, numpy_operator))
+        solve = cg_in_jit(loop, jnp_operator)
+        runs[f"jaxgraph: CG device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
+    worst = max(check.cg(name, x) for name, ((x, _), _) in runs.items())
+    counts = {name: n for name, ((_, n), _) in runs.items() if not name.startswith("idiomatic")}
+    if max(counts.values()) >= args.max_iter or max(counts.values()) - min(counts.values()) > 1:
+        raise AssertionError(f"the CG loops stopped after too many, or different, iterations: {counts}")
+    print(f"every CG solution is within tolerance (float64 residual) and matches the exact solution ({check.how}) "
+          f"to {worst:.1e} of its largest value; jaxgraph's CG iterations: {sorted(set(counts.values()))}",
+          flush=True)
+    tables["CG"] = runs
 
-    def sweep(u, f):
-        """One sweep on device arrays: (u_new, flag, squared update)."""
-        u_new, partial = jaxgraph.empty(u.shape), jaxgraph.empty(blocks)
-        flag, update2 = jaxgraph.empty(1, np.int32), jaxgraph.empty(1)
-        jacobi[blocks, 256](u_new, partial, u, f, h2, n)
-        converged[1, 1](flag, update2, partial, blocks, tol2)
-        return u_new, flag, update2
-
-    print(f"[1/5] {n} x {n} Poisson problem; graphing a Jacobi sweep (2 kernels)", flush=True)
-    graphed = jaxgraph.make_graphed_callables(sweep, (np.zeros((n, n), np.float32), f))
-    u_s, _ = graphed.static_inputs
-    u_out, flag, update2 = graphed.static_outputs
-    zero = jaxgraph.zeros((n, n))
-    runs = {}
-
-    print("[2/5] host loop: replay, read the flag, repeat", flush=True)
-
-    def host_loop():
-        u_s.copy_(zero)
-        for sweeps in range(1, max_sweeps + 1):
-            graphed.graph.replay()
-            if flag.numpy()[0]:
-                break
-            u_s.copy_(u_out)
-        return u_out.numpy(), sweeps
-
-    runs["host loop: graph replay + flag read per sweep"] = timed(host_loop)
-
-    flags = os.environ.get("XLA_FLAGS") or "unset: JAX's default command buffers"
-    print(f"[3/5] jax.lax.while_loop over the same kernels as jax_calls (XLA_FLAGS {flags})", flush=True)
-    f32 = jax.ShapeDtypeStruct((n, n), jnp.float32)
-
-    def body(state):
-        sweeps, u, _ = state
-        u, partial = jacobi.jax_call(f32, jax.ShapeDtypeStruct((blocks,), jnp.float32), u, fj, h2, n, grid=blocks)
-        done, _ = converged.jax_call(jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.float32),
-                                     partial, blocks, tol2, grid=1, block=1)
-        return sweeps + 1, u, done
-
-    fj = jnp.asarray(f)
-    solve_xla = jax.jit(lambda u: jax.lax.while_loop(lambda s: (s[2][0] == 0) & (s[0] < max_sweeps), body,
-                                                      (jnp.int32(0), u, jnp.zeros(1, jnp.int32))))
-    u0 = jnp.zeros((n, n), jnp.float32)
-
-    def xla():
-        sweeps, u, _ = jax.block_until_ready(solve_xla(u0))
-        return np.asarray(u), int(sweeps)
-
-    runs["XLA: jax.lax.while_loop of jax_calls"] = timed(xla)
-
-    loop = jaxgraph.graphed_loop(graphed, max_sweeps, feed={0: 0}, until=flag)
-    print(f"[4/5] device loop: graphed_loop(..., until=flag), exact stop: the flag checked after every sweep "
-          f"({loop.ping_pong})", flush=True)
-
-    def device_loop():
-        u_s.copy_(zero)
-        loop.replay()
-        return u_out.numpy(), int(loop.steps_run.numpy()[0])
-
-    runs["jaxgraph: device loop, until= flag"] = timed(device_loop)
-    print("[5/5] the device loop inside jax.jit (one FFI call)", flush=True)
-    solve_jit = jax.jit(loop)
-
-    def device_loop_jit():
-        (u, _, _), sweeps = jax.block_until_ready(solve_jit(u0, fj))
-        return np.asarray(u), int(np.asarray(sweeps)[0])
-
-    runs["jaxgraph: device loop inside jax.jit"] = timed(device_loop_jit)
-
-    # Same kernels, same order of additions: every way stops after the same sweep.
-    counts = {name: sweeps for name, ((_, sweeps), _) in runs.items()}
-    if len(set(counts.values())) != 1:
-        raise AssertionError(f"the ways stopped after different sweeps: {counts}")
-    sweeps = next(iter(counts.values()))
-    if sweeps >= max_sweeps:
-        raise AssertionError(f"not converged after {max_sweeps} sweeps; raise --max-sweeps")
-    exact, how = exact_solution(f, h)
-    ref = numpy_jacobi(f, h2, sweeps)
-    scale = float(np.abs(exact).max())
-    for name, ((u, _), _) in runs.items():
-        np.testing.assert_allclose(u, ref, rtol=0, atol=5e-4 * scale, err_msg=name)  # float32 rounding
-        np.testing.assert_allclose(u, exact, rtol=0, atol=0.05 * scale, err_msg=name)
-    error = max(float(np.abs(r[0][0] - exact).max()) for r in runs.values()) / scale
-    print(f"\nconverged after {sweeps} sweeps in every way; each matches numpy's {sweeps} sweeps and the exact "
-          f"solution ({how}) to {error:.1e} of its largest value\n")
-
-    xla_s = runs["XLA: jax.lax.while_loop of jax_calls"][1]
-    width = max(map(len, runs))
-    print(f"{'way of running ' + str(sweeps) + ' sweeps':<{width}}  {'ms':>8}  {'us/sweep':>8}  vs lax.while_loop")
-    for name, (_, seconds) in runs.items():
-        print(f"{name:<{width}}  {seconds * 1e3:8.2f}  {seconds / sweeps * 1e6:8.2f}  {xla_s / seconds:6.2f}x")
-    print(f"\n{loop!r}")
+    for method, runs in tables.items():
+        base = next(iter(runs.values()))[1]
+        width = max(map(len, runs))
+        unit = "sweeps" if method == "Jacobi" else "iters"
+        print(f"\n{method}: {'way':<{width - len(method) - 2}}  {'ms':>8}  {unit:>7}  vs idiomatic JAX")
+        for name, ((_, n), seconds) in runs.items():
+            print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {n if n else '?':>7}  {base / seconds:6.2f}x")
     return 0
 
 

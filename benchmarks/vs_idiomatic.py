@@ -1,0 +1,365 @@
+"""jaxgraph's examples against the program a JAX user would write: gray_scott and poisson_solver.
+
+    python benchmarks/vs_idiomatic.py            # 4 XLA settings, 5 rounds: about 3 minutes on an H100
+    python benchmarks/vs_idiomatic.py --quick    # small sizes, 3 rounds (a smoke run)
+
+For each case, the idiomatic JAX program (``jax.numpy`` in a jitted loop, or
+the library call) is the baseline; every mode computes the same thing and is
+checked against numpy/scipy before it is timed:
+
+- ``gray_scott`` at grids 64, 256 and 1024, 100 steps of 10 substeps
+  (``examples/gray_scott.py``): ``jnp`` (the model in ``jax.numpy``, a
+  jitted ``lax.fori_loop``), ``xla_fused`` (the example's fused kernel as
+  ``Kernel.jax_call``s in that fori_loop), ``loop_fused_jit`` and
+  ``loop_blocked_jit`` (the device loop, one substep per launch or
+  ``gray_scott.default_blocking``'s temporally blocked launches, inside
+  ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
+  Python, timed by CUDA events). Up to grid 256 every mode is checked
+  against numpy; at 1024 (numpy would take a minute a process) against
+  the ``jnp`` run, itself checked against numpy on one step;
+- ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4 (Jacobi
+  above 64 x 64 only in ``--jacobi-big-settings``, 3 rounds: ~76,000 sweeps at 256)
+  (``examples/poisson_solver.py``): ``jnp_jacobi`` (a jitted
+  ``lax.while_loop``), ``xla_jacobi`` (the kernel as a ``jax_call`` in it),
+  ``jax_scipy_cg`` (``jax.scipy.sparse.linalg.cg`` on the matrix-free
+  operator), and the device loops in jit: ``*_exact`` (``until=``, exact
+  stop), ``*_every`` (``check_every=K``, where this jaxgraph has it),
+  ``jacobi_exact_s1`` (one sweep a step: the loop's own stop after every
+  sweep). The CG loops run pipelined CG, one kernel an iteration.
+
+One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
+``benchmarks/config.py``), started by ``run.run_worker``; in each, a case's
+modes are sampled in interleaved rounds (``harness.measure_group``): a
+sample is the wall time of back-to-back calls, the last waited for, per
+call (CUDA events for the eager replay). The report (``vs_idiomatic_report.py``)
+takes each mode at its best setting and compares it with the idiomatic
+program at *its* best setting, with the range over the rounds. Writes
+``<device>-vs-idiomatic.json``, ``.md`` and ``.png`` (without matplotlib, no
+PNG) into ``--out`` (``-vs-idiomatic-quick`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import config, harness, stats  # noqa: E402
+from benchmarks.vs_idiomatic_report import markdown, render, summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ("off", "on", "defaults", "while")
+CASES = ("gray_scott", "poisson")
+
+__all__ = ["CASES", "SETTINGS", "main", "parse_args", "worker"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/vs_idiomatic.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes, 3 rounds of ~5 ms samples")
+    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    p.add_argument("--grids", default=None, help="gray_scott grids (default 64,256,1024; quick 64)")
+    p.add_argument("--poisson-grids", default=None, help="poisson grids (default 64,256; quick 32)")
+    p.add_argument("--jacobi-big-settings", default="on,while",
+                   help="settings that also time Jacobi above 64 x 64 (its sweeps grow as n^2: ~76,000 at 256, "
+                        "seconds a solve); default on,while")
+    p.add_argument("--steps", type=int, default=100, help="gray_scott steps (default 100)")
+    p.add_argument("--substeps", type=int, default=10, help="gray_scott substeps per step (default 10)")
+    p.add_argument("--per-step", type=int, default=8, help="poisson sweeps (iterations) per loop step (default 8)")
+    p.add_argument("--check-every", type=int, default=8, help="K of Jacobi's every-K stop (default 8)")
+    p.add_argument("--cg-check-every", type=int, default=4,
+                   help="K of CG's every-K stop (default 4: up to K-1 steps of no-op kernels may follow)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
+    p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results directory")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per worker process")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run one setting
+    p.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.settings = _names(p, args.settings, SETTINGS, "setting")
+    args.cases = _names(p, args.cases, CASES, "case")
+    args.jacobi_big_settings = _names(p, args.jacobi_big_settings, SETTINGS, "setting") if \
+        args.jacobi_big_settings.strip() else ()
+    args.grids = _ints(p, args.grids or ("64" if args.quick else "64,256,1024"), "--grids")
+    args.poisson_grids = _ints(p, args.poisson_grids or ("32" if args.quick else "64,256"), "--poisson-grids")
+    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.quick:
+        args.steps, args.substeps = min(args.steps, 20), min(args.substeps, 10)
+    args.repeats = args.repeats or (3 if args.quick else 5)
+    args.target_ms = args.target_ms or (5.0 if args.quick else 20.0)
+    return args
+
+
+def _names(p: argparse.ArgumentParser, text: str, known: tuple, what: str) -> tuple:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [s for s in names if s not in known]
+    if unknown or not names:
+        p.error(f"unknown {what}(s) {unknown}; choose from {','.join(known)}")
+    return names
+
+
+def _ints(p: argparse.ArgumentParser, text: str, flag: str) -> tuple:
+    try:
+        values = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        p.error(f"{flag} takes comma-separated integers, got {text!r}")
+    if not values or min(values) < 4:
+        p.error(f"{flag}: each grid must be >= 4, got {text!r}")
+    return values
+
+
+# ----------------------------------------------------------------------------
+# The worker: one XLA setting
+# ----------------------------------------------------------------------------
+
+
+def _example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _jit_mode(key: str, fn: Callable, args: tuple, check: Callable[[Any], tuple]) -> harness.Mode:
+    """Compile ``fn(*args)``, check its result (``check`` raises, or says what it verified and the
+    steps, sweeps or iterations it took), then time back-to-back calls."""
+    import jax
+
+    from benchmarks.jax_modes import timed_calls
+
+    what, steps = check(jax.block_until_ready(fn(*args)))
+    return harness.Mode(key, timed_calls(lambda a: fn(*a), [args]), per_call=1, unit="us_per_call",
+                        clock="wall", check=what, info={"steps": steps})
+
+
+def _eager_mode(key: str, run: Callable[[], Any], check: Callable[[Any], tuple]) -> harness.Mode:
+    """An eager device-loop replay, timed by CUDA events on the current stream."""
+    import jaxgraph
+
+    from benchmarks.graph_modes import event_timer
+
+    what, steps = check(run())
+
+    def body(calls: int) -> None:
+        for _ in range(calls):
+            run()
+
+    return harness.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
+                        clock="cuda_event", check=what, info={"steps": steps})
+
+
+def _host(a: Any) -> np.ndarray:
+    import jaxgraph
+
+    return a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a)
+
+
+def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
+    """The gray_scott modes at grid ``nx``: each checks u, v and the totals against numpy."""
+    import jax.numpy as jnp
+
+    gs = _example("gray_scott")
+    steps, substeps = args.steps, args.substeps
+    u0, v0 = gs.initial_state(nx, np.random.default_rng())
+    u, v = jnp.asarray(u0), jnp.asarray(v0)
+    if nx <= 256:
+        want, against = gs.reference(u0, v0, steps, substeps), "numpy"
+    else:  # numpy would take a minute: check jnp's first step against it, then use jnp's run as the reference
+        gs.check("jnp, one step", gs.jnp_simulation(1, substeps)(u, v), gs.reference(u0, v0, 1, substeps))
+        want, against = tuple(np.asarray(a) for a in gs.jnp_simulation(steps, substeps)(u, v)), "jnp (its step: numpy)"
+
+    def check(name: str) -> Callable[[Any], tuple]:
+        def run(out: Any) -> tuple:
+            worst = gs.check(name, out, want)
+            return f"u, v and {steps} totals match {against} (v within {worst:.1e})", steps
+        return run
+
+    fused = lambda: gs.CudaGrayScott(nx, substeps, 1, steps)  # noqa: E731
+    per_launch, tile = gs.default_blocking(nx, substeps)
+    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile)  # noqa: E731
+
+    def loop_jit(key: str, make: Callable) -> harness.Mode:
+        _, loop = make().device_loop()
+        return _jit_mode(key, gs.loop_in_jit(loop), (u, v), check(key))
+
+    def loop_eager(key: str, make: Callable) -> harness.Mode:
+        graphed, loop = make().device_loop()
+        return _eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), check(key))
+
+    return [("jnp", lambda: _jit_mode("jnp", gs.jnp_simulation(steps, substeps), (u, v), check("jnp"))),
+            ("xla_fused", lambda: _jit_mode("xla_fused", gs.xla_simulation(fused()), (u, v), check("xla_fused"))),
+            ("loop_fused_jit", lambda: loop_jit("loop_fused_jit", fused)),
+            ("loop_blocked_jit", lambda: loop_jit("loop_blocked_jit", blocked)),
+            ("loop_blocked_eager", lambda: loop_eager("loop_blocked_eager", blocked))]
+
+
+def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
+    """The poisson modes (``method`` "jacobi" or "cg") at n x n: each checked against scipy/numpy."""
+    import jax.numpy as jnp
+
+    ps = _example("poisson_solver")
+    prob = ps.Problem(n, args.rtol, np.random.default_rng())
+    checker = ps.Checker(prob)
+    max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
+    every = (args.check_every if method == "jacobi" else args.cg_check_every) if ps.has_check_every() else None
+    f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
+
+    def check(name: str) -> Callable[[Any], tuple]:
+        def run(out: Any) -> tuple:
+            x, count = (_host(a) for a in out)
+            its = int(np.ravel(count)[0]) if np.size(count) else None  # jax.scipy's cg does not say
+            if method == "jacobi":
+                err = checker.jacobi(name, x, its, max_sweeps)
+                return f"{its} sweeps; matches numpy's {its} sweeps and {checker.how} ({err:.1e} of max)", its
+            err = checker.cg(name, x)
+            return (f"{its or 'unreported'} iterations; float64 residual within tolerance, {checker.how} to "
+                    f"{err:.1e} of max"), its
+        return run
+
+    def loop(key: str, per_step: int, check_every: int, eager: bool = False) -> harness.Mode:
+        kernels = ps.Kernels(prob, per_step)
+        if method == "jacobi":
+            graphed, lp = kernels.jacobi_loop(max_sweeps, check_every)
+            if eager:
+                return _eager_mode(key, ps.jacobi_eager(graphed, lp, prob), check(key))
+            return _jit_mode(key, ps.jacobi_in_jit(lp), (f,), check(key))
+        graphed, lp = kernels.cg_loop(max_iter, check_every)
+        if eager:
+            return _eager_mode(key, ps.cg_eager(graphed, lp, prob, ps.numpy_operator), check(key))
+        return _jit_mode(key, ps.cg_in_jit(lp, ps.jnp_operator), (b,), check(key))
+
+    s = args.per_step
+    if method == "jacobi":
+        out = [("jnp_jacobi", lambda: _jit_mode("jnp_jacobi", ps.jnp_jacobi(prob, max_sweeps), (f,),
+                                                check("jnp_jacobi")))]
+        if n <= 64:
+            out.append(("xla_jacobi", lambda: _jit_mode("xla_jacobi", ps.Kernels(prob).xla_jacobi(max_sweeps), (f,),
+                                                        check("xla_jacobi"))))
+            out.append(("jacobi_exact_s1", lambda: loop("jacobi_exact_s1", 1, 1)))
+        out.append(("jacobi_exact", lambda: loop("jacobi_exact", s, 1)))
+        if every:
+            out.append(("jacobi_every", lambda: loop("jacobi_every", s, every)))
+        return out
+    import jax
+
+    cg = jax.jit(lambda b: (ps.jax_scipy_cg(prob, max_iter)(b), jnp.zeros(0, jnp.int32)))
+    out = [("jax_scipy_cg", lambda: _jit_mode("jax_scipy_cg", cg, (b,), check("jax_scipy_cg"))),
+           ("cg_exact", lambda: loop("cg_exact", s, 1)),
+           ("cg_exact_eager", lambda: loop("cg_exact_eager", s, 1, eager=True))]
+    if every:
+        out.append(("cg_every", lambda: loop("cg_every", s, every)))
+    return out
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """Check and time every case under this process's XLA flags; the record for the driver."""
+    import jax
+
+    groups: dict = {}
+    target_s = args.target_ms / 1e3
+
+    def measure(key: str, factories: list, repeats: int = args.repeats) -> None:
+        start = time.perf_counter()
+        groups[key] = {"modes": harness.measure_group(f"[{args.worker} {key}]", factories, repeats, target_s,
+                                                      10_000)}
+        groups[key]["wall_s"] = round(time.perf_counter() - start, 1)
+
+    if "gray_scott" in args.cases:
+        for nx in args.grids:
+            measure(f"gray_scott/{nx}", gray_scott_factories(args, nx))
+    if "poisson" in args.cases:
+        for n in args.poisson_grids:
+            measure(f"poisson_cg/{n}", poisson_factories(args, n, "cg"))
+            if n <= 64:
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
+        for n in args.poisson_grids:  # last: seconds a solve
+            if n > 64 and args.worker in args.jacobi_big_settings:
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"), min(3, args.repeats))
+    ps = _example("poisson_solver")
+    return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
+            "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
+
+
+# ----------------------------------------------------------------------------
+# The driver
+# ----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.worker is not None:
+        import jaxgraph
+
+        if jaxgraph.device_count() == 0:
+            print("no CUDA device: this benchmark runs on a GPU machine")
+            return 1
+        args.json.write_text(json.dumps(stats.json_ready(worker(args))))
+        return 0
+    import jaxgraph
+
+    if jaxgraph.device_count() == 0:
+        print("no CUDA device: this benchmark runs on a GPU machine (nothing measured)")
+        return 0
+    from benchmarks import run
+
+    start = time.perf_counter()
+    cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
+           "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
+           "cg_check_every": args.cg_check_every, "rtol": args.rtol, "repeats": args.repeats,
+           "target_ms": args.target_ms, "quick": args.quick, "settings": list(args.settings),
+           "cases": list(args.cases), "jacobi_big_settings": list(args.jacobi_big_settings)}
+    meta = run.collect_meta(config.QUICK, argv)
+    results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
+               "command": " ".join(["python", "benchmarks/vs_idiomatic.py", *argv]), "config": cfg,
+               "device": "unknown device", "processes": {}}
+    with tempfile.TemporaryDirectory(prefix="jaxgraph-vs-idiomatic-") as tmp:
+        for key in args.settings:
+            command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", key]
+            results["processes"][key] = run.run_worker(config.SETTINGS[key], None, Path(tmp), args.timeout_s, command)
+            results["wall_s"] = round(time.perf_counter() - start, 1)
+            written = _write(results, args, plot=True)  # after each process: a run cut short keeps what it did
+    print(f"\nwrote {written} in {results['wall_s']:.0f} s\n\n{markdown(results)}")
+    failed = any(p.get("failed") or any("error" in r for g in p.get("groups", {}).values()
+                                        for r in g["modes"].values()) for p in results["processes"].values())
+    return 1 if failed else 0
+
+
+def _write(results: dict, args: argparse.Namespace, plot: bool) -> str:
+    """Summarize what the processes so far recorded and write ``.json``, ``.md`` (and ``.png``); say what."""
+    processes = results["processes"]
+    results["device"] = next((p["device"]["name"] for p in processes.values() if p.get("device")), "unknown device")
+    summarize(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = stats.device_slug(results["device"]) + ("-vs-idiomatic-quick" if args.quick else "-vs-idiomatic")
+    stem = args.out / name
+    stem.with_suffix(".json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(results) + "\n")
+    written = f"{stem}.json and .md"
+    if plot:
+        try:
+            render(results, stem.with_suffix(".png"))
+            written += " and .png"
+        except ImportError as exc:
+            print(f"no PNG ({exc})")
+    return written
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The kernels of examples/gray_scott.py and examples/poisson_solver.py on the GPU, against numpy/scipy.
+
+Small grids, fresh random inputs, odd sizes (a grid that is not a multiple of
+the tile, a halo wider than the grid, an odd number of substeps): the blocked
+kernel's halo and periodic wrap, the device loops eagerly and inside jax.jit,
+and the solvers' stops (the kernel's sweep count against numpy's, the exact
+and every-K stops giving the same bits). The examples' own runs are in
+tests/test_examples.py.
+"""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gs = _example("gray_scott")
+ps = _example("poisson_solver")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nx, substeps, per_launch, tile", [(40, 5, 5, 16), (33, 7, 3, 8), (6, 4, 4, 4),
+                                                             (24, 3, 1, 32)])
+def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile):
+    import jax.numpy as jnp
+
+    steps = 6
+    u0, v0 = gs.initial_state(nx, np.random.default_rng())
+    want = gs.reference(u0, v0, steps, substeps)
+    model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile)
+    graphed, loop = model.device_loop()
+    u, v = jnp.asarray(u0), jnp.asarray(v0)
+    gs.check("in jit", gs.loop_in_jit(loop)(u, v), want)
+    graphed.static_inputs[2].fill_(np.nan)  # the totals poisoned: the eager run must write every one
+    gs.check("eager", gs.loop_eager(graphed, loop, u0, v0)(), want)
+    gs.check("jax_call", gs.xla_simulation(model)(u, v), want)
+    gs.check("jnp", gs.jnp_simulation(steps, substeps)(u, v), want)
+
+
+def _numpy_jacobi_stop(prob, most):
+    """The first sweep (float32, as the kernel) whose squared update is within tolerance."""
+    u = np.zeros_like(prob.f)
+    p = np.zeros((prob.n + 2, prob.n + 2), np.float32)
+    for k in range(1, most + 1):
+        p[1:-1, 1:-1] = u
+        new = np.float32(0.25) * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.b)
+        if float(np.sum((new.astype(np.float64) - u) ** 2)) <= prob.jacobi_tol2:
+            return k
+        u = new
+    raise AssertionError("numpy's Jacobi did not converge")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, per_step", [(12, 1), (17, 3), (16, 8)])
+def test_jacobi_stops_where_numpy_does(n, per_step):
+    import jax.numpy as jnp
+
+    prob = ps.Problem(n, 1e-3, np.random.default_rng())
+    check = ps.Checker(prob)
+    kernels = ps.Kernels(prob, per_step)
+    f = jnp.asarray(prob.f)
+    graphed, loop = kernels.jacobi_loop(100_000)
+    u, sweeps = (np.asarray(a) for a in ps.jacobi_in_jit(loop)(f))
+    want = _numpy_jacobi_stop(prob, 100_000)
+    assert abs(int(sweeps) - want) <= 2, (int(sweeps), want)  # float32 sums in another order
+    check.jacobi("in jit", u, int(sweeps), 100_000)
+    u_e, s_e = ps.jacobi_eager(graphed, loop, prob)()
+    assert int(s_e.numpy()[0]) == int(sweeps)
+    np.testing.assert_array_equal(u_e.numpy(), u)  # the same kernel, the same stop: the same bits
+    u_x, s_x = (np.asarray(a) for a in kernels.xla_jacobi(100_000)(f))
+    assert int(s_x) == int(sweeps)
+    np.testing.assert_array_equal(u_x, u)
+    if ps.has_check_every():
+        _, every = kernels.jacobi_loop(100_000, check_every=4)
+        u_k, s_k = (np.asarray(a) for a in ps.jacobi_in_jit(every)(f))
+        assert int(s_k) == int(sweeps)
+        np.testing.assert_array_equal(u_k, u)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, per_step", [(12, 2), (33, 8), (20, 4)])
+def test_cg_matches_scipy_and_its_stops_agree(n, per_step):
+    import jax.numpy as jnp
+
+    prob = ps.Problem(n, 1e-5, np.random.default_rng())
+    check = ps.Checker(prob)
+    kernels = ps.Kernels(prob, per_step)
+    b = jnp.asarray(prob.b)
+    graphed, loop = kernels.cg_loop(10_000)
+    x, its = (np.asarray(a) for a in ps.cg_in_jit(loop, ps.jnp_operator)(b))
+    check.cg("in jit", x)
+    assert 1 <= int(its) <= 4 * n, int(its)  # CG on n^2 unknowns: O(n) iterations, never n^2
+    graphed.static_inputs[0].fill_(np.nan)  # x poisoned: the eager run must start from 0 and write it
+    x_e, its_e = ps.cg_eager(graphed, loop, prob, ps.numpy_operator)()
+    assert abs(int(its_e.numpy()[0]) - int(its)) <= 1  # b.b from numpy here, from XLA in jit: last bits differ
+    check.cg("eager", x_e.numpy())
+    check.cg("jax.scipy", np.asarray(ps.jax_scipy_cg(prob, 10_000)(b)))
+    if ps.has_check_every():
+        _, every = kernels.cg_loop(10_000, check_every=4)
+        x_k, its_k = (np.asarray(a) for a in ps.cg_in_jit(every, ps.jnp_operator)(b))
+        assert int(its_k) == int(its)
+        np.testing.assert_array_equal(x_k, x)
