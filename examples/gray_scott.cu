@@ -75,40 +75,78 @@ extern "C" __global__ void fused(float* u_out, float* v_out, float* partial, uns
 // TILE x TILE tile and a halo HALO wide (periodic: wrapped indices) into shared memory, runs
 // substep s on the tile grown by t - s on each side (the points substep s + 1 needs), and writes
 // the tile once. With `last`, it ends the step: it also records the total of v (see record).
+//
+// Written for latency, since a block's work is small: every global load of the tile is issued
+// before any shared store; the two ping-pong buffers are separate arrays, and a substep reads all
+// its points into registers before it stores any, so no load waits on a store it cannot alias.
 #define W (TILE + 2 * HALO)
-__device__ __forceinline__ int wrap(int i, int nx) {
-  while (i < 0) i += nx;
-  while (i >= nx) i -= nx;
-  return i;
-}
-extern "C" __global__ void blocked(float* u_out, float* v_out, float* partial, unsigned int* arrived, float* masses,
-                                   int* count, const float* u, const float* v, int nx, int steps, int last, int t) {
-  __shared__ float su[2][W * W], sv[2][W * W];
-  int x0 = blockIdx.x * TILE - HALO, y0 = blockIdx.y * TILE - HALO;
-  for (int ly = threadIdx.y; ly < W; ly += 16) {
-    int row = wrap(y0 + ly, nx) * nx;
-    for (int lx = threadIdx.x; lx < W; lx += 16) {
-      int g = row + wrap(x0 + lx, nx);
-      su[0][ly * W + lx] = u[g];
-      sv[0][ly * W + lx] = v[g];
-    }
-  }
-  __syncthreads();
-  int cur = 0;
-  for (int s = 1; s <= t; ++s) {
-    int lo = HALO - t + s, hi = W - lo;  // substep s updates [lo, hi)^2
-    const float *a = su[cur], *b = sv[cur];
-    float *a_out = su[cur ^ 1], *b_out = sv[cur ^ 1];
-    for (int ly = lo + threadIdx.y; ly < hi; ly += 16) {
-      for (int lx = lo + threadIdx.x; lx < hi; lx += 16) {
+#define LOAD_SLOTS ((W * W + 255) / 256)  // tile + halo points each thread loads
+#define SIDE_SLOTS ((W + 15) / 16)        // rows (and columns) each thread updates per substep
+
+__device__ __forceinline__ int wrap(int i, int nx) { return ((i % nx) + nx) % nx; }
+
+// One substep on the square [lo, hi)^2 of the shared tile: (a, b) -> (a_out, b_out).
+__device__ __forceinline__ void substep(const float* __restrict__ a, const float* __restrict__ b,
+                                        float* __restrict__ a_out, float* __restrict__ b_out, int lo, int hi) {
+  float ru[SIDE_SLOTS][SIDE_SLOTS], rv[SIDE_SLOTS][SIDE_SLOTS];
+#pragma unroll
+  for (int j = 0; j < SIDE_SLOTS; ++j) {
+#pragma unroll
+    for (int k = 0; k < SIDE_SLOTS; ++k) {
+      int ly = lo + threadIdx.y + 16 * j, lx = lo + threadIdx.x + 16 * k;
+      if (ly < hi && lx < hi) {
         int i = ly * W + lx;
-        gray_scott(a_out[i], b_out[i], a[i], b[i], a[i - 1], a[i + 1], a[i - W], a[i + W],
+        gray_scott(ru[j][k], rv[j][k], a[i], b[i], a[i - 1], a[i + 1], a[i - W], a[i + W],
                    b[i - 1], b[i + 1], b[i - W], b[i + W]);
       }
     }
-    __syncthreads();
-    cur ^= 1;
   }
+#pragma unroll
+  for (int j = 0; j < SIDE_SLOTS; ++j) {
+#pragma unroll
+    for (int k = 0; k < SIDE_SLOTS; ++k) {
+      int ly = lo + threadIdx.y + 16 * j, lx = lo + threadIdx.x + 16 * k;
+      if (ly < hi && lx < hi) {
+        a_out[ly * W + lx] = ru[j][k];
+        b_out[ly * W + lx] = rv[j][k];
+      }
+    }
+  }
+}
+
+extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict__ v_out, float* partial,
+                                   unsigned int* arrived, float* masses, int* count, const float* __restrict__ u,
+                                   const float* __restrict__ v, int nx, int steps, int last, int t) {
+  __shared__ float ua[W * W], va[W * W], ub[W * W], vb[W * W];
+  const int tid = threadIdx.y * 16 + threadIdx.x;
+  const int x0 = blockIdx.x * TILE - HALO, y0 = blockIdx.y * TILE - HALO;
+  float lu[LOAD_SLOTS], lv[LOAD_SLOTS];
+#pragma unroll
+  for (int k = 0; k < LOAD_SLOTS; ++k) {
+    int p = tid + 256 * k;
+    if (p < W * W) {
+      int g = wrap(y0 + p / W, nx) * nx + wrap(x0 + p % W, nx);
+      lu[k] = __ldg(u + g);
+      lv[k] = __ldg(v + g);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < LOAD_SLOTS; ++k) {
+    int p = tid + 256 * k;
+    if (p < W * W) {
+      ua[p] = lu[k];
+      va[p] = lv[k];
+    }
+  }
+  __syncthreads();
+  for (int s = 1; s <= t; ++s) {
+    int lo = HALO - t + s, hi = W - lo;  // substep s updates [lo, hi)^2
+    if (s & 1) substep(ua, va, ub, vb, lo, hi);
+    else substep(ub, vb, ua, va, lo, hi);
+    __syncthreads();
+  }
+  const float* fu = (t & 1) ? ub : ua;
+  const float* fv = (t & 1) ? vb : va;
   float vsum = 0.0f;
   for (int ty = threadIdx.y; ty < TILE; ty += 16) {
     int y = blockIdx.y * TILE + ty;
@@ -116,9 +154,9 @@ extern "C" __global__ void blocked(float* u_out, float* v_out, float* partial, u
       int x = blockIdx.x * TILE + tx;
       if (x < nx && y < nx) {
         int i = (HALO + ty) * W + HALO + tx;
-        u_out[y * nx + x] = su[cur][i];
-        v_out[y * nx + x] = sv[cur][i];
-        vsum += sv[cur][i];
+        u_out[y * nx + x] = fu[i];
+        v_out[y * nx + x] = fv[i];
+        vsum += fv[i];
       }
     }
   }
