@@ -19,6 +19,7 @@ their memory allocators know nothing of jaxgraph's capture. A library that is
 not installed is left out of the graph and of the numpy reference.
 """
 
+import argparse
 import os
 import sys
 
@@ -68,7 +69,8 @@ def reference(x, w, cupy, torch):
     return y * y + h if torch else y
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     if jaxgraph.device_count() == 0:
         kernel = jaxgraph.Kernel(SCALE_SHIFT, "scale_shift", arch="sm_90")
         print(f"compiled {kernel}; a CUDA GPU is needed to capture and replay: none found, so this example stops here")

@@ -12,6 +12,7 @@ Run:  python examples/jit_replay.py
 On a machine without a CUDA GPU it says so in one line and exits 0.
 """
 
+import argparse
 import os
 import sys
 import time
@@ -42,7 +43,8 @@ def reference(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     if jaxgraph.device_count() == 0:
         print("a CUDA GPU is needed to replay graphs inside jax.jit: none found, so this example stops here")
         return 0

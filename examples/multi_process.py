@@ -62,13 +62,16 @@ def reference(x: np.ndarray) -> np.ndarray:
 
 
 def worker() -> int:
+    import jaxgraph
+
+    if jaxgraph.device_count() == 0:  # before jax.distributed, which would wait for the others
+        print("a CUDA GPU is needed for each process: none found, so this worker stops here")
+        return 0
     import jax
 
     initialize()
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    import jaxgraph
 
     rank, world = jax.process_index(), jax.process_count()
     blocks = (N + 255) // 256
@@ -182,7 +185,7 @@ def launch(processes: int | None) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--processes", type=int, default=None, help="how many (default: one per GPU, at least 2)")
     p.add_argument("--worker", action="store_true", help="be one process of many (a launcher started it)")
     args = p.parse_args()

@@ -3,11 +3,14 @@
 Run:  python examples/quickstart.py   (without a GPU it compiles the kernel, says so and exits 0)
 """
 
+import argparse
 import sys
 
 import numpy as np
 
-import jaxgraph
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
+import jaxgraph  # noqa: E402
 
 SRC = r"""
 extern "C" __global__ void axpb(float* y, const float* x, float a, float b, int n) {

@@ -14,6 +14,7 @@ With one GPU the mesh has one device; on a machine without a CUDA GPU it says
 so in one line and exits 0.
 """
 
+import argparse
 import os
 import sys
 
@@ -43,7 +44,8 @@ def reference(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     if jaxgraph.device_count() == 0:
         print("CUDA GPUs are needed to replay graphs on several devices: none found, so this example stops here")
         return 0

@@ -108,3 +108,23 @@ def test_help_prints_the_whole_description(name):
     for paragraph in paragraphs:  # every paragraph, verbatim (argparse keeps its lines)
         assert paragraph.strip() in output, paragraph
     assert "--quick" in output and "--command-buffers" in output
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_help_describes_it_and_runs_nothing(path):
+    code, output = run_example(path, "--help")
+    assert code == 0, output
+    assert output.startswith("usage:"), output
+    first = " ".join(path.read_text().split('"""')[1].split("\n\n")[0].split())  # the docstring's first paragraph
+    assert first[:60] in " ".join(output.split()), (first, output)
+    assert "none found" not in output and "matches" not in output, output  # --help ran nothing
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks what a CPU-only machine says")
+def test_multi_process_worker_without_a_gpu_says_so_and_exits_0():
+    # The mode a launcher (torchrun, srun) starts in every process: no GPU is a message, not a traceback.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_process.py"), "--worker"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "a CUDA GPU is needed" in result.stdout and "Traceback" not in result.stderr, result.stderr
