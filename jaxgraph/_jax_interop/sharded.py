@@ -205,12 +205,12 @@ class ShardedGraph:
 
     @property
     def in_shapes(self) -> tuple:
-        """The shard-local inputs it takes, as ``jax.ShapeDtypeStruct``s."""
+        """The shard-local inputs it takes, as ``jax.ShapeDtypeStruct`` objects."""
         return self._step.in_shapes
 
     @property
     def out_shapes(self) -> tuple:
-        """The shard-local outputs it returns, as ``jax.ShapeDtypeStruct``s."""
+        """The shard-local outputs it returns, as ``jax.ShapeDtypeStruct`` objects."""
         return self._step.out_shapes
 
     @property

@@ -1,0 +1,123 @@
+"""The docs site in docs/ builds with no warnings, documents every public name, and its code runs.
+
+Sphinx builds the site with ``-W`` (warnings are errors) from the MyST pages,
+the docstrings (autodoc, numpy style), BUILD.md, CHANGELOG.md and the committed
+benchmark results (docs/results_pages.py). Code blocks follow the README's
+rules (tests/test_readme.py): a ```python block whose first line starts with
+``# continues`` runs after the blocks before it on the same page. A chain whose
+first line is ``# runs without a GPU`` runs here on the CPU; every chain runs on
+a GPU (the GPU suite).
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import jaxgraph
+from test_readme import chains, python_blocks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts and p.parent.name != "performance")
+CPU_MARK = "# runs without a GPU"
+
+
+def page_chains(pages=PAGES):
+    """(page, line, code) for every chain of every page."""
+    return [(page, line, code) for page in pages for line, code in chains(page.read_text())]
+
+
+CHAINS = page_chains()
+IDS = [f"{p.relative_to(DOCS)}:{line}" for p, line, _ in CHAINS]
+CPU_CHAINS = [c for c in CHAINS if c[2].lstrip().startswith(CPU_MARK)]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The HTML site, built once with warnings as errors: (output dir, sphinx's output, seconds)."""
+    out = tmp_path_factory.mktemp("html")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html",
+                           "-d", str(out / ".doctrees"), str(DOCS), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - start
+    log = proc.stdout + proc.stderr
+    print(f"docs built in {seconds:.1f} s; {log.count('WARNING')} warnings")
+    assert proc.returncode == 0, log[-6000:]
+    return out, log, seconds
+
+
+def test_the_docs_build_with_no_warnings(built):
+    out, log, _ = built
+    assert "WARNING" not in log, log
+    for page in ("index", "getting-started", "api", "performance", "build", "architecture", "changelog",
+                 "release", "guide/kernels", "guide/capture", "guide/hooks", "guide/branches-loops", "guide/jit",
+                 "guide/graphed-callables", "guide/several-gpus", "guide/several-hosts", "guide/interop"):
+        assert (out / f"{page}.html").is_file(), page
+
+
+def test_every_public_name_has_a_reference_entry(built):
+    out, _, _ = built
+    listed = re.findall(r"^\.\. auto(?:class|function|exception):: (\w+)$", (DOCS / "api.rst").read_text(), re.M)
+    assert sorted(listed) == sorted(jaxgraph.__all__), set(listed) ^ set(jaxgraph.__all__)
+    html = (out / "api.html").read_text()
+    missing = [name for name in jaxgraph.__all__ if f'id="jaxgraph.{name}"' not in html]
+    assert missing == [], missing
+    for member in ("jaxgraph.CUDAGraph.replay", "jaxgraph.CUDAGraph.register_replay_start_hook",
+                   "jaxgraph.Kernel.jax_call", "jaxgraph.Replayable.bindings"):
+        assert f'id="{member}"' in html, member                  # methods, inherited ones too
+    assert 'id="jaxgraph._' not in html                          # nothing private
+
+
+def test_every_results_file_has_its_page(built):
+    out, _, _ = built
+    results = sorted((REPO / "benchmarks" / "results").glob("*.md"))
+    for source in results:
+        if source.name == "README.md":
+            continue
+        page = out / "performance" / f"{source.stem}.html"
+        assert page.is_file(), source.name
+        heading = source.read_text().split("\n", 1)[0].lstrip("# ").split("`")[0][:30]
+        assert heading.replace("&", "&amp;") in page.read_text(), (source.name, heading)
+        if source.with_suffix(".png").is_file():
+            assert list((out / "_images").glob(f"{source.stem}*.png")), source.with_suffix(".png").name
+    index = (out / "performance" / "index.html").read_text()
+    assert all(f"{s.stem}.html" in index for s in results if s.name != "README.md")
+
+
+@pytest.mark.parametrize("page, line, code", CHAINS, ids=IDS)
+def test_every_code_block_compiles(page, line, code):
+    compile(code, f"{page}:{line}", "exec")
+
+
+def test_getting_started_has_a_cpu_snippet_and_every_guide_page_has_code():
+    assert any(page.name == "getting-started.md" and "lowering_platforms" in code for page, _, code in CPU_CHAINS)
+    for page in sorted((DOCS / "guide").glob("*.md")):
+        assert python_blocks(page.read_text()), f"{page.name} has no python block"
+
+
+def run_chain(code, cwd):
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr[-4000:]
+    assert proc.returncode == 0, output
+    assert "False" not in proc.stdout, output     # a check the snippet printed failed
+    return proc.stdout
+
+
+@pytest.mark.parametrize("page, line, code", CPU_CHAINS, ids=[f"{p.relative_to(DOCS)}:{n}" for p, n, _ in CPU_CHAINS])
+def test_cpu_snippets_run(page, line, code, tmp_path):
+    out = run_chain(code, tmp_path)
+    assert "True" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page, line, code", CHAINS, ids=IDS)
+def test_docs_snippets_run(page, line, code, tmp_path):
+    print(f"{page.relative_to(DOCS)} chain from line {line}:\n{run_chain(code, tmp_path)}")
