@@ -49,12 +49,50 @@ CHAINS = chains()
 
 def test_the_snippets_are_found_and_chained():
     blocks = python_blocks()
-    assert len(blocks) >= 6                      # a first kernel ... gradients, at least
+    assert len(blocks) >= 4                      # a first kernel, capture, jit, a device loop
     assert not blocks[0][1].lstrip().startswith(CONTINUES)  # the first one stands alone
     assert len(CHAINS) >= 2 and sum(code.count("```") for _, code in CHAINS) == 0
     first = CHAINS[0][1]
-    for name in ("x_host", "blocks", "add_one", "replayable", "capture_per_device"):
+    for name in ("x_host", "blocks", "add_one", "CUDAGraph", "replayable"):
         assert name in first, name               # one chain from "A first kernel" on
+    assert any("graphed_loop" in code for _, code in CHAINS)
+
+
+def test_the_readme_stays_a_front_door():
+    assert len(README.splitlines()) <= 300, "move details into docs/"
+    for target in ("docs/getting-started.md", "docs/performance.md", "docs/api.rst", "BUILD.md", "CHANGELOG.md"):
+        assert f"]({target})" in README and (REPO / target).is_file(), target
+    for link in re.findall(r"\]\(((?:docs|examples)/[^)#]+)\)", README):
+        assert (REPO / link).is_file(), link
+
+
+def test_the_offline_install_preinstalls_every_build_requirement():
+    """--no-build-isolation needs the build requirements in the environment (else "Could not find nanobind")."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest brings tomli
+        import tomli as tomllib
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requires} - {"jaxlib"}  # jax's own jaxlib serves
+    for text in (README, (REPO / "docs" / "getting-started.md").read_text()):
+        bash = re.findall(r"^```bash\n(.*?)^```$", text, re.S | re.M)
+        block = next(b for b in bash if "--no-build-isolation" in b)
+        preinstall = block.splitlines()[0]
+        assert preinstall.startswith("python3 -m pip install ") and "--no-build-isolation" not in preinstall
+        for name in names:
+            assert f'"{name}' in preinstall or f" {name} " in f"{preinstall} ", name
+
+
+def test_the_listed_skip_reasons_are_the_tests_own():
+    """Each CPU skip reason the README (and docs/getting-started.md) lists is one a test gives, word for word."""
+    listed = re.findall(r'"([^"]+)"', README[README.index("skip with these reasons"):README.index("Without network")])
+    started = (REPO / "docs" / "getting-started.md").read_text()
+    assert listed == re.findall(r'"([^"]+)"', started[started.index("with these reasons"):started.index("**Offline")])
+    # The tests' text on one line, adjacent string literals joined ("a " "b" -> "a b").
+    sources = " ".join(" ".join(p.read_text().split()) for p in (REPO / "tests").rglob("*.py")).replace('" "', "")
+    assert len(listed) >= 5, listed
+    for reason in listed:
+        assert " ".join(reason.split()) in sources, reason
 
 
 def test_a_continuation_joins_the_blocks_before_it():
