@@ -10,13 +10,13 @@
 - No private name crosses a package boundary: no ``from ..x.y import _name`` and
   no ``y._name`` on a module of another layer. A module that needs something of
   another layer gets it under a name without an underscore.
-- README's "What lives where" names every module of ``jaxgraph/`` and every file
-  of ``ffi/``, and nothing that does not exist.
+- The docs' "What lives where" (docs/architecture.md) names every module of
+  ``jaxgraph/`` and every file of ``ffi/``, and nothing that does not exist.
 
 Tests internals (listed in tests/README.md): the module names of ``jaxgraph/``, read as
 source and never imported; the layering is a property of the source tree.
 
-How large a module grows is the README's guidance (one concept per module; past
+How large a module grows is docs/architecture.md's guidance (one concept per module; past
 ~600 lines is a question to ask), not a test.
 """
 
@@ -216,13 +216,13 @@ def test_no_private_name_crosses_a_package_boundary(module):
                              "without an underscore (or an accessor) in their own module")
 
 
-def test_readme_what_lives_where_matches_the_tree():
-    text = (ROOT / "README.md").read_text()
+def test_docs_what_lives_where_matches_the_tree():
+    text = (ROOT / "docs" / "architecture.md").read_text()
     assert "\n## What lives where\n" in text
     section = text.split("\n## What lives where\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`((?:jaxgraph|ffi)/[\w./-]+)`", section))
     files = {p.relative_to(ROOT).as_posix() for p in package_files()}
     files |= {f"ffi/{p.name}" for p in (ROOT / "ffi").iterdir() if p.is_file()}
     files |= {f"jaxgraph/{layer}/" for layer in LAYERS}  # each layer's folder, named where its table starts
-    assert sorted(files - named) == [], "README's What lives where does not name these files"
-    assert sorted(named - files) == [], "README's What lives where names files that do not exist"
+    assert sorted(files - named) == [], "docs/architecture.md's What lives where does not name these files"
+    assert sorted(named - files) == [], "docs/architecture.md's What lives where names files that do not exist"

@@ -87,6 +87,8 @@ def test_every_runtime_floor_is_an_exact_release_that_floors_sh_can_pin():
     """tests/floors.sh pins each ">=" bound with "==": a bound like "13.0" would pin a release that does not exist."""
     project = PYPROJECT["project"]
     for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+        if req.startswith("jaxgraph["):
+            continue  # the docs and release extras: tools at their newest, not floors the suite proves
         bound = re.search(r">=\s*([0-9][0-9.]*)", req)
         assert bound, f"{req!r} declares no floor"
         assert bound.group(1).count(".") >= 2, req   # X.Y.Z: "==X.Y.Z" names one release
