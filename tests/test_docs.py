@@ -121,3 +121,13 @@ def test_cpu_snippets_run(page, line, code, tmp_path):
 @pytest.mark.parametrize("page, line, code", CHAINS, ids=IDS)
 def test_docs_snippets_run(page, line, code, tmp_path):
     print(f"{page.relative_to(DOCS)} chain from line {line}:\n{run_chain(code, tmp_path)}")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A file named in backticks (`benchmarks/run.py`, `tests/floors.sh`) is there: moves show up here."""
+    missing = []
+    for page in PAGES + [REPO / "README.md", REPO / "BUILD.md"]:
+        for path in re.findall(r"`((?:examples|benchmarks|tests|ffi|jaxgraph|cmake|docs)/[\w./-]*\w)`", page.read_text()):
+            if "<" not in path and not list(REPO.glob(path)):
+                missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert missing == [], missing
