@@ -85,7 +85,7 @@ def test_the_offline_install_preinstalls_every_build_requirement():
 
 def test_the_listed_skip_reasons_are_the_tests_own():
     """Each CPU skip reason the README (and docs/getting-started.md) lists is one a test gives, word for word."""
-    listed = re.findall(r'"([^"]+)"', README[README.index("skip with these reasons"):README.index("Without network")])
+    listed = re.findall(r'"([^"]+)"', README[README.index("skip with these reasons"):README.index("With `--no-build-isolation`")])
     started = (REPO / "docs" / "getting-started.md").read_text()
     assert listed == re.findall(r'"([^"]+)"', started[started.index("with these reasons"):started.index("**Offline")])
     # The tests' text on one line, adjacent string literals joined ("a " "b" -> "a b").
