@@ -25,7 +25,12 @@ checked against numpy/scipy before it is timed:
   operator), and the device loops in jit: ``*_exact`` (``until=``, exact
   stop), ``*_every`` (``check_every=K``, where this jaxgraph has it),
   ``jacobi_exact_s1`` (one sweep a step: the loop's own stop after every
-  sweep). The CG loops run pipelined CG, one kernel an iteration.
+  sweep). The CG loops run pipelined CG, one kernel an iteration. Up to
+  64 x 64 also ``*_block_exact`` / ``*_block_every`` (and
+  ``cg_block_exact_eager``): the single-block fast path
+  (``examples/poisson_block.py``): one launch of 1024 threads runs up to
+  ``--block-per-launch`` sweeps (iterations) on chip, testing the
+  tolerance after each, the device loop relaunching it until the flag.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
 ``benchmarks/config.py``), started by ``run.run_worker``; in each, a case's
@@ -82,6 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-every", type=int, default=8, help="K of Jacobi's every-K stop (default 8)")
     p.add_argument("--cg-check-every", type=int, default=4,
                    help="K of CG's every-K stop (default 4: up to K-1 steps of no-op kernels may follow)")
+    p.add_argument("--block-per-launch", type=int, default=256,
+                   help="poisson up to 64 x 64: sweeps (iterations) per launch of the single-block kernels (default "
+                        "256; each launch stops early once converged)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
@@ -96,7 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.jacobi_big_settings.strip() else ()
     args.grids = _ints(p, args.grids or ("64" if args.quick else "64,256,1024"), "--grids")
     args.poisson_grids = _ints(p, args.poisson_grids or ("32" if args.quick else "64,256"), "--poisson-grids")
-    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every"):
+    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every", "block_per_launch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.quick:
@@ -216,20 +224,33 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
     ps = _example("poisson_solver")
     prob = ps.Problem(n, args.rtol, np.random.default_rng())
     checker = ps.Checker(prob)
+    pb = _example("poisson_block")
     max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
     every = (args.check_every if method == "jacobi" else args.cg_check_every) if ps.has_check_every() else None
     f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
+
+    models: dict = {}
 
     def check(name: str) -> Callable[[Any], tuple]:
         def run(out: Any) -> tuple:
             x, count = (_host(a) for a in out)
             its = int(np.ravel(count)[0]) if np.size(count) else None  # jax.scipy's cg does not say
+            same = ""
+            if "_block" in name:  # the single-block kernels: their numpy model's result and count, bit for bit
+                if method not in models:
+                    models[method] = pb.model_solve(prob, method, args.block_per_launch,
+                                                    max_sweeps if method == "jacobi" else max_iter)
+                x_m, its_m, _ = models[method]
+                if its != its_m or not np.array_equal(x, x_m):
+                    raise AssertionError(f"{name}: {its} sweeps (iterations), not the numpy model's {its_m} bit for "
+                                         "bit")
+                same = "; the numpy model's bits"
             if method == "jacobi":
                 err = checker.jacobi(name, x, its, max_sweeps)
-                return f"{its} sweeps; matches numpy's {its} sweeps and {checker.how} ({err:.1e} of max)", its
+                return f"{its} sweeps; matches numpy's {its} sweeps and {checker.how} ({err:.1e} of max){same}", its
             err = checker.cg(name, x)
             return (f"{its or 'unreported'} iterations; float64 residual within tolerance, {checker.how} to "
-                    f"{err:.1e} of max"), its
+                    f"{err:.1e} of max{same}"), its
         return run
 
     def loop(key: str, per_step: int, check_every: int, eager: bool = False) -> harness.Mode:
@@ -244,6 +265,25 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
             return _eager_mode(key, ps.cg_eager(graphed, lp, prob, ps.numpy_operator), check(key))
         return _jit_mode(key, ps.cg_in_jit(lp, ps.jnp_operator), (b,), check(key))
 
+    def block(key: str, check_every: int, eager: bool = False) -> harness.Mode:
+        kernels = pb.BlockKernels(prob, args.block_per_launch)
+        if method == "jacobi":
+            graphed, lp = kernels.jacobi_loop(max_sweeps, check_every)
+            if eager:
+                return _eager_mode(key, pb.jacobi_eager(graphed, lp, prob), check(key))
+            return _jit_mode(key, pb.jacobi_in_jit(lp), (f,), check(key))
+        graphed, lp = kernels.cg_loop(max_iter, check_every)
+        if eager:
+            return _eager_mode(key, pb.cg_eager(graphed, lp, prob), check(key))
+        return _jit_mode(key, pb.cg_in_jit(lp), (b,), check(key))
+
+    blocks = []
+    if pb.fits(n):
+        blocks = [(f"{method}_block_exact", lambda: block(f"{method}_block_exact", 1))]
+        if method == "cg":
+            blocks.append(("cg_block_exact_eager", lambda: block("cg_block_exact_eager", 1, eager=True)))
+        if every:
+            blocks.append((f"{method}_block_every", lambda: block(f"{method}_block_every", every)))
     s = args.per_step
     if method == "jacobi":
         out = [("jnp_jacobi", lambda: _jit_mode("jnp_jacobi", ps.jnp_jacobi(prob, max_sweeps), (f,),
@@ -255,7 +295,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
         out.append(("jacobi_exact", lambda: loop("jacobi_exact", s, 1)))
         if every:
             out.append(("jacobi_every", lambda: loop("jacobi_every", s, every)))
-        return out
+        return out + blocks
     import jax
 
     cg = jax.jit(lambda b: (ps.jax_scipy_cg(prob, max_iter)(b), jnp.zeros(0, jnp.int32)))
@@ -264,7 +304,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
            ("cg_exact_eager", lambda: loop("cg_exact_eager", s, 1, eager=True))]
     if every:
         out.append(("cg_every", lambda: loop("cg_every", s, every)))
-    return out
+    return out + blocks
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -322,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
            "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
-           "cg_check_every": args.cg_check_every, "rtol": args.rtol, "repeats": args.repeats,
+           "cg_check_every": args.cg_check_every, "block_per_launch": args.block_per_launch, "rtol": args.rtol,
+           "repeats": args.repeats,
            "target_ms": args.target_ms, "quick": args.quick, "settings": list(args.settings),
            "cases": list(args.cases), "jacobi_big_settings": list(args.jacobi_big_settings)}
     meta = run.collect_meta(config.QUICK, argv)

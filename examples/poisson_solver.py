@@ -26,6 +26,12 @@ Jacobi sweeps until the update of a sweep is small: ||u_new - u|| <= rtol *
   5. jaxgraph: CG in the same device loop, exact and every-K stop, one
      kernel an iteration: pipelined CG (Chronopoulos and Gear), whose two
      dot products r.r and (A r).r come from one reduction.
+  Grids up to 64 x 64 (4096 unknowns: one thread block's shared memory)
+  6. jaxgraph: the single-block fast path (poisson_block.py), chosen
+     automatically: one launch of 1024 threads runs up to
+     `--block-per-launch` Jacobi sweeps or CG iterations with the state
+     on chip, tests the tolerance after every one and stops right there;
+     the device loop relaunches it until the flag, exact and every-K stop.
 
 The kernels are written as a CUDA programmer would: `jacobi` is one kernel a
 sweep (each block stores its sum of squared updates; every block of the
@@ -35,6 +41,8 @@ an elementwise update recomputes that update at the neighbours instead of
 waiting for a kernel to finish it (`cg_fused`: the neighbours' new r). Dot
 products are per-block sums that the next launch's blocks each add up in
 the same fixed order: no float atomics, so every run takes the same path.
+The single-block kernels round every operation explicitly in a fixed order,
+so their result and count are numpy's model of them bit for bit.
 A step of the loop is `--sweeps-per-step` sweeps (iterations); each kernel
 first reads the flag and does nothing once it is set (a Jacobi sweep then
 carries u over), so the result and the sweep count on the device are those
@@ -67,6 +75,7 @@ COMMAND_BUFFERS = {"on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --x
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # poisson_kernels.py lives beside this file
 from poisson_kernels import (THREADS, Kernels, cg_eager, cg_in_jit, has_check_every,  # noqa: E402
                              jacobi_eager, jacobi_in_jit)
+import poisson_block  # noqa: E402  (the single-block fast path, grids up to 64 x 64)
 
 
 class Problem:
@@ -232,6 +241,9 @@ def parse_args(argv=None):
                    help="Jacobi's every-K stop: steps between reads of the flag (default 8)")
     p.add_argument("--cg-check-every", type=int, default=4,
                    help="CG's every-K stop (default 4: up to K-1 steps of no-op kernels follow convergence)")
+    p.add_argument("--block-per-launch", type=int, default=poisson_block.PER_LAUNCH,
+                   help="grids up to 64 x 64: sweeps (iterations) per launch of the single-block kernels "
+                        f"(default {poisson_block.PER_LAUNCH}; each stops early once converged)")
     p.add_argument("--no-jacobi", action="store_true", help="CG only (Jacobi needs ~n^2 sweeps)")
     p.add_argument("--quick", action="store_true", help="a 16 x 16 grid (tests)")
     p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
@@ -239,7 +251,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.grid = 16
-    for name in ("grid", "max_sweeps", "max_iter", "sweeps_per_step", "check_every", "cg_check_every"):
+    for name in ("grid", "max_sweeps", "max_iter", "sweeps_per_step", "check_every", "cg_check_every",
+                 "block_per_launch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.sweeps_per_step % 2:
@@ -262,6 +275,7 @@ def main(argv=None):
     prob = Problem(args.grid, args.rtol, np.random.default_rng())
     check = Checker(prob)
     kernels = Kernels(prob, args.sweeps_per_step)
+    block = poisson_block.BlockKernels(prob, args.block_per_launch) if poisson_block.fits(prob.n) else None
     every, cg_every = (args.check_every, args.cg_check_every) if has_check_every() else (None, None)
     f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
     flags = os.environ.get("XLA_FLAGS") or "unset: JAX's defaults"
@@ -282,11 +296,25 @@ def main(argv=None):
             runs[f"jaxgraph: device loop, {how}, eager"] = timed(jacobi_eager(graphed, loop, prob))
             solve = jacobi_in_jit(loop)
             runs[f"jaxgraph: device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
+        if block:
+            for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
+                if k is None:
+                    continue
+                graphed, loop = block.jacobi_loop(args.max_sweeps, k)
+                runs[f"jaxgraph: single block, {how}, eager"] = timed(poisson_block.jacobi_eager(graphed, loop, prob))
+                solve = poisson_block.jacobi_in_jit(loop)
+                runs[f"jaxgraph: single block, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
         worst = max(check.jacobi(name, u, n, args.max_sweeps) for name, ((u, n), _) in runs.items())
         counts = {name: n for name, ((_, n), _) in runs.items()}
-        ours = {n for name, n in counts.items() if not name.startswith("idiomatic")}
-        if len(ours) != 1:  # the same kernel, the same order of additions: the same sweep, however stopped
-            raise AssertionError(f"the kernel's ways stopped after different sweeps: {counts}")
+        for kernel in (("XLA", "jaxgraph: device loop"), ("jaxgraph: single block",)):
+            ours = {n for name, n in counts.items() if name.startswith(kernel)}
+            if len(ours) > 1:  # the same kernel, the same order of additions: the same sweep, however stopped
+                raise AssertionError(f"the kernel's ways stopped after different sweeps: {counts}")
+        if block:
+            u_m, sweeps_m, _ = poisson_block.model_solve(prob, "jacobi", args.block_per_launch, args.max_sweeps)
+            for name, ((u, n), _) in runs.items():
+                if name.startswith("jaxgraph: single block") and (n != sweeps_m or not np.array_equal(u, u_m)):
+                    raise AssertionError(f"{name}: {n} sweeps, not the numpy model's {sweeps_m} bit for bit")
         print(f"every Jacobi solution matches numpy's sweeps and the exact solution ({check.how}) to {worst:.1e} "
               f"of its largest value; sweeps: {counts}", flush=True)
         tables["Jacobi"] = runs
@@ -300,10 +328,26 @@ def main(argv=None):
         runs[f"jaxgraph: CG device loop, {how}, eager"] = timed(cg_eager(graphed, loop, prob, numpy_operator))
         solve = cg_in_jit(loop, jnp_operator)
         runs[f"jaxgraph: CG device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
+    if block:
+        for how, k in (("exact stop", 1), (f"every-{cg_every} stop", cg_every)):
+            if k is None:
+                continue
+            graphed, loop = block.cg_loop(args.max_iter, k)
+            runs[f"jaxgraph: single-block CG, {how}, eager"] = timed(poisson_block.cg_eager(graphed, loop, prob))
+            solve = poisson_block.cg_in_jit(loop)
+            runs[f"jaxgraph: single-block CG, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
     worst = max(check.cg(name, x) for name, ((x, _), _) in runs.items())
-    counts = {name: n for name, ((_, n), _) in runs.items() if not name.startswith("idiomatic")}
+    counts = {name: n for name, ((_, n), _) in runs.items() if name.startswith("jaxgraph: CG")}
     if max(counts.values()) >= args.max_iter or max(counts.values()) - min(counts.values()) > 1:
         raise AssertionError(f"the CG loops stopped after too many, or different, iterations: {counts}")
+    if block:
+        x_m, its_m, _ = poisson_block.model_solve(prob, "cg", args.block_per_launch, args.max_iter)
+        for name, ((x, n), _) in runs.items():
+            if not name.startswith("jaxgraph: single-block"):
+                continue
+            if n != its_m or not np.array_equal(x, x_m):
+                raise AssertionError(f"{name}: {n} iterations, not the numpy model's {its_m} bit for bit")
+            counts[name] = n
     print(f"every CG solution is within tolerance (float64 residual) and matches the exact solution ({check.how}) "
           f"to {worst:.1e} of its largest value; jaxgraph's CG iterations: {sorted(set(counts.values()))}",
           flush=True)

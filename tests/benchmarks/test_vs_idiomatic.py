@@ -119,3 +119,19 @@ def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):
         pytest.skip("this machine has a GPU")
     assert bench.main(["--out", str(tmp_path)]) == 0
     assert "no CUDA device" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_the_single_block_modes_join_the_poisson_cases_up_to_64():
+    args = bench.parse_args(["--block-per-launch", "32"])
+    assert args.block_per_launch == 32 and bench.parse_args([]).block_per_launch == 256
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--block-per-launch", "0"])
+    keys = lambda n, method: [k for k, _ in bench.poisson_factories(args, n, method)]  # noqa: E731
+    assert keys(64, "jacobi")[-2:] == ["jacobi_block_exact", "jacobi_block_every"]
+    assert keys(33, "cg")[-3:] == ["cg_block_exact", "cg_block_exact_eager", "cg_block_every"]
+    assert not any("_block" in k for k in keys(65, "cg"))  # above 64 x 64 the single block cannot hold the grid
+    assert "jnp_jacobi" == keys(64, "jacobi")[0] and "jax_scipy_cg" == keys(64, "cg")[0]  # idiomatic first
+    for case in ("poisson_jacobi", "poisson_cg"):
+        assert all(k in report.MODES[case] for k in keys(64, case.split("_")[1]))  # each row described
+    assert {(g, m[0]) for g, m, _ in report.TARGETS} >= {("poisson_jacobi/64", "jacobi_block_exact"),
+                                                         ("poisson_cg/64", "cg_block_every")}
