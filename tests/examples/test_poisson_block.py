@@ -67,7 +67,7 @@ def float64_cg_iterations(prob, most=10**4):
 @pytest.mark.parametrize("name, params", [
     ("jacobi_block", "float* u, int* flag, int* count, const float* f, float h2, int n, float tol2, int sweeps"),
     ("cg_block", "float* x, int* flag, int* count, float* r, float* w, float* p, float* s, float* scal, "
-                 "const float* b, int n, float tol2, int iters")])
+                 "const float* b, int n, float tol2, int iters")], ids=["jacobi_block", "cg_block"])
 def test_kernels_compile_for_sm90(name, params):
     k = jaxgraph.Kernel(pb.SOURCE, name, arch="sm_90")
     assert k.arch == "sm_90" and len(k.cubin) > 1000
