@@ -90,6 +90,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-per-launch", type=int, default=256,
                    help="poisson up to 64 x 64: sweeps (iterations) per launch of the single-block kernels (default "
                         "256; each launch stops early once converged)")
+    p.add_argument("--tiling", default=None,
+                   help="gray_scott's blocked kernel per grid, e.g. 64=10/16/16,256=5/16/8 (substeps a launch/tile/"
+                        "threads; default gray_scott.default_blocking; probes/gray_scott_tiles.py prints the fastest)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
@@ -178,6 +181,18 @@ def _host(a: Any) -> np.ndarray:
     return a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a)
 
 
+def tiling(text: str | None) -> dict[int, tuple[int, int, int]]:
+    """``--tiling``'s ``64=10/16/16,256=5/16/8`` as ``{64: (10, 16, 16), 256: (5, 16, 8)}``."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        grid, _, spec = item.partition("=")
+        parts = spec.split("/")
+        if not grid.strip().isdigit() or len(parts) != 3 or not all(x.strip().isdigit() for x in parts):
+            raise ValueError(f"--tiling entry {item!r} is not GRID=SUBSTEPS/TILE/THREADS, e.g. 256=10/16/16")
+        out[int(grid)] = tuple(int(x) for x in parts)
+    return out
+
+
 def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
     """The gray_scott modes at grid ``nx``: each checks u, v and the totals against numpy."""
     import jax.numpy as jnp
@@ -199,16 +214,24 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
         return run
 
     fused = lambda: gs.CudaGrayScott(nx, substeps, 1, steps)  # noqa: E731
-    per_launch, tile = gs.default_blocking(nx, substeps)
-    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile)  # noqa: E731
+    per_launch, tile, threads = tiling(args.tiling).get(nx) or gs.default_blocking(nx, substeps)
+    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads)  # noqa: E731
+
+    def named(key: str, model: Any) -> Callable[[Any], tuple]:
+        def run(out: Any) -> tuple:
+            what, n = check(key)(out)
+            return f"{model.name}: {what}", n
+        return run
 
     def loop_jit(key: str, make: Callable) -> harness.Mode:
-        _, loop = make().device_loop()
-        return _jit_mode(key, gs.loop_in_jit(loop), (u, v), check(key))
+        model = make()
+        _, loop = model.device_loop()
+        return _jit_mode(key, gs.loop_in_jit(loop), (u, v), named(key, model))
 
     def loop_eager(key: str, make: Callable) -> harness.Mode:
-        graphed, loop = make().device_loop()
-        return _eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), check(key))
+        model = make()
+        graphed, loop = model.device_loop()
+        return _eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), named(key, model))
 
     return [("jnp", lambda: _jit_mode("jnp", gs.jnp_simulation(steps, substeps), (u, v), check("jnp"))),
             ("xla_fused", lambda: _jit_mode("xla_fused", gs.xla_simulation(fused()), (u, v), check("xla_fused"))),

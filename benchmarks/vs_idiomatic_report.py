@@ -20,8 +20,9 @@ MODES = {
         "xla_fused": "XLA: the fused kernel (one a substep) as `Kernel.jax_call`s in that fori_loop",
         "loop_fused_jit": "jaxgraph device loop in `jax.jit`: fused kernel, one a substep (10 kernels a step, the "
                           "last records the total)",
-        "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: temporally blocked kernel, 10 substeps a launch in "
-                            "16 x 16 tiles up to grid 512 (1 kernel a step), 5 in 32 x 32 tiles above",
+        "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: temporally blocked kernel, several substeps a launch "
+                            "from shared-memory tiles with a halo (the check line of each grid in the JSON names "
+                            "the substeps a launch, tile and thread block)",
         "loop_blocked_eager": "the blocked device loop replayed from Python (`loop.replay()`, CUDA events)",
     },
     "poisson_jacobi": {

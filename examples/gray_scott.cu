@@ -1,4 +1,9 @@
-// The kernels of examples/gray_scott.py (it prepends DU, DV, FEED, FEED_KILL, DT, TILE and HALO).
+// The kernels of examples/gray_scott.py (it prepends DU, DV, FEED, FEED_KILL, DT, TILE, HALO and TS).
+// TS: the side of a square thread block (8, 16 or 32); `fused` always runs 16 x 16.
+#ifndef TS
+#define TS 16
+#endif
+#define NT (TS * TS)
 // One explicit Euler substep of Gray-Scott at one point, from its value and its four
 // neighbours' (west, east, south, north; the Laplacian added in numpy's order).
 __device__ __forceinline__ void gray_scott(float& u_out, float& v_out, float u, float v,
@@ -10,17 +15,19 @@ __device__ __forceinline__ void gray_scott(float& u_out, float& v_out, float u, 
   v_out = v + DT * (DV * lv + uvv - FEED_KILL * v);
 }
 
-// The sum of x over a 16 x 16 block in a fixed order (deterministic), returned to every thread.
+// The sum of x over the block (a multiple of 32 threads) in a fixed order (deterministic),
+// returned to every thread.
 __device__ float block_total(float x) {
-  __shared__ float warp_sums[8];
+  __shared__ float warp_sums[32];
   __shared__ float result;
   int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
+  int warps = blockDim.x * blockDim.y / 32;
   for (int o = 16; o > 0; o /= 2) x += __shfl_down_sync(0xffffffffu, x, o);  // lane 0: its warp's sum
   if (lane == 0) warp_sums[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    x = lane < 8 ? warp_sums[lane] : 0.0f;
-    for (int o = 4; o > 0; o /= 2) x += __shfl_down_sync(0xffffffffu, x, o);
+    x = lane < warps ? warp_sums[lane] : 0.0f;
+    for (int o = 16; o > 0; o /= 2) x += __shfl_down_sync(0xffffffffu, x, o);
     if (lane == 0) result = x;
   }
   __syncthreads();
@@ -42,7 +49,7 @@ __device__ void record(float vsum, float* partial, unsigned int* arrived, float*
   __syncthreads();
   if (!last) return;
   float s = 0.0f;
-  for (int b = t; b < blocks; b += 256) s += __ldcg(partial + b);
+  for (int b = t; b < blocks; b += blockDim.x * blockDim.y) s += __ldcg(partial + b);
   float total = block_total(s);
   if (t == 0) {
     int c = *count;
@@ -71,7 +78,7 @@ extern "C" __global__ void fused(float* u_out, float* v_out, float* partial, uns
   if (last) record(vsum, partial, arrived, masses, count, steps);
 }
 
-// `t` <= HALO substeps in one launch, temporally blocked (16 x 16 threads): a block loads its
+// `t` <= HALO substeps in one launch, temporally blocked (TS x TS threads): a block loads its
 // TILE x TILE tile and a halo HALO wide (periodic: wrapped indices) into shared memory, runs
 // substep s on the tile grown by t - s on each side (the points substep s + 1 needs), and writes
 // the tile once. With `last`, it ends the step: it also records the total of v (see record).
@@ -80,8 +87,8 @@ extern "C" __global__ void fused(float* u_out, float* v_out, float* partial, uns
 // before any shared store; the two ping-pong buffers are separate arrays, and a substep reads all
 // its points into registers before it stores any, so no load waits on a store it cannot alias.
 #define W (TILE + 2 * HALO)
-#define LOAD_SLOTS ((W * W + 255) / 256)  // tile + halo points each thread loads
-#define SIDE_SLOTS ((W + 15) / 16)        // rows (and columns) each thread updates per substep
+#define LOAD_SLOTS ((W * W + NT - 1) / NT)  // tile + halo points each thread loads
+#define SIDE_SLOTS ((W + TS - 1) / TS)        // rows (and columns) each thread updates per substep
 
 __device__ __forceinline__ int wrap(int i, int nx) { return ((i % nx) + nx) % nx; }
 
@@ -93,7 +100,7 @@ __device__ __forceinline__ void substep(const float* __restrict__ a, const float
   for (int j = 0; j < SIDE_SLOTS; ++j) {
 #pragma unroll
     for (int k = 0; k < SIDE_SLOTS; ++k) {
-      int ly = lo + threadIdx.y + 16 * j, lx = lo + threadIdx.x + 16 * k;
+      int ly = lo + threadIdx.y + TS * j, lx = lo + threadIdx.x + TS * k;
       if (ly < hi && lx < hi) {
         int i = ly * W + lx;
         gray_scott(ru[j][k], rv[j][k], a[i], b[i], a[i - 1], a[i + 1], a[i - W], a[i + W],
@@ -105,7 +112,7 @@ __device__ __forceinline__ void substep(const float* __restrict__ a, const float
   for (int j = 0; j < SIDE_SLOTS; ++j) {
 #pragma unroll
     for (int k = 0; k < SIDE_SLOTS; ++k) {
-      int ly = lo + threadIdx.y + 16 * j, lx = lo + threadIdx.x + 16 * k;
+      int ly = lo + threadIdx.y + TS * j, lx = lo + threadIdx.x + TS * k;
       if (ly < hi && lx < hi) {
         a_out[ly * W + lx] = ru[j][k];
         b_out[ly * W + lx] = rv[j][k];
@@ -118,12 +125,12 @@ extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict_
                                    unsigned int* arrived, float* masses, int* count, const float* __restrict__ u,
                                    const float* __restrict__ v, int nx, int steps, int last, int t) {
   __shared__ float ua[W * W], va[W * W], ub[W * W], vb[W * W];
-  const int tid = threadIdx.y * 16 + threadIdx.x;
+  const int tid = threadIdx.y * TS + threadIdx.x;
   const int x0 = blockIdx.x * TILE - HALO, y0 = blockIdx.y * TILE - HALO;
   float lu[LOAD_SLOTS], lv[LOAD_SLOTS];
 #pragma unroll
   for (int k = 0; k < LOAD_SLOTS; ++k) {
-    int p = tid + 256 * k;
+    int p = tid + NT * k;
     if (p < W * W) {
       int g = wrap(y0 + p / W, nx) * nx + wrap(x0 + p % W, nx);
       lu[k] = __ldg(u + g);
@@ -132,7 +139,7 @@ extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict_
   }
 #pragma unroll
   for (int k = 0; k < LOAD_SLOTS; ++k) {
-    int p = tid + 256 * k;
+    int p = tid + NT * k;
     if (p < W * W) {
       ua[p] = lu[k];
       va[p] = lv[k];
@@ -148,9 +155,9 @@ extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict_
   const float* fu = (t & 1) ? ub : ua;
   const float* fv = (t & 1) ? vb : va;
   float vsum = 0.0f;
-  for (int ty = threadIdx.y; ty < TILE; ty += 16) {
+  for (int ty = threadIdx.y; ty < TILE; ty += TS) {
     int y = blockIdx.y * TILE + ty;
-    for (int tx = threadIdx.x; tx < TILE; tx += 16) {
+    for (int tx = threadIdx.x; tx < TILE; tx += TS) {
       int x = blockIdx.x * TILE + tx;
       if (x < nx && y < nx) {
         int i = (HALO + ty) * W + HALO + tx;

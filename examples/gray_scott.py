@@ -75,10 +75,11 @@ CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
 
 
 def default_blocking(nx, substeps):
-    """``(per_launch, tile)`` for the blocked kernel: the fastest of those tried on an H100 (a run of
+    """``(per_launch, tile, threads)`` for the blocked kernel: the fastest of those tried on an H100 (a run of
     scratch timings on 2026-11-27: 10 substeps a launch in 16 x 16 tiles up to grid 256, in 32 x 32
-    tiles 5 a launch at 1024, where the halo's recomputation costs more than a launch)."""
-    return (min(substeps, 10), 16) if nx <= 512 else (min(substeps, 5), 32)
+    tiles 5 a launch at 1024, where the halo's recomputation costs more than a launch), on blocks of
+    ``threads`` x ``threads`` threads."""
+    return (min(substeps, 10), 16, 16) if nx <= 512 else (min(substeps, 5), 32, 16)
 
 
 class CudaGrayScott:
@@ -87,23 +88,28 @@ class CudaGrayScott:
     ``per_launch=1`` runs the ``fused`` kernel once per substep; more runs the
     ``blocked`` kernel, compiled for a halo of ``per_launch`` points and tiles
     of ``tile`` x ``tile`` (shared memory: 16 (tile + 2 per_launch)^2 bytes,
-    at most 48 KiB). The step's last kernel records the total of v at
-    masses[count] (``steps``: the length of that time series).
+    at most 48 KiB), on blocks of ``threads`` x ``threads`` (8, 16 or 32; the
+    fused kernel always 16 x 16). The step's last kernel records the total of v
+    at masses[count] (``steps``: the length of that time series).
     """
 
-    def __init__(self, nx, substeps, per_launch, steps, tile=16):
+    def __init__(self, nx, substeps, per_launch, steps, tile=16, threads=16):
         if not 1 <= per_launch <= substeps:
             raise ValueError(f"per_launch must be in [1, substeps={substeps}], got {per_launch}")
         if tile < 1:
             raise ValueError(f"tile must be >= 1, got {tile}")
+        if threads not in (8, 16, 32):
+            raise ValueError(f"threads (a block's side) must be 8, 16 or 32, got {threads}")
         if per_launch > 1 and 16 * (tile + 2 * per_launch) ** 2 + 1024 > 48 * 1024:
             raise ValueError(f"tile {tile} with a halo of {per_launch} needs "
                              f"{16 * (tile + 2 * per_launch) ** 2 + 1024} bytes of shared memory, over 48 KiB")
+        threads = 16 if per_launch == 1 else threads
         self.nx, self.substeps, self.per_launch, self.steps, self.tile = nx, substeps, per_launch, steps, tile
-        source = MODEL + f"#define TILE {tile}\n#define HALO {per_launch}\n" + CUDA_SOURCE
+        self.threads = threads
+        source = MODEL + f"#define TILE {tile}\n#define HALO {per_launch}\n#define TS {threads}\n" + CUDA_SOURCE
         self.kernel = jaxgraph.Kernel(source, "fused" if per_launch == 1 else "blocked")
         side = 16 if per_launch == 1 else tile
-        self.grid, self.block = ((nx + side - 1) // side,) * 2, (16, 16)
+        self.grid, self.block = ((nx + side - 1) // side,) * 2, (threads, threads)
         self.blocks = self.grid[0] * self.grid[1]
         full, rest = divmod(substeps, per_launch)
         self.runs = [per_launch] * full + ([rest] if rest else [])  # substeps of each launch
@@ -111,7 +117,8 @@ class CudaGrayScott:
 
     @property
     def name(self):
-        return "fused" if self.per_launch == 1 else f"blocked x{self.per_launch}"
+        return "fused" if self.per_launch == 1 else \
+            f"blocked x{self.per_launch} ({self.tile}x{self.tile} tiles, {self.threads}x{self.threads} threads)"
 
     def _scalars(self, j, t):
         last = int(j == len(self.runs) - 1)
@@ -281,6 +288,8 @@ def parse_args(argv=None):
                    help="substeps per launch of the blocked kernel (default: 10 up to grid 512, else 5)")
     p.add_argument("--tile", type=int, default=None, help="blocked kernel's tile side (default: 16 up to grid 512, "
                    "else 32)")
+    p.add_argument("--threads", type=int, default=None, choices=(8, 16, 32),
+                   help="blocked kernel's thread block side (default: default_blocking's)")
     p.add_argument("--quick", action="store_true", help="48 x 48 grid, 5 steps of 3 substeps (tests)")
     p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
                    help="XLA's command buffers: JAX's defaults, or forced on, off, or on with WHILE (sets XLA_FLAGS)")
@@ -290,9 +299,10 @@ def parse_args(argv=None):
     for name in ("grid", "steps", "substeps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    per_launch, tile = default_blocking(args.grid, args.substeps)
+    per_launch, tile, threads = default_blocking(args.grid, args.substeps)
     args.per_launch = per_launch if args.per_launch is None else args.per_launch
     args.tile = tile if args.tile is None else args.tile
+    args.threads = threads if args.threads is None else args.threads
     if not 1 <= args.per_launch <= args.substeps:
         p.error(f"--per-launch must be in [1, --substeps={args.substeps}], got {args.per_launch}")
     return args
@@ -322,7 +332,7 @@ def main(argv=None):
     runs["idiomatic JAX: jnp in a jitted fori_loop"] = timed(lambda: idiomatic(u, v))
     models = [CudaGrayScott(nx, substeps, 1, steps)]
     if args.per_launch > 1:
-        models.append(CudaGrayScott(nx, substeps, args.per_launch, steps, args.tile))
+        models.append(CudaGrayScott(nx, substeps, args.per_launch, steps, args.tile, args.threads))
     print(f"[2/4] XLA launching this file's kernels ({', '.join(m.name for m in models)}) in the fori_loop",
           flush=True)
     for m in models:

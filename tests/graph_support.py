@@ -240,13 +240,14 @@ XLA_MODES = {
 }
 
 
-def run_xla_worker(worker, src, tmp_path, mode, seed):
+def run_xla_worker(worker, src, tmp_path, mode, seed, paths=()):
     """Run ``worker`` (a script taking ``src.cu seed out.npy``) with ``mode``'s XLA flags; return
-    the array it saved and the JSON it printed after ``REPORT ``."""
+    the array it saved and the JSON it printed after ``REPORT ``. ``tests/`` and ``paths`` are on
+    its import path."""
     (tmp_path / "src.cu").write_text(src)
     out = tmp_path / f"{mode}.npy"
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *paths, os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
     if XLA_MODES[mode] is not None:
         env["XLA_FLAGS"] = XLA_MODES[mode]

@@ -44,7 +44,7 @@ from benchmarks.workload import SOURCE, Chain, check_result, random_input  # noq
 def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:
     """``{name: (loop or graph, chain)}``: each mode's launchable, checked once."""
     import jaxgraph
-    from jaxgraph import _loop_build
+    from jaxgraph._graphs import loop_build as _loop_build
 
     modes = {}
     floor = Chain(kernel, steps)

@@ -23,12 +23,15 @@ PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
     "matched_floor_probe.py": (["--n", "100", "--rounds", "1", "--ms", "1"], "jit_loop / raw_xla"),
     "stamp_probe.py": (["--n", "100", "--calls", "20", "--rounds", "1"], "fori_loop: "),
     "stop_probe.py": (["--steps", "50", "--rounds", "1", "--launches", "1"], "over the floor (median)"),
+    "gray_scott_tiles.py": (["--grids", "48", "--steps", "3", "--substeps", "5", "--repeats", "1", "--out", "{tmp}"],
+                            "TILING 48="),
 }
 
 
 @pytest.mark.parametrize("script", sorted(PROBES))
-def test_probe_runs(script):
+def test_probe_runs(script, tmp_path):
     args, expected = PROBES[script]
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probes" / script), *args], capture_output=True,
                             text=True, env=env, timeout=300)

@@ -135,3 +135,12 @@ def test_the_single_block_modes_join_the_poisson_cases_up_to_64():
         assert all(k in report.MODES[case] for k in keys(64, case.split("_")[1]))  # each row described
     assert {(g, m[0]) for g, m, _ in report.TARGETS} >= {("poisson_jacobi/64", "jacobi_block_exact"),
                                                          ("poisson_cg/64", "cg_block_every")}
+
+
+def test_tiling_option_reads_each_grid_and_names_a_bad_entry():
+    from benchmarks.vs_idiomatic import tiling
+
+    assert tiling(None) == {} and tiling("") == {}
+    assert tiling("64=10/16/16,1024=5/32/8") == {64: (10, 16, 16), 1024: (5, 32, 8)}
+    with pytest.raises(ValueError, match="'256=10/16' is not GRID=SUBSTEPS/TILE/THREADS"):
+        tiling("64=10/16/16,256=10/16")

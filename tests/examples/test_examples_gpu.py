@@ -30,15 +30,16 @@ ps = _example("poisson_solver")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nx, substeps, per_launch, tile", [(40, 5, 5, 16), (33, 7, 3, 8), (6, 4, 4, 4),
-                                                             (24, 3, 1, 32)])
-def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile):
+@pytest.mark.parametrize("nx, substeps, per_launch, tile, threads", [
+    (40, 5, 5, 16, 16), (33, 7, 3, 8, 8), (6, 4, 4, 4, 16), (24, 3, 1, 32, 16), (50, 10, 10, 16, 32),
+    (70, 10, 5, 32, 8), (37, 6, 2, 32, 32)])
+def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile, threads):
     import jax.numpy as jnp
 
     steps = 6
     u0, v0 = gs.initial_state(nx, np.random.default_rng())
     want = gs.reference(u0, v0, steps, substeps)
-    model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile)
+    model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads)
     graphed, loop = model.device_loop()
     u, v = jnp.asarray(u0), jnp.asarray(v0)
     gs.check("in jit", gs.loop_in_jit(loop)(u, v), want)

@@ -107,7 +107,7 @@ import jax, jax.numpy as jnp
 import jaxgraph
 from internals import counters, describe_graph, native_replay, set_capture_policy
 
-from test_device_launchable import KERNELS, N, _chain  # this file's chain (the tests folder is on the path)
+from test_device_launchable import KERNELS, N, _chain  # this file's chain (its folder is on the path)
 
 seed, out_path = int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(seed)
@@ -173,7 +173,8 @@ def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(t
     # stream as before, around the graph's nodes or a clone of it without the copy nodes (whole).
     from graph_support import run_xla_worker
 
-    _, report = run_xla_worker(COPY_WORKER, ADD_ONE, tmp_path, mode, int(rng.integers(2**31)))
+    _, report = run_xla_worker(COPY_WORKER, ADD_ONE, tmp_path, mode, int(rng.integers(2**31)),
+                               paths=[os.path.dirname(__file__)])
     print(mode, report)
     assert report["failures"] == [], report["failures"]
     for policy in ("bind", "whole"):
