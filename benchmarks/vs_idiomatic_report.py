@@ -130,7 +130,8 @@ def markdown(results: dict) -> str:
              f"{cfg.get('cg_check_every', cfg['check_every'])} (CG)"
              + (f"; single-block modes: B = {cfg['block_per_launch']} sweeps (iterations) a launch."
                 if cfg.get("block_per_launch") else "."), "",
-             "## Targets (H100; against the idiomatic program at its best XLA setting)", "",
+             f"## Issue 30's targets (set for the H100; measured here on the {results.get('device', 'GPU')}; "
+             "against the idiomatic program at its best XLA setting)", "",
              "| case | mode | target | measured (range) | mode's / idiomatic's best setting | verdict |",
              "| --- | --- | ---: | ---: | --- | --- |"]
     for t in results.get("targets", []):

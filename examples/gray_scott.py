@@ -75,11 +75,12 @@ CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
 
 
 def default_blocking(nx, substeps):
-    """``(per_launch, tile, threads)`` for the blocked kernel: the fastest of those tried on an H100 (a run of
-    scratch timings on 2026-11-27: 10 substeps a launch in 16 x 16 tiles up to grid 256, in 32 x 32
-    tiles 5 a launch at 1024, where the halo's recomputation costs more than a launch), on blocks of
-    ``threads`` x ``threads`` threads."""
-    return (min(substeps, 10), 16, 16) if nx <= 512 else (min(substeps, 5), 32, 16)
+    """``(per_launch, tile, threads)`` for the blocked kernel: the fastest of 12 tilings timed by
+    ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps; results
+    ``benchmarks/results/nvidia-h200-gray-scott-tiles.md``, H200, 2026-11-27): 5 substeps a launch in
+    16 x 16 tiles on 16 x 16 threads at grids 64 and 256, 5 in 32 x 32 tiles at 1024. Ten a launch
+    recompute a wider halo (11.3 against 9.8 us a step at 64, 13.7 against 11.8 at 256)."""
+    return (min(substeps, 5), 16, 16) if nx <= 512 else (min(substeps, 5), 32, 16)
 
 
 class CudaGrayScott:
@@ -285,7 +286,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="steps: totals recorded (default 100)")
     p.add_argument("--substeps", type=int, default=10, help="substeps per step (default 10)")
     p.add_argument("--per-launch", type=int, default=None,
-                   help="substeps per launch of the blocked kernel (default: 10 up to grid 512, else 5)")
+                   help="substeps per launch of the blocked kernel (default: default_blocking's, 5)")
     p.add_argument("--tile", type=int, default=None, help="blocked kernel's tile side (default: 16 up to grid 512, "
                    "else 32)")
     p.add_argument("--threads", type=int, default=None, choices=(8, 16, 32),

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "git": provenance.git_commit(), "git_from": provenance.git_from(), "versions": provenance.versions(),
            "device": device, "grids": {}}
-    lines = [f"# gray_scott's blocked kernel, tilings: {device}", "",
+    lines = [f"# Tilings of the gray_scott blocked kernel: {device}", "",
              f"{doc['date']} · git {doc['git']} · `{doc['command']}` · eager device loop, {args.steps} steps of "
              f"{args.substeps} substeps, CUDA events, median (min-max) of {args.repeats} interleaved rounds", ""]
     best: dict[int, str] = {}  # grid -> "per_launch/tile/threads" of its fastest candidate
