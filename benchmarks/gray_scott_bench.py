@@ -53,7 +53,6 @@ regenerates ``<device>-targets.md`` there (``targets.py``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -69,7 +68,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, harness, stats, targets  # noqa: E402
+from benchmarks import config, example_module, harness, stats, targets  # noqa: E402
 from benchmarks.gray_scott_report import MODES, markdown, summarize  # noqa: E402
 from benchmarks.gray_scott_split import GrayScott  # noqa: E402
 
@@ -117,13 +116,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------
 # The worker: one XLA setting
 # ----------------------------------------------------------------------------
-
-
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("gray_scott", ROOT / "examples" / "gray_scott.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def variant_step(gs: Any, model: Any, *, in_place: bool, zero: str) -> Callable:
@@ -237,7 +229,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     import jaxgraph
 
-    gs = _example()
+    gs = example_module.load("gray_scott")
     nx, steps, substeps = args.grid, args.steps, args.substeps
     rng = np.random.default_rng()
     u0, v0 = gs.initial_state(nx, rng)

@@ -49,7 +49,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, harness, stats  # noqa: E402
+from benchmarks import config, example_module, harness, stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("off", "on", "defaults")
@@ -83,14 +83,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if s not in SETTINGS:
             p.error(f"unknown setting {s!r}; choose from {', '.join(SETTINGS)}")
     return args
-
-
-def _example() -> Any:
-    """examples/adaptive_ode.py as a module."""
-    spec = importlib.util.spec_from_file_location("adaptive_ode", ROOT / "examples" / "adaptive_ode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ----------------------------------------------------------------------------
@@ -154,7 +146,7 @@ def worker(args: argparse.Namespace) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    ao = _example()
+    ao = example_module.load("adaptive_ode")
     rng = np.random.default_rng(args.seed)  # the driver passes one seed: every process solves the same problems
     by_n = {}
     for n in args.sizes:

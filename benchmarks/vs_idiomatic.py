@@ -46,7 +46,6 @@ PNG) into ``--out`` (``-vs-idiomatic-quick`` with ``--quick``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -60,7 +59,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, harness, stats  # noqa: E402
+from benchmarks import config, example_module, harness, stats  # noqa: E402
 from benchmarks.vs_idiomatic_report import markdown, render, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,13 +139,6 @@ def _ints(p: argparse.ArgumentParser, text: str, flag: str) -> tuple:
 # ----------------------------------------------------------------------------
 
 
-def _example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _jit_mode(key: str, fn: Callable, args: tuple, check: Callable[[Any], tuple]) -> harness.Mode:
     """Compile ``fn(*args)``, check its result (``check`` raises, or says what it verified and the
     steps, sweeps or iterations it took), then time back-to-back calls."""
@@ -197,7 +189,7 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
     """The gray_scott modes at grid ``nx``: each checks u, v and the totals against numpy."""
     import jax.numpy as jnp
 
-    gs = _example("gray_scott")
+    gs = example_module.load("gray_scott")
     steps, substeps = args.steps, args.substeps
     u0, v0 = gs.initial_state(nx, np.random.default_rng())
     u, v = jnp.asarray(u0), jnp.asarray(v0)
@@ -244,10 +236,10 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
     """The poisson modes (``method`` "jacobi" or "cg") at n x n: each checked against scipy/numpy."""
     import jax.numpy as jnp
 
-    ps = _example("poisson_solver")
+    ps = example_module.load("poisson_solver")
     prob = ps.Problem(n, args.rtol, np.random.default_rng())
     checker = ps.Checker(prob)
-    pb = _example("poisson_block")
+    pb = example_module.load("poisson_block")
     max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
     every = (args.check_every if method == "jacobi" else args.cg_check_every) if ps.has_check_every() else None
     f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
@@ -354,7 +346,7 @@ def worker(args: argparse.Namespace) -> dict:
         for n in args.poisson_grids:  # last: seconds a solve
             if n > 64 and args.worker in args.jacobi_big_settings:
                 measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"), min(3, args.repeats))
-    ps = _example("poisson_solver")
+    ps = example_module.load("poisson_solver")
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
             "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
 

@@ -27,22 +27,13 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import harness, provenance, stats  # noqa: E402
+from benchmarks import example_module, harness, provenance, stats  # noqa: E402
 from benchmarks.graph_modes import event_timer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # (substeps a launch, tile side, thread block side); shared memory 16 (tile + 2 per_launch)^2 <= 48 KiB.
 CANDIDATES = [(10, 16, 16), (10, 16, 8), (10, 32, 32), (10, 32, 16), (5, 16, 16), (5, 16, 8), (5, 32, 16),
               (5, 32, 32), (5, 8, 8), (2, 16, 16), (2, 32, 32), (10, 8, 8)]
-
-
-def _example(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def factories(gs, nx: int, steps: int, substeps: int) -> list:
@@ -90,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import datetime
 
-    gs = _example("gray_scott")
+    gs = example_module.load("gray_scott")
     device = (provenance.nvidia_smi() or "unknown GPU").split(",")[0]
     doc = {"question": "gray_scott blocked kernel: substeps a launch, tile and thread block side",
            "command": "python benchmarks/probes/gray_scott_tiles.py " + " ".join(argv or sys.argv[1:]),
