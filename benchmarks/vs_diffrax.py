@@ -37,7 +37,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -172,25 +171,6 @@ def worker(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------
 
 
-def _run_setting(setting: str, args: argparse.Namespace, tmp: Path, argv: Sequence[str]) -> dict:
-    path, flags = tmp / f"{setting}.json", config.SETTINGS[setting].xla_flags
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update({"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PYTHONUNBUFFERED": "1"})
-    if flags is not None:
-        env["XLA_FLAGS"] = flags
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", setting, "--json", str(path)]
-    print(f"[{setting}] XLA_FLAGS={flags!r}", flush=True)
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"setting": setting, "xla_flags": flags, "failed": f"timed out after {args.timeout_s:.0f} s"}
-    print(proc.stdout + proc.stderr, end="", flush=True)
-    if proc.returncode != 0 or not path.exists():
-        return {"setting": setting, "xla_flags": flags, "failed": f"exit code {proc.returncode}",
-                "output_tail": (proc.stdout + proc.stderr)[-3000:]}
-    return json.loads(path.read_text())
-
-
 def summarize(processes: dict) -> dict:
     """Each measured mode's record gains ``stats`` (median, range over the rounds) in ms per solve."""
     for proc in processes.values():
@@ -289,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = [*argv, "--seed", str(args.seed)]
     meta = run.collect_meta(config.QUICK, argv)
     with tempfile.TemporaryDirectory(prefix="jaxgraph-vs-diffrax-") as tmp:
-        processes = {s: _run_setting(s, args, Path(tmp), argv) for s in args.settings}
+        processes = {s: run.run_worker(config.SETTINGS[s], None, Path(tmp), args.timeout_s,
+                                       [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", s])
+                     for s in args.settings}
     device = next((p["device"]["name"] for p in processes.values() if p.get("device")), "unknown device")
     results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
                "command": " ".join(["python", "benchmarks/vs_diffrax.py", *argv]), "device": device,
