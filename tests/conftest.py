@@ -6,6 +6,8 @@ not pass as a run whose GPU tests all skipped.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -25,6 +27,16 @@ if hasattr(jax, "enable_x64"):
     enable_x64 = jax.enable_x64
 else:
     from jax.experimental import enable_x64
+
+
+def example(name: str):
+    """``examples/<name>.py`` as a module, loaded as the benchmarks load it (``benchmarks/example_module.py``)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # `benchmarks` is a package at the repository root
+    from benchmarks.example_module import load
+
+    return load(name)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,7 +8,6 @@ agrees with scipy on fresh random initial states, eagerly and inside jax.jit
 under XLA's command buffers off, on and JAX's defaults (one process each).
 """
 
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -18,20 +17,13 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from conftest import enable_x64
+from conftest import enable_x64, example
 
 ROOT = pathlib.Path(__file__).parents[2]
 PATH = ROOT / "examples" / "adaptive_ode.py"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("adaptive_ode", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ao = load_example()
+ao = example("adaptive_ode")
 scipy_integrate = pytest.importorskip("scipy.integrate", reason="scipy is needed for the reference solutions")
 
 

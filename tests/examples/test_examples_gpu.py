@@ -8,25 +8,19 @@ and every-K stops giving the same bits). The examples' own runs are in
 tests/test_examples.py.
 """
 
-import importlib.util
 import pathlib
 
 import numpy as np
 import pytest
 
+from conftest import example
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _example(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gs = _example("gray_scott")
-ps = _example("poisson_solver")
+gs = example("gray_scott")
+ps = example("poisson_solver")
 
 
 @pytest.mark.gpu

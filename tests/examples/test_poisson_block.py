@@ -11,21 +11,15 @@ GPU (marked gpu): the kernels, eagerly and in jax.jit, exact and every-K
 stop, against the models bit for bit and against the references.
 """
 
-import importlib.util
-import pathlib
-import sys
 import types
 
 import numpy as np
 import pytest
 
 import jaxgraph
+from conftest import example
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
-spec = importlib.util.spec_from_file_location("poisson_solver", ROOT / "examples" / "poisson_solver.py")
-ps = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ps)
+ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_block as pb  # noqa: E402  (the module poisson_solver imported)
 
 f32 = np.float32

@@ -10,19 +10,14 @@ per-block sums and CG's sets of arrays between launches and steps, the
 counts, and the stop on the launch after the converged sweep.
 """
 
-import importlib.util
-import pathlib
-import sys
 import types
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
-spec = importlib.util.spec_from_file_location("poisson_solver", ROOT / "examples" / "poisson_solver.py")
-ps = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ps)
+from conftest import example
+
+ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_kernels  # noqa: E402  (the module poisson_solver imported)
 
 f32 = np.float32
