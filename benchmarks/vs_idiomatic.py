@@ -90,8 +90,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="poisson up to 64 x 64: sweeps (iterations) per launch of the single-block kernels (default "
                         "256; each launch stops early once converged)")
     p.add_argument("--tiling", default=None,
-                   help="gray_scott's blocked kernel per grid, e.g. 64=10/16/16,256=5/16/8 (substeps a launch/tile/"
-                        "threads; default gray_scott.default_blocking; probes/gray_scott_tiles.py prints the fastest)")
+                   help="gray_scott's blocked kernel per grid, e.g. 64=5/6/w8,1024=5/32/16 (substeps a launch/tile/"
+                        "wWARPS for the columns kernel or THREADS for the shared-memory one; default "
+                        "gray_scott.default_blocking; probes/gray_scott_tiles.py prints the fastest)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
@@ -173,15 +174,20 @@ def _host(a: Any) -> np.ndarray:
     return a.numpy() if isinstance(a, jaxgraph.DeviceArray) else np.asarray(a)
 
 
-def tiling(text: str | None) -> dict[int, tuple[int, int, int]]:
-    """``--tiling``'s ``64=10/16/16,256=5/16/8`` as ``{64: (10, 16, 16), 256: (5, 16, 8)}``."""
+def tiling(text: str | None) -> dict[int, tuple[int, int, int, int | None]]:
+    """``--tiling``'s ``64=5/6/w8,1024=5/32/16`` as ``{64: (5, 6, 16, 8), 1024: (5, 32, 16, None)}``:
+    ``(per_launch, tile, threads, warps)`` for ``CudaGrayScott`` (``wN``: the columns kernel on N warps;
+    a number: the blocked kernel on that many threads a side)."""
     out = {}
     for item in filter(None, (text or "").split(",")):
         grid, _, spec = item.partition("=")
-        parts = spec.split("/")
-        if not grid.strip().isdigit() or len(parts) != 3 or not all(x.strip().isdigit() for x in parts):
-            raise ValueError(f"--tiling entry {item!r} is not GRID=SUBSTEPS/TILE/THREADS, e.g. 256=10/16/16")
-        out[int(grid)] = tuple(int(x) for x in parts)
+        parts = [x.strip() for x in spec.split("/")]
+        if (not grid.strip().isdigit() or len(parts) != 3 or not all(x.isdigit() for x in parts[:2])
+                or not parts[2].removeprefix("w").isdigit()):
+            raise ValueError(f"--tiling entry {item!r} is not GRID=SUBSTEPS/TILE/THREADS or GRID=SUBSTEPS/TILE/wWARPS, "
+                             "e.g. 256=5/22/w8")
+        warps = int(parts[2][1:]) if parts[2].startswith("w") else None
+        out[int(grid)] = (int(parts[0]), int(parts[1]), 16 if warps else int(parts[2]), warps)
     return out
 
 
@@ -206,8 +212,8 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
         return run
 
     fused = lambda: gs.CudaGrayScott(nx, substeps, 1, steps)  # noqa: E731
-    per_launch, tile, threads = tiling(args.tiling).get(nx) or gs.default_blocking(nx, substeps)
-    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads)  # noqa: E731
+    per_launch, tile, threads, warps = tiling(args.tiling).get(nx) or gs.default_blocking(nx, substeps)
+    blocked = lambda: gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads, warps)  # noqa: E731
 
     def named(key: str, model: Any) -> Callable[[Any], tuple]:
         def run(out: Any) -> tuple:

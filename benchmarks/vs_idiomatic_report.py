@@ -21,8 +21,8 @@ MODES = {
         "loop_fused_jit": "jaxgraph device loop in `jax.jit`: fused kernel, one a substep (10 kernels a step, the "
                           "last records the total)",
         "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: temporally blocked kernel, several substeps a launch "
-                            "from shared-memory tiles with a halo (the check line of each grid in the JSON names "
-                            "the substeps a launch, tile and thread block)",
+                            "from tiles with a halo held on chip (the check line of each grid in the JSON names "
+                            "the kernel, substeps a launch, tile and thread block)",
         "loop_blocked_eager": "the blocked device loop replayed from Python (`loop.replay()`, CUDA events)",
     },
     "poisson_jacobi": {

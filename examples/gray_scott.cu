@@ -1,7 +1,11 @@
-// The kernels of examples/gray_scott.py (it prepends DU, DV, FEED, FEED_KILL, DT, TILE, HALO and TS).
-// TS: the side of a square thread block (8, 16 or 32); `fused` always runs 16 x 16.
+// The kernels of examples/gray_scott.py (it prepends DU, DV, FEED, FEED_KILL, DT, TILE, HALO, TS and WARPS).
+// TS: the side of `blocked`'s square thread block (8, 16 or 32); `fused` always runs 16 x 16.
+// WARPS: the warps of `columns`' block (32 x WARPS threads).
 #ifndef TS
 #define TS 16
+#endif
+#ifndef WARPS
+#define WARPS 8
 #endif
 #define NT (TS * TS)
 // One explicit Euler substep of Gray-Scott at one point, from its value and its four
@@ -87,10 +91,19 @@ extern "C" __global__ void fused(float* u_out, float* v_out, float* partial, uns
 // before any shared store; the two ping-pong buffers are separate arrays, and a substep reads all
 // its points into registers before it stores any, so no load waits on a store it cannot alias.
 #define W (TILE + 2 * HALO)
+// The row pitch of the shared tile: W rounded up to TS more than a multiple of 2 TS, so that the rows
+// one warp reads (2 of a 16-wide block, 4 of an 8-wide one) fall on disjoint banks: no bank conflicts.
+// A 32-wide block reads one row a warp.
+#define P (TS >= 32 ? W : W + ((TS - W % (2 * TS)) + 2 * TS) % (2 * TS))
 #define LOAD_SLOTS ((W * W + NT - 1) / NT)  // tile + halo points each thread loads
 #define SIDE_SLOTS ((W + TS - 1) / TS)        // rows (and columns) each thread updates per substep
 
-__device__ __forceinline__ int wrap(int i, int nx) { return ((i % nx) + nx) % nx; }
+// i mod nx for any int; `near` when -nx <= i < 2 nx (a tile and its halo no wider than the grid),
+// which needs no division.
+__device__ __forceinline__ int wrap(int i, int nx, bool near) {
+  if (near) return i < 0 ? i + nx : (i >= nx ? i - nx : i);
+  return ((i % nx) + nx) % nx;
+}
 
 // One substep on the square [lo, hi)^2 of the shared tile: (a, b) -> (a_out, b_out).
 __device__ __forceinline__ void substep(const float* __restrict__ a, const float* __restrict__ b,
@@ -102,9 +115,9 @@ __device__ __forceinline__ void substep(const float* __restrict__ a, const float
     for (int k = 0; k < SIDE_SLOTS; ++k) {
       int ly = lo + threadIdx.y + TS * j, lx = lo + threadIdx.x + TS * k;
       if (ly < hi && lx < hi) {
-        int i = ly * W + lx;
-        gray_scott(ru[j][k], rv[j][k], a[i], b[i], a[i - 1], a[i + 1], a[i - W], a[i + W],
-                   b[i - 1], b[i + 1], b[i - W], b[i + W]);
+        int i = ly * P + lx;
+        gray_scott(ru[j][k], rv[j][k], a[i], b[i], a[i - 1], a[i + 1], a[i - P], a[i + P],
+                   b[i - 1], b[i + 1], b[i - P], b[i + P]);
       }
     }
   }
@@ -114,8 +127,8 @@ __device__ __forceinline__ void substep(const float* __restrict__ a, const float
     for (int k = 0; k < SIDE_SLOTS; ++k) {
       int ly = lo + threadIdx.y + TS * j, lx = lo + threadIdx.x + TS * k;
       if (ly < hi && lx < hi) {
-        a_out[ly * W + lx] = ru[j][k];
-        b_out[ly * W + lx] = rv[j][k];
+        a_out[ly * P + lx] = ru[j][k];
+        b_out[ly * P + lx] = rv[j][k];
       }
     }
   }
@@ -124,15 +137,16 @@ __device__ __forceinline__ void substep(const float* __restrict__ a, const float
 extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict__ v_out, float* partial,
                                    unsigned int* arrived, float* masses, int* count, const float* __restrict__ u,
                                    const float* __restrict__ v, int nx, int steps, int last, int t) {
-  __shared__ float ua[W * W], va[W * W], ub[W * W], vb[W * W];
+  __shared__ float ua[W * P], va[W * P], ub[W * P], vb[W * P];
   const int tid = threadIdx.y * TS + threadIdx.x;
+  const bool near = W <= nx;
   const int x0 = blockIdx.x * TILE - HALO, y0 = blockIdx.y * TILE - HALO;
   float lu[LOAD_SLOTS], lv[LOAD_SLOTS];
 #pragma unroll
   for (int k = 0; k < LOAD_SLOTS; ++k) {
     int p = tid + NT * k;
     if (p < W * W) {
-      int g = wrap(y0 + p / W, nx) * nx + wrap(x0 + p % W, nx);
+      int g = wrap(y0 + p / W, nx, near) * nx + wrap(x0 + p % W, nx, near);
       lu[k] = __ldg(u + g);
       lv[k] = __ldg(v + g);
     }
@@ -141,8 +155,8 @@ extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict_
   for (int k = 0; k < LOAD_SLOTS; ++k) {
     int p = tid + NT * k;
     if (p < W * W) {
-      ua[p] = lu[k];
-      va[p] = lv[k];
+      ua[p / W * P + p % W] = lu[k];
+      va[p / W * P + p % W] = lv[k];
     }
   }
   __syncthreads();
@@ -160,10 +174,78 @@ extern "C" __global__ void blocked(float* __restrict__ u_out, float* __restrict_
     for (int tx = threadIdx.x; tx < TILE; tx += TS) {
       int x = blockIdx.x * TILE + tx;
       if (x < nx && y < nx) {
-        int i = (HALO + ty) * W + HALO + tx;
+        int i = (HALO + ty) * P + HALO + tx;
         u_out[y * nx + x] = fu[i];
         v_out[y * nx + x] = fv[i];
         vsum += fv[i];
+      }
+    }
+  }
+  if (last) record(vsum, partial, arrived, masses, count, steps);
+}
+
+// The blocked kernel for a region W = TILE + 2 HALO <= 32 wide, laid out so that substeps need almost no shared
+// memory: a block of 32 x WARPS threads, a lane per column and a warp per strip of SH consecutive rows. Each
+// thread keeps its strip of u and v in registers for all `t` substeps; its west and east neighbours come from
+// the adjacent lanes (warp shuffles) and only the rows above and below its strip through shared memory (each
+// strip's first and last row, double-buffered: one barrier a substep). Every point of the region is updated
+// each substep; the region's outermost ring, whose neighbours lie outside it, goes wrong by one point a substep
+// and never reaches the tile, which is HALO >= t points inside.
+#define SH ((W + WARPS - 1) / WARPS)  // rows of a strip
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS) columns(
+    float* __restrict__ u_out, float* __restrict__ v_out, float* partial, unsigned int* arrived, float* masses,
+    int* count, const float* __restrict__ u, const float* __restrict__ v, int nx, int steps, int last, int t) {
+  __shared__ float ends[2][4][WARPS][32];  // [buffer][u first, u last, v first, v last][strip][lane]
+  const int lane = threadIdx.x, strip = threadIdx.y, row0 = strip * SH;
+  const bool near = W <= nx;
+  const int gx = wrap(blockIdx.x * TILE - HALO + lane, nx, near);
+  float su[SH], sv[SH];
+#pragma unroll
+  for (int r = 0; r < SH; ++r) {
+    su[r] = 0.0f;
+    sv[r] = 0.0f;
+    if (lane < W && row0 + r < W) {
+      int g = wrap(blockIdx.y * TILE - HALO + row0 + r, nx, near) * nx + gx;
+      su[r] = __ldg(u + g);
+      sv[r] = __ldg(v + g);
+    }
+  }
+  for (int s = 0; s < t; ++s) {
+    float(*e)[WARPS][32] = ends[s & 1];
+    e[0][strip][lane] = su[0];
+    e[1][strip][lane] = su[SH - 1];
+    e[2][strip][lane] = sv[0];
+    e[3][strip][lane] = sv[SH - 1];
+    __syncthreads();
+    const int above = strip > 0 ? strip - 1 : strip, below = strip < WARPS - 1 ? strip + 1 : strip;
+    float us_ = e[1][above][lane], vs_ = e[3][above][lane];  // the row before the strip (south, y - 1)
+    float un_ = e[0][below][lane], vn_ = e[2][below][lane];  // the row after it (north, y + 1)
+    float nu[SH], nv[SH];
+#pragma unroll
+    for (int r = 0; r < SH; ++r) {
+      float uw = __shfl_up_sync(0xffffffffu, su[r], 1), ue = __shfl_down_sync(0xffffffffu, su[r], 1);
+      float vw = __shfl_up_sync(0xffffffffu, sv[r], 1), ve = __shfl_down_sync(0xffffffffu, sv[r], 1);
+      float us = r > 0 ? su[r - 1] : us_, un = r < SH - 1 ? su[r + 1] : un_;
+      float vs = r > 0 ? sv[r - 1] : vs_, vn = r < SH - 1 ? sv[r + 1] : vn_;
+      gray_scott(nu[r], nv[r], su[r], sv[r], uw, ue, us, un, vw, ve, vs, vn);
+    }
+#pragma unroll
+    for (int r = 0; r < SH; ++r) {
+      su[r] = nu[r];
+      sv[r] = nv[r];
+    }
+  }
+  float vsum = 0.0f;
+  const int x = blockIdx.x * TILE - HALO + lane;
+  if (lane >= HALO && lane < HALO + TILE && x < nx) {
+#pragma unroll
+    for (int r = 0; r < SH; ++r) {
+      int ty = row0 + r - HALO, y = blockIdx.y * TILE + ty;
+      if (ty >= 0 && ty < TILE && y < nx) {
+        u_out[y * nx + x] = su[r];
+        v_out[y * nx + x] = sv[r];
+        vsum += sv[r];
       }
     }
   }

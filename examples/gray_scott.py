@@ -2,7 +2,7 @@
 
 Run:  python examples/gray_scott.py                  # 256 x 256 grid, 100 steps of 10 substeps
       python examples/gray_scott.py --quick          # a 48 x 48 grid, 5 steps of 3 substeps: seconds
-      python examples/gray_scott.py --grid 1024 --per-launch 5 --tile 32
+      python examples/gray_scott.py --grid 1024 --per-launch 5 --tile 32 --threads 16   # shared-memory tiles
       python examples/gray_scott.py --command-buffers off   # XLA's command buffers off (or: on, while)
 
 Two chemicals u and v react and diffuse on a periodic grid. A step is
@@ -19,14 +19,19 @@ these ways, and every result is checked against numpy:
      jitted fori_loop: the fused kernel, then the temporally blocked one.
   3. jaxgraph: the step (kernels below) captured once and run as a device
      loop (jaxgraph.graphed_loop: every step in one CUDA graph, one launch),
-     eagerly and inside jax.jit (one FFI call). Two kernels do a step:
+     eagerly and inside jax.jit (one FFI call). A step runs one of:
      - `fused`: one substep per launch, the Laplacian and the reaction in
        one kernel, as XLA's fusion does (substeps kernels a step);
-     - `blocked`: `--per-launch` substeps per launch. Each block loads its
-       tile plus a halo as wide as the substeps it runs into shared memory,
-       advances the tile and its shrinking halo there (recomputing the halo
-       its neighbours also compute), and writes the tile once: XLA cannot
-       do this (ceil(substeps / per_launch) kernels a step: one by default).
+     - a temporally blocked kernel, `--per-launch` substeps per launch
+       (ceil(substeps / per_launch) kernels a step: two by default). Each
+       block reads its tile plus a halo as wide as the substeps it runs,
+       advances them on chip (recomputing the halo its neighbours also
+       compute) and writes the tile once: XLA cannot do this.
+       `columns` (the default) holds the region in registers, a lane per
+       column and a warp per strip of rows: west and east neighbours come
+       by warp shuffles, only the rows between strips through shared
+       memory (the region at most 32 wide). `blocked` (`--threads`) holds
+       it in shared memory, any width up to 48 KiB.
      The step's last kernel also records the total of v: each block stores
      its sum, and the last block to finish adds them in a fixed order and
      stores the total at masses[count] (count += 1), so the loop keeps the
@@ -75,42 +80,77 @@ CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
 
 
 def default_blocking(nx, substeps):
-    """``(per_launch, tile, threads)`` for the blocked kernel: the fastest of 12 tilings timed by
-    ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps; results
-    ``benchmarks/results/nvidia-h200-gray-scott-tiles.md``, H200, 2026-11-27): 5 substeps a launch in
-    16 x 16 tiles on 16 x 16 threads at grids 64 and 256, 5 in 32 x 32 tiles at 1024. Ten a launch
-    recompute a wider halo (11.3 against 9.8 us a step at 64, 13.7 against 11.8 at 256)."""
-    return (min(substeps, 5), 16, 16) if nx <= 512 else (min(substeps, 5), 32, 16)
+    """``(per_launch, tile, threads, warps)`` for the step's temporally blocked kernel: the fastest of the
+    candidates timed by ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps, eager device
+    loop; results ``benchmarks/results/nvidia-h100-80gb-hbm3-gray-scott-tiles.md``, H100, 2026-11-27): the
+    ``columns`` kernel, 5 substeps a launch, in 6 x 6 tiles on 32 x 8 threads up to grid 128, 22 x 22 tiles
+    on 32 x 8 up to 512 and on 32 x 4 above. The ``blocked`` kernel's best (shared-memory tiles) took 6.6,
+    10.2 and 46.5 us a step at grids 64, 256 and 1024 where these took 6.1, 8.2 and 35.6."""
+    per_launch = min(substeps, 5)
+    if nx <= 128:
+        return per_launch, 6, 16, 8
+    return per_launch, 22, 16, (8 if nx <= 512 else 4)
+
+
+def kernel_source(tile, per_launch, threads, warps=None, cuda_source=None):
+    """gray_scott.cu (or ``cuda_source``) with the model's constants and a kernel's compile-time sizes."""
+    return (MODEL + f"#define TILE {tile}\n#define HALO {per_launch}\n#define TS {threads}\n#define WARPS {warps or 8}\n"
+            + (CUDA_SOURCE if cuda_source is None else cuda_source))
+
+
+def blocked_shared_bytes(tile, per_launch, threads):
+    """The blocked kernel's static shared memory: four tiles of (tile + 2 per_launch) rows at gray_scott.cu's
+    pitch ``P``, plus 1 KiB for the block sums."""
+    w = tile + 2 * per_launch
+    pitch = w if threads >= 32 else w + (threads - w) % (2 * threads)
+    return 16 * w * pitch + 1024
 
 
 class CudaGrayScott:
     """The CUDA programmer's step on an ``nx`` x ``nx`` grid: ``substeps`` substeps, ``per_launch`` at a time.
 
-    ``per_launch=1`` runs the ``fused`` kernel once per substep; more runs the
-    ``blocked`` kernel, compiled for a halo of ``per_launch`` points and tiles
-    of ``tile`` x ``tile`` (shared memory: 16 (tile + 2 per_launch)^2 bytes,
-    at most 48 KiB), on blocks of ``threads`` x ``threads`` (8, 16 or 32; the
-    fused kernel always 16 x 16). The step's last kernel records the total of v
-    at masses[count] (``steps``: the length of that time series).
+    ``per_launch=1`` runs the ``fused`` kernel once per substep (16 x 16
+    threads). More runs a temporally blocked kernel compiled for a halo of
+    ``per_launch`` points around tiles of ``tile`` x ``tile``:
+
+    - ``blocked`` (``warps=None``): the tile and its halo in shared memory
+      (``blocked_shared_bytes``, at most 48 KiB) on ``threads`` x ``threads``
+      threads (8, 16 or 32);
+    - ``columns`` (``warps`` given): a lane per column of the region and a warp
+      per strip of its rows, the state in registers, on 32 x ``warps`` threads;
+      the region, ``tile + 2 per_launch``, at most 32 wide.
+
+    The step's last kernel records the total of v at masses[count]
+    (``steps``: the length of that time series).
     """
 
-    def __init__(self, nx, substeps, per_launch, steps, tile=16, threads=16):
+    def __init__(self, nx, substeps, per_launch, steps, tile=16, threads=16, warps=None, cuda_source=None):
         if not 1 <= per_launch <= substeps:
             raise ValueError(f"per_launch must be in [1, substeps={substeps}], got {per_launch}")
         if tile < 1:
             raise ValueError(f"tile must be >= 1, got {tile}")
         if threads not in (8, 16, 32):
             raise ValueError(f"threads (a block's side) must be 8, 16 or 32, got {threads}")
-        if per_launch > 1 and 16 * (tile + 2 * per_launch) ** 2 + 1024 > 48 * 1024:
-            raise ValueError(f"tile {tile} with a halo of {per_launch} needs "
-                             f"{16 * (tile + 2 * per_launch) ** 2 + 1024} bytes of shared memory, over 48 KiB")
+        if warps is not None:
+            if per_launch == 1:
+                raise ValueError("warps selects the columns kernel, which runs several substeps a launch: "
+                                 f"per_launch must be > 1, got {per_launch}")
+            if not 1 <= warps <= 32:
+                raise ValueError(f"warps must be in [1, 32] (a block of 32 x warps threads), got {warps}")
+            if tile + 2 * per_launch > 32:
+                raise ValueError(f"the columns kernel needs tile + 2 per_launch <= 32 (a lane per column), got "
+                                 f"tile {tile} + 2 x {per_launch} = {tile + 2 * per_launch}")
+        elif per_launch > 1 and blocked_shared_bytes(tile, per_launch, threads) > 48 * 1024:
+            raise ValueError(f"tile {tile} with a halo of {per_launch} on {threads} x {threads} threads needs "
+                             f"{blocked_shared_bytes(tile, per_launch, threads)} bytes of shared memory, over 48 KiB")
         threads = 16 if per_launch == 1 else threads
         self.nx, self.substeps, self.per_launch, self.steps, self.tile = nx, substeps, per_launch, steps, tile
-        self.threads = threads
-        source = MODEL + f"#define TILE {tile}\n#define HALO {per_launch}\n#define TS {threads}\n" + CUDA_SOURCE
-        self.kernel = jaxgraph.Kernel(source, "fused" if per_launch == 1 else "blocked")
+        self.threads, self.warps = threads, warps
+        self.kernel = jaxgraph.Kernel(kernel_source(tile, per_launch, threads, warps, cuda_source),
+                                      "fused" if per_launch == 1 else "blocked" if warps is None else "columns")
         side = 16 if per_launch == 1 else tile
-        self.grid, self.block = ((nx + side - 1) // side,) * 2, (threads, threads)
+        self.grid = ((nx + side - 1) // side,) * 2
+        self.block = (threads, threads) if warps is None else (32, warps)
         self.blocks = self.grid[0] * self.grid[1]
         full, rest = divmod(substeps, per_launch)
         self.runs = [per_launch] * full + ([rest] if rest else [])  # substeps of each launch
@@ -118,8 +158,11 @@ class CudaGrayScott:
 
     @property
     def name(self):
-        return "fused" if self.per_launch == 1 else \
-            f"blocked x{self.per_launch} ({self.tile}x{self.tile} tiles, {self.threads}x{self.threads} threads)"
+        if self.per_launch == 1:
+            return "fused"
+        if self.warps is None:
+            return f"blocked x{self.per_launch} ({self.tile}x{self.tile} tiles, {self.threads}x{self.threads} threads)"
+        return f"columns x{self.per_launch} ({self.tile}x{self.tile} tiles, 32x{self.warps} threads)"
 
     def _scalars(self, j, t):
         last = int(j == len(self.runs) - 1)
@@ -287,10 +330,13 @@ def parse_args(argv=None):
     p.add_argument("--substeps", type=int, default=10, help="substeps per step (default 10)")
     p.add_argument("--per-launch", type=int, default=None,
                    help="substeps per launch of the blocked kernel (default: default_blocking's, 5)")
-    p.add_argument("--tile", type=int, default=None, help="blocked kernel's tile side (default: 16 up to grid 512, "
-                   "else 32)")
+    p.add_argument("--tile", type=int, default=None,
+                   help="the blocked kernels' tile side (default: default_blocking's, 6 up to grid 128, else 22)")
     p.add_argument("--threads", type=int, default=None, choices=(8, 16, 32),
-                   help="blocked kernel's thread block side (default: default_blocking's)")
+                   help="run the blocked kernel (shared-memory tiles) on THREADS x THREADS threads, not the "
+                        "columns kernel")
+    p.add_argument("--warps", type=int, default=None,
+                   help="the columns kernel's warps (a block of 32 x WARPS threads; default: default_blocking's)")
     p.add_argument("--quick", action="store_true", help="48 x 48 grid, 5 steps of 3 substeps (tests)")
     p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
                    help="XLA's command buffers: JAX's defaults, or forced on, off, or on with WHILE (sets XLA_FLAGS)")
@@ -300,10 +346,16 @@ def parse_args(argv=None):
     for name in ("grid", "steps", "substeps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    per_launch, tile, threads = default_blocking(args.grid, args.substeps)
+    if args.threads is not None and args.warps is not None:
+        p.error("--threads runs the blocked kernel and --warps the columns kernel: give one of them")
+    per_launch, tile, threads, warps = default_blocking(args.grid, args.substeps)
     args.per_launch = per_launch if args.per_launch is None else args.per_launch
     args.tile = tile if args.tile is None else args.tile
-    args.threads = threads if args.threads is None else args.threads
+    if args.threads is None:
+        if args.warps is None and args.tile + 2 * args.per_launch > 32:  # a region too wide for the columns kernel
+            args.threads = 16
+        else:
+            args.threads, args.warps = threads, warps if args.warps is None else args.warps
     if not 1 <= args.per_launch <= args.substeps:
         p.error(f"--per-launch must be in [1, --substeps={args.substeps}], got {args.per_launch}")
     return args
@@ -333,7 +385,7 @@ def main(argv=None):
     runs["idiomatic JAX: jnp in a jitted fori_loop"] = timed(lambda: idiomatic(u, v))
     models = [CudaGrayScott(nx, substeps, 1, steps)]
     if args.per_launch > 1:
-        models.append(CudaGrayScott(nx, substeps, args.per_launch, steps, args.tile, args.threads))
+        models.append(CudaGrayScott(nx, substeps, args.per_launch, steps, args.tile, args.threads, args.warps))
     print(f"[2/4] XLA launching this file's kernels ({', '.join(m.name for m in models)}) in the fori_loop",
           flush=True)
     for m in models:

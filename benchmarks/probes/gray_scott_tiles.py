@@ -1,17 +1,24 @@
-"""Which temporal blocking suits gray_scott's blocked kernel: substeps a launch, tile and block side.
+"""Which temporal blocking suits gray_scott's blocked kernels: kernel, substeps a launch, tile and block.
 
     python benchmarks/probes/gray_scott_tiles.py                  # grids 64, 256, 1024: about a minute
     python benchmarks/probes/gray_scott_tiles.py --grids 256 --repeats 3
+    python benchmarks/probes/gray_scott_tiles.py --candidates 5/16/16,10/32/32 \
+        --baseline old_gray_scott.cu --without-record   # against an earlier kernel file; the total's cost
 
-The question: ``examples/gray_scott.py``'s ``blocked`` kernel runs ``per_launch``
-substeps from a ``tile`` x ``tile`` tile plus a halo ``per_launch`` wide in
-shared memory, on ``threads`` x ``threads`` threads. Small tiles recompute
-more halo; large ones put few blocks on the GPU and leave each a long
-sequence of substeps. Each candidate runs the example's eager device loop
+The question: ``examples/gray_scott.py``'s temporally blocked kernels run
+``per_launch`` substeps from a ``tile`` x ``tile`` tile plus a halo
+``per_launch`` wide: ``blocked`` in shared memory on ``threads`` x
+``threads`` threads, ``columns`` in registers on 32 x ``warps`` (a lane per
+column). Small tiles recompute more halo; large ones put few blocks on the
+GPU and leave each a long sequence of substeps. Each candidate runs the example's eager device loop
 (100 steps of 10 substeps), is checked against numpy (64 and 256) or
 against the jnp program (1024), and is timed by CUDA events in interleaved
 rounds (``harness.measure_group``); the fastest per grid is what
-``gray_scott.default_blocking`` should return. Writes
+``gray_scott.default_blocking`` should return. ``--baseline FILE`` also times
+each candidate compiled from another version of ``gray_scott.cu`` (``git show
+COMMIT:examples/gray_scott.cu``), in the same rounds; ``--without-record``
+also times each with the step's total of v left out (u and v still checked),
+which says what recording the total costs a step. Writes
 ``<device>-gray-scott-tiles.json`` and ``.md`` into ``--out``.
 """
 
@@ -31,13 +38,30 @@ from benchmarks import example_module, harness, provenance, stats  # noqa: E402
 from benchmarks.graph_modes import event_timer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-# (substeps a launch, tile side, thread block side); shared memory 16 (tile + 2 per_launch)^2 <= 48 KiB.
-CANDIDATES = [(10, 16, 16), (10, 16, 8), (10, 32, 32), (10, 32, 16), (5, 16, 16), (5, 16, 8), (5, 32, 16),
-              (5, 32, 32), (5, 8, 8), (2, 16, 16), (2, 32, 32), (10, 8, 8)]
+# (substeps a launch, tile side, threads): a number is the blocked kernel on that many threads a side
+# (gray_scott.blocked_shared_bytes <= 48 KiB), "wN" the columns kernel on 32 x N (tile + 2 substeps <= 32).
+CANDIDATES = [(5, 16, 16), (10, 16, 16), (5, 6, 16), (5, 32, 16), (10, 32, 32), (5, 16, 8),
+              (5, 6, "w8"), (5, 6, "w4"), (5, 10, "w4"), (5, 16, "w8"), (5, 22, "w8"), (5, 22, "w4"),
+              (5, 22, "w16"), (4, 24, "w8"), (10, 12, "w8")]
 
 
-def factories(gs, nx: int, steps: int, substeps: int) -> list:
-    """One eager-loop mode per candidate, each checked before it is timed."""
+RECORD = "if (last) record("  # the blocked kernel's call that records the step's total of v
+
+
+def variants(gs, baseline: Path | None, without_record: bool) -> list[tuple[str, str]]:
+    """``(label suffix, CUDA source)`` of each kernel version to time: the example's first."""
+    found = [("", gs.CUDA_SOURCE)]
+    if without_record:
+        if RECORD not in gs.CUDA_SOURCE:
+            raise ValueError(f"--without-record: {RECORD!r} is not in the example's kernel source")
+        found.append((" (no total)", gs.CUDA_SOURCE.replace(RECORD, "if (0) record(")))
+    if baseline is not None:
+        found.append((" (baseline)", baseline.read_text()))
+    return found
+
+
+def factories(gs, nx: int, steps: int, substeps: int, candidates: list, sources: list) -> list:
+    """One eager-loop mode per candidate and kernel version, each checked before it is timed."""
     import jax.numpy as jnp
     import jaxgraph
 
@@ -47,23 +71,43 @@ def factories(gs, nx: int, steps: int, substeps: int) -> list:
     else:
         want = tuple(np.asarray(a) for a in gs.jnp_simulation(steps, substeps)(jnp.asarray(u0), jnp.asarray(v0)))
 
-    def make(per_launch: int, tile: int, threads: int):
+    def make(key: str, per_launch: int, tile: int, threads: int, source: str):
         def build() -> harness.Mode:
-            model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads)
+            model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, *layout(threads), cuda_source=source)
             graphed, loop = model.device_loop()
             run = gs.loop_eager(graphed, loop, u0, v0)
-            worst = gs.check(model.name, run(), want)
+            out = run()
+            if "no total" in key:  # the totals are not recorded: check u and v only
+                out = (out[0], out[1], want[2])
+            worst = gs.check(model.name, out, want)
 
             def body(calls: int) -> None:
                 for _ in range(calls):
                     run()
 
-            return harness.Mode(f"x{per_launch} tile {tile} threads {threads}",
-                                event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
+            return harness.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
                                 clock="cuda_event", check=f"matches (v within {worst:.1e})")
         return build
 
-    return [(f"x{p} tile {t} threads {s}", make(p, t, s)) for p, t, s in CANDIDATES if p <= substeps]
+    return [(key, make(key, p, t, s, source))
+            for p, t, s in candidates if p <= substeps
+            for label, source in sources for key in [f"x{p} tile {t} {describe(s)}{label}"]]
+
+
+def layout(threads: int | str) -> tuple[int, int | None]:
+    """A candidate's third part as ``CudaGrayScott``'s ``(threads, warps)``: ``16`` is the blocked kernel on
+    16 x 16 threads, ``"w8"`` the columns kernel on 32 x 8."""
+    return (16, int(threads[1:])) if isinstance(threads, str) else (threads, None)
+
+
+def describe(threads: int | str) -> str:
+    return f"warps {threads[1:]}" if isinstance(threads, str) else f"threads {threads}"
+
+
+def parse_candidate(text: str) -> tuple[int, int, int | str]:
+    """``5/16/16`` (blocked, 16 x 16 threads) or ``5/16/w8`` (columns, 8 warps)."""
+    per_launch, tile, threads = text.split("/")
+    return int(per_launch), int(tile), threads if threads.startswith("w") else int(threads)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--substeps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--candidates", default=None,
+                   help="comma-separated SUBSTEPS/TILE/THREADS (blocked kernel, THREADS x THREADS) or "
+                        "SUBSTEPS/TILE/wWARPS (columns kernel, 32 x WARPS) to time (default: all of CANDIDATES)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="also time the candidates compiled from this version of gray_scott.cu")
+    p.add_argument("--without-record", action="store_true",
+                   help="also time each without recording the step's total of v")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
+    candidates = CANDIDATES if args.candidates is None else \
+        [parse_candidate(c) for c in args.candidates.split(",")]
     import jaxgraph
 
     if jaxgraph.device_count() == 0:
@@ -82,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     import datetime
 
     gs = example_module.load("gray_scott")
+    sources = variants(gs, args.baseline, args.without_record)
     device = (provenance.nvidia_smi() or "unknown GPU").split(",")[0]
     doc = {"question": "gray_scott blocked kernel: substeps a launch, tile and thread block side",
            "command": "python benchmarks/probes/gray_scott_tiles.py " + " ".join(argv or sys.argv[1:]),
@@ -93,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.substeps} substeps, CUDA events, median (min-max) of {args.repeats} interleaved rounds", ""]
     best: dict[int, str] = {}  # grid -> "per_launch/tile/threads" of its fastest candidate
     for nx in (int(g) for g in args.grids.split(",")):
-        records = harness.measure_group(f"grid {nx}", factories(gs, nx, args.steps, args.substeps),
+        records = harness.measure_group(f"grid {nx}", factories(gs, nx, args.steps, args.substeps, candidates, sources),
                                         args.repeats, 0.02, 10_000)
         doc["grids"][nx] = records
         lines += [f"## grid {nx}", "", "| substeps a launch, tile, threads | us per step | check |", "| --- | ---: | --- |"]
@@ -106,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rows.append((float("inf"), f"| {key} | – | {rec.get('error') or rec.get('skipped')} |"))
         lines += [r for _, r in sorted(rows)] + [""]
-        timed = [(float(np.median(r["samples"])), k) for k, r in records.items() if "samples" in r]
+        timed = [(float(np.median(r["samples"])), k) for k, r in records.items() if "samples" in r and "(" not in k]
         if timed:
-            best[nx] = min(timed)[1].replace("x", "").replace(" tile ", "/").replace(" threads ", "/")
+            best[nx] = (min(timed)[1].replace("x", "", 1).replace(" tile ", "/").replace(" threads ", "/")
+                        .replace(" warps ", "/w"))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = stats.device_slug(device) + "-gray-scott-tiles"
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str))

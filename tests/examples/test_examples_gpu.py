@@ -24,16 +24,20 @@ ps = example("poisson_solver")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nx, substeps, per_launch, tile, threads", [
-    (40, 5, 5, 16, 16), (33, 7, 3, 8, 8), (6, 4, 4, 4, 16), (24, 3, 1, 32, 16), (50, 10, 10, 16, 32),
-    (70, 10, 5, 32, 8), (37, 6, 2, 32, 32)])
-def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile, threads):
+@pytest.mark.parametrize("nx, substeps, per_launch, tile, threads, warps", [
+    (40, 5, 5, 16, 16, None), (33, 7, 3, 8, 8, None), (6, 4, 4, 4, 16, None), (24, 3, 1, 32, 16, None),
+    (50, 10, 10, 16, 32, None), (70, 10, 5, 32, 8, None), (37, 6, 2, 32, 32, None),
+    # the columns kernel: partial tiles at the grid's edge (70, 33), a region wider than the grid (20, 7),
+    # a strip of one row (32 warps), of twelve (2 warps), the last launch of a step running fewer substeps (7 = 3+3+1)
+    (40, 5, 5, 6, 16, 8), (33, 7, 3, 22, 16, 4), (20, 4, 4, 16, 16, 2), (70, 10, 5, 22, 16, 8),
+    (7, 3, 3, 6, 16, 32), (64, 10, 5, 6, 16, 8)])
+def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile, threads, warps):
     import jax.numpy as jnp
 
     steps = 6
     u0, v0 = gs.initial_state(nx, np.random.default_rng())
     want = gs.reference(u0, v0, steps, substeps)
-    model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads)
+    model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, threads, warps)
     graphed, loop = model.device_loop()
     u, v = jnp.asarray(u0), jnp.asarray(v0)
     gs.check("in jit", gs.loop_in_jit(loop)(u, v), want)
