@@ -23,7 +23,7 @@ these ways, and every result is checked against numpy:
      - `fused`: one substep per launch, the Laplacian and the reaction in
        one kernel, as XLA's fusion does (substeps kernels a step);
      - a temporally blocked kernel, `--per-launch` substeps per launch
-       (ceil(substeps / per_launch) kernels a step: two by default). Each
+       (ceil(substeps / per_launch) kernels a step: one or two by default). Each
        block reads its tile plus a halo as wide as the substeps it runs,
        advances them on chip (recomputing the halo its neighbours also
        compute) and writes the tile once: XLA cannot do this.
@@ -81,15 +81,14 @@ CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
 
 def default_blocking(nx, substeps):
     """``(per_launch, tile, threads, warps)`` for the step's temporally blocked kernel: the fastest of the
-    candidates timed by ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps, eager device
-    loop; results ``benchmarks/results/nvidia-h100-80gb-hbm3-gray-scott-tiles.md``, H100, 2026-11-27): the
-    ``columns`` kernel, 5 substeps a launch, in 6 x 6 tiles on 32 x 8 threads up to grid 128, 22 x 22 tiles
-    on 32 x 8 up to 512 and on 32 x 4 above. The ``blocked`` kernel's best (shared-memory tiles) took 6.6,
-    10.2 and 46.5 us a step at grids 64, 256 and 1024 where these took 6.1, 8.2 and 35.6."""
-    per_launch = min(substeps, 5)
+    15 candidates timed by ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps, eager device
+    loop; ``benchmarks/results/nvidia-h100-80gb-hbm3-gray-scott-tiles.md``, H100, 2026-11-27), all the
+    ``columns`` kernel: 10 substeps a launch in 12 x 12 tiles on 32 x 8 threads at grid 64 (4.98 us a step;
+    used up to grid 128), 5 in 22 x 22 tiles on 32 x 8 at 256 (8.13; used up to 512) and on 32 x 4 at 1024
+    (35.0). The shared-memory ``blocked`` kernel's best took 6.64, 10.19 and 45.95 us there."""
     if nx <= 128:
-        return per_launch, 6, 16, 8
-    return per_launch, 22, 16, (8 if nx <= 512 else 4)
+        return min(substeps, 10), 12, 16, 8
+    return min(substeps, 5), 22, 16, (8 if nx <= 512 else 4)
 
 
 def kernel_source(tile, per_launch, threads, warps=None, cuda_source=None):
@@ -329,9 +328,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="steps: totals recorded (default 100)")
     p.add_argument("--substeps", type=int, default=10, help="substeps per step (default 10)")
     p.add_argument("--per-launch", type=int, default=None,
-                   help="substeps per launch of the blocked kernel (default: default_blocking's, 5)")
+                   help="substeps per launch of the blocked kernels (default: default_blocking's, 10 up to grid 128, "
+                        "else 5)")
     p.add_argument("--tile", type=int, default=None,
-                   help="the blocked kernels' tile side (default: default_blocking's, 6 up to grid 128, else 22)")
+                   help="the blocked kernels' tile side (default: default_blocking's, 12 up to grid 128, else 22)")
     p.add_argument("--threads", type=int, default=None, choices=(8, 16, 32),
                    help="run the blocked kernel (shared-memory tiles) on THREADS x THREADS threads, not the "
                         "columns kernel")

@@ -33,7 +33,7 @@ SMALL = {
 # What else a GPU run must print (beyond "matches").
 PRINTS = {
     "quickstart": ["3 kernel"],                                  # print(g): the graph's summary
-    "gray_scott": ["[4/4]", "vs idiomatic JAX", "XLA: fused kernels as jax_calls", "columns x3 (6x6 tiles, 32x8 threads) device loop in jax.jit",
+    "gray_scott": ["[4/4]", "vs idiomatic JAX", "XLA: fused kernels as jax_calls", "columns x3 (12x12 tiles, 32x8 threads) device loop in jax.jit",
                    "GraphedLoop"],
     "poisson_solver": ["every Jacobi solution matches", "every CG solution is within tolerance",
                        "idiomatic JAX: jnp sweep in a jitted lax.while_loop", "jax.scipy.sparse.linalg.cg",

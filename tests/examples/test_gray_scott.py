@@ -14,7 +14,7 @@ gs = example("gray_scott")
 
 @pytest.mark.parametrize("tile, per_launch, threads, warps, name", [
     (16, 1, 16, None, "fused"), (16, 5, 16, None, "blocked"), (32, 5, 16, None, "blocked"), (16, 10, 32, None, "blocked"),
-    (6, 5, 16, 8, "columns"), (22, 5, 16, 8, "columns"), (22, 5, 16, 4, "columns"), (6, 3, 16, 32, "columns"),
+    (6, 5, 16, 8, "columns"), (12, 10, 16, 8, "columns"), (22, 5, 16, 8, "columns"), (22, 5, 16, 4, "columns"), (6, 3, 16, 32, "columns"),
     (16, 4, 16, 2, "columns")])
 def test_kernels_compile_for_sm90(tile, per_launch, threads, warps, name):
     k = jaxgraph.Kernel(gs.kernel_source(tile, per_launch, threads, warps), name, arch="sm_90")
@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90(tile, per_launch, threads, warps, name):
 @pytest.mark.parametrize("substeps", [1, 3, 5, 10, 17])
 def test_default_blocking_is_a_tiling_the_kernels_accept(nx, substeps):
     per_launch, tile, threads, warps = gs.default_blocking(nx, substeps)
-    assert 1 <= per_launch <= min(substeps, 5) and tile >= 1
+    assert 1 <= per_launch <= min(substeps, 10) and tile >= 1
     if warps is not None:  # the columns kernel: a lane per column of the region
         assert tile + 2 * per_launch <= 32 and 1 <= warps <= 32
     else:
@@ -68,7 +68,9 @@ def test_options_pick_the_kernel():
     a = gs.parse_args(["--grid", "1024"])
     assert (a.per_launch, a.tile, a.warps) == (5, 22, 4)
     a = gs.parse_args(["--quick"])
-    assert (a.grid, a.substeps, a.per_launch, a.tile, a.warps) == (48, 3, 3, 6, 8)
+    assert (a.grid, a.substeps, a.per_launch, a.tile, a.warps) == (48, 3, 3, 12, 8)
+    a = gs.parse_args(["--grid", "64"])
+    assert (a.per_launch, a.tile, a.warps) == (10, 12, 8)
     a = gs.parse_args(["--tile", "32"])  # a region of 42 is too wide for a lane per column: shared-memory tiles
     assert (a.tile, a.threads, a.warps) == (32, 16, None)
     a = gs.parse_args(["--threads", "8"])
