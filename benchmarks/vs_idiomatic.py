@@ -94,6 +94,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "wWARPS for the columns kernel or THREADS for the shared-memory one; default "
                         "gray_scott.default_blocking; probes/gray_scott_tiles.py prints the fastest)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the random states and problems (default: a fresh one, the same in every process: "
+                        "each setting's process solves the same problems, so a solve's sweeps are the same)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--target-ms", type=float, default=None, help="wall time per sample (default 20, quick 5)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results directory")
@@ -197,7 +200,7 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
 
     gs = example_module.load("gray_scott")
     steps, substeps = args.steps, args.substeps
-    u0, v0 = gs.initial_state(nx, np.random.default_rng())
+    u0, v0 = gs.initial_state(nx, np.random.default_rng(args.seed))
     u, v = jnp.asarray(u0), jnp.asarray(v0)
     if nx <= 256:
         want, against = gs.reference(u0, v0, steps, substeps), "numpy"
@@ -243,7 +246,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
     import jax.numpy as jnp
 
     ps = example_module.load("poisson_solver")
-    prob = ps.Problem(n, args.rtol, np.random.default_rng())
+    prob = ps.Problem(n, args.rtol, np.random.default_rng(args.seed))
     checker = ps.Checker(prob)
     pb = example_module.load("poisson_block")
     max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
@@ -380,13 +383,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from benchmarks import run
 
+    if args.seed is None:  # one fresh seed for every process: the same problems under every setting
+        args.seed = int(np.random.SeedSequence().entropy % 2**31)
+        argv = [*argv, "--seed", str(args.seed)]
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
            "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
            "cg_check_every": args.cg_check_every, "block_per_launch": args.block_per_launch, "rtol": args.rtol,
            "repeats": args.repeats,
            "target_ms": args.target_ms, "quick": args.quick, "settings": list(args.settings),
-           "cases": list(args.cases), "jacobi_big_settings": list(args.jacobi_big_settings)}
+           "cases": list(args.cases), "jacobi_big_settings": list(args.jacobi_big_settings), "seed": args.seed}
     meta = run.collect_meta(config.QUICK, argv)
     results = {"date": meta["date"], "git": meta.get("git"), "versions": meta.get("versions"),
                "command": " ".join(["python", "benchmarks/vs_idiomatic.py", *argv]), "config": cfg,

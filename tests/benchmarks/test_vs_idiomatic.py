@@ -146,3 +146,27 @@ def test_tiling_option_reads_each_grid_and_names_a_bad_entry():
     for bad in ("256=10/16", "256=5/22/x8", "256=5/22/w", "x=5/22/16"):
         with pytest.raises(ValueError, match=f"'{bad}' is not GRID=SUBSTEPS/TILE/THREADS or GRID=SUBSTEPS/TILE/wWARPS"):
             tiling("64=10/16/16," + bad)
+
+
+def test_every_settings_process_gets_the_same_seed(tmp_path, monkeypatch):
+    # A Jacobi or CG solve's sweeps depend on its random problem: each setting's process must solve the same
+    # one, or comparing settings compares problems.
+    import jaxgraph
+    from benchmarks import run
+
+    commands = []
+
+    def fake_worker(env, device, tmp, timeout, command):
+        commands.append(command)
+        return {"setting": command[-1], "failed": "not run: a test"}
+
+    monkeypatch.setattr(jaxgraph, "device_count", lambda: 1)
+    monkeypatch.setattr(run, "run_worker", fake_worker)
+    bench.main(["--out", str(tmp_path), "--settings", "off,on"])
+    seeds = {c[c.index("--seed") + 1] for c in commands}
+    assert len(commands) == 2 and len(seeds) == 1, commands
+    written = json.loads(next(tmp_path.glob("*-vs-idiomatic.json")).read_text())
+    assert str(written["config"]["seed"]) == seeds.pop() and "--seed" in written["command"]
+    commands.clear()
+    bench.main(["--out", str(tmp_path), "--settings", "off", "--seed", "7"])  # given: passed on as it is
+    assert commands[0].count("--seed") == 1 and commands[0][commands[0].index("--seed") + 1] == "7"
