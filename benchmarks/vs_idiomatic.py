@@ -90,7 +90,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="poisson up to 64 x 64: sweeps (iterations) per launch of the single-block kernels (default "
                         "256; each launch stops early once converged)")
     p.add_argument("--tiling", default=None,
-                   help="gray_scott's blocked kernel per grid, e.g. 64=5/6/w8,1024=5/32/16 (substeps a launch/tile/"
+                   help="gray_scott's temporally blocked kernel (columns or blocked) per grid, e.g. "
+                        "64=5/6/w8,1024=5/32/16 (substeps a launch/tile/"
                         "wWARPS for the columns kernel or THREADS for the shared-memory one; default "
                         "gray_scott.default_blocking; probes/gray_scott_tiles.py prints the fastest)")
     p.add_argument("--rtol", type=float, default=1e-4, help="poisson tolerance (default 1e-4)")
@@ -190,7 +191,7 @@ def tiling(text: str | None) -> dict[int, tuple[int, int, int, int | None]]:
             raise ValueError(f"--tiling entry {item!r} is not GRID=SUBSTEPS/TILE/THREADS or GRID=SUBSTEPS/TILE/wWARPS, "
                              "e.g. 256=5/22/w8")
         warps = int(parts[2][1:]) if parts[2].startswith("w") else None
-        out[int(grid)] = (int(parts[0]), int(parts[1]), 16 if warps else int(parts[2]), warps)
+        out[int(grid)] = (int(parts[0]), int(parts[1]), 16 if warps is not None else int(parts[2]), warps)
     return out
 
 

@@ -86,9 +86,8 @@ def default_blocking(nx, substeps):
     ``columns`` kernel: 10 substeps a launch in 12 x 12 tiles on 32 x 8 threads at grid 64 (4.98 us a step;
     used up to grid 128), 5 in 22 x 22 tiles on 32 x 8 at 256 (8.13; used up to 512) and on 32 x 4 at 1024
     (35.0). The shared-memory ``blocked`` kernel's best took 6.64, 10.19 and 45.95 us there."""
-    if nx <= 128:
-        return min(substeps, 10), 12, 16, 8
-    return min(substeps, 5), 22, 16, (8 if nx <= 512 else 4)
+    per_launch, tile, warps = (min(substeps, 10), 12, 8) if nx <= 128 else (min(substeps, 5), 22, 8 if nx <= 512 else 4)
+    return per_launch, tile, 16, (None if per_launch == 1 else warps)  # one substep a launch: the fused kernel
 
 
 def kernel_source(tile, per_launch, threads, warps=None, cuda_source=None):
@@ -103,6 +102,28 @@ def blocked_shared_bytes(tile, per_launch, threads):
     w = tile + 2 * per_launch
     pitch = w if threads >= 32 else w + (threads - w) % (2 * threads)
     return 16 * w * pitch + 1024
+
+
+def check_tiling(substeps, per_launch, tile, threads, warps=None):
+    """Raise ``ValueError`` naming the value and the limit when ``CudaGrayScott`` could not build this tiling."""
+    if not 1 <= per_launch <= substeps:
+        raise ValueError(f"per_launch must be in [1, substeps={substeps}], got {per_launch}")
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1, got {tile}")
+    if threads not in (8, 16, 32):
+        raise ValueError(f"threads (a block's side) must be 8, 16 or 32, got {threads}")
+    if warps is not None:
+        if per_launch == 1:
+            raise ValueError("warps selects the columns kernel, which runs several substeps a launch: "
+                             f"per_launch must be > 1, got {per_launch}")
+        if not 1 <= warps <= 32:
+            raise ValueError(f"warps must be in [1, 32] (a block of 32 x warps threads), got {warps}")
+        if tile + 2 * per_launch > 32:
+            raise ValueError(f"the columns kernel needs tile + 2 per_launch <= 32 (a lane per column), got "
+                             f"tile {tile} + 2 x {per_launch} = {tile + 2 * per_launch}")
+    elif per_launch > 1 and blocked_shared_bytes(tile, per_launch, threads) > 48 * 1024:
+        raise ValueError(f"tile {tile} with a halo of {per_launch} on {threads} x {threads} threads needs "
+                         f"{blocked_shared_bytes(tile, per_launch, threads)} bytes of shared memory, over 48 KiB")
 
 
 class CudaGrayScott:
@@ -124,24 +145,7 @@ class CudaGrayScott:
     """
 
     def __init__(self, nx, substeps, per_launch, steps, tile=16, threads=16, warps=None, cuda_source=None):
-        if not 1 <= per_launch <= substeps:
-            raise ValueError(f"per_launch must be in [1, substeps={substeps}], got {per_launch}")
-        if tile < 1:
-            raise ValueError(f"tile must be >= 1, got {tile}")
-        if threads not in (8, 16, 32):
-            raise ValueError(f"threads (a block's side) must be 8, 16 or 32, got {threads}")
-        if warps is not None:
-            if per_launch == 1:
-                raise ValueError("warps selects the columns kernel, which runs several substeps a launch: "
-                                 f"per_launch must be > 1, got {per_launch}")
-            if not 1 <= warps <= 32:
-                raise ValueError(f"warps must be in [1, 32] (a block of 32 x warps threads), got {warps}")
-            if tile + 2 * per_launch > 32:
-                raise ValueError(f"the columns kernel needs tile + 2 per_launch <= 32 (a lane per column), got "
-                                 f"tile {tile} + 2 x {per_launch} = {tile + 2 * per_launch}")
-        elif per_launch > 1 and blocked_shared_bytes(tile, per_launch, threads) > 48 * 1024:
-            raise ValueError(f"tile {tile} with a halo of {per_launch} on {threads} x {threads} threads needs "
-                             f"{blocked_shared_bytes(tile, per_launch, threads)} bytes of shared memory, over 48 KiB")
+        check_tiling(substeps, per_launch, tile, threads, warps)
         threads = 16 if per_launch == 1 else threads
         self.nx, self.substeps, self.per_launch, self.steps, self.tile = nx, substeps, per_launch, steps, tile
         self.threads, self.warps = threads, warps
@@ -336,7 +340,8 @@ def parse_args(argv=None):
                    help="run the blocked kernel (shared-memory tiles) on THREADS x THREADS threads, not the "
                         "columns kernel")
     p.add_argument("--warps", type=int, default=None,
-                   help="the columns kernel's warps (a block of 32 x WARPS threads; default: default_blocking's)")
+                   help="the columns kernel's warps (a block of 32 x WARPS threads; default: default_blocking's; "
+                        "unused with --per-launch 1, which runs the fused kernel alone)")
     p.add_argument("--quick", action="store_true", help="48 x 48 grid, 5 steps of 3 substeps (tests)")
     p.add_argument("--command-buffers", choices=("default", "on", "off", "while"), default="default",
                    help="XLA's command buffers: JAX's defaults, or forced on, off, or on with WHILE (sets XLA_FLAGS)")
@@ -356,8 +361,12 @@ def parse_args(argv=None):
             args.threads = 16
         else:
             args.threads, args.warps = threads, warps if args.warps is None else args.warps
-    if not 1 <= args.per_launch <= args.substeps:
-        p.error(f"--per-launch must be in [1, --substeps={args.substeps}], got {args.per_launch}")
+    if args.per_launch == 1:
+        args.warps = None  # one substep a launch: the fused kernel alone
+    try:
+        check_tiling(args.substeps, args.per_launch, args.tile, args.threads, args.warps)
+    except ValueError as e:  # before anything runs, as argparse reports a bad option
+        p.error(str(e))
     return args
 
 

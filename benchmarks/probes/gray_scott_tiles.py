@@ -45,7 +45,7 @@ CANDIDATES = [(5, 16, 16), (10, 16, 16), (5, 6, 16), (5, 32, 16), (10, 32, 32), 
               (5, 22, "w16"), (4, 24, "w8"), (10, 12, "w8")]
 
 
-RECORD = "if (last) record("  # the blocked kernel's call that records the step's total of v
+RECORD = "if (last) record("  # each kernel's call that records the step's total of v (all are replaced)
 
 
 def variants(gs, baseline: Path | None, without_record: bool) -> list[tuple[str, str]]:
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     gs = example_module.load("gray_scott")
     sources = variants(gs, args.baseline, args.without_record)
     device = (provenance.nvidia_smi() or "unknown GPU").split(",")[0]
-    doc = {"question": "gray_scott blocked kernel: substeps a launch, tile and thread block side",
+    doc = {"question": "gray_scott's temporally blocked kernels: kernel, substeps a launch, tile, threads or warps",
            "command": "python benchmarks/probes/gray_scott_tiles.py " + " ".join(argv or sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "git": provenance.git_commit(), "git_from": provenance.git_from(), "versions": provenance.versions(),
            "device": device, "grids": {}}
-    lines = [f"# Tilings of the gray_scott blocked kernel: {device}", "",
+    lines = [f"# Tilings of gray_scott's temporally blocked kernels: {device}", "",
              f"{doc['date']} · git {doc['git']} · `{doc['command']}` · eager device loop, {args.steps} steps of "
              f"{args.substeps} substeps, CUDA events, median (min-max) of {args.repeats} interleaved rounds", ""]
     best: dict[int, str] = {}  # grid -> "per_launch/tile/threads" of its fastest candidate

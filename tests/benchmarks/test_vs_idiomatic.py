@@ -143,6 +143,7 @@ def test_tiling_option_reads_each_grid_and_names_a_bad_entry():
     assert tiling(None) == {} and tiling("") == {}
     assert tiling("64=10/16/16,1024=5/32/8") == {64: (10, 16, 16, None), 1024: (5, 32, 8, None)}
     assert tiling("64=5/6/w8,256=5/22/w4") == {64: (5, 6, 16, 8), 256: (5, 22, 16, 4)}  # the columns kernel
+    assert tiling("64=5/6/w0") == {64: (5, 6, 16, 0)}  # read as given: CudaGrayScott names warps 0 as out of range
     for bad in ("256=10/16", "256=5/22/x8", "256=5/22/w", "x=5/22/16"):
         with pytest.raises(ValueError, match=f"'{bad}' is not GRID=SUBSTEPS/TILE/THREADS or GRID=SUBSTEPS/TILE/wWARPS"):
             tiling("64=10/16/16," + bad)

@@ -28,9 +28,10 @@ ps = example("poisson_solver")
     (40, 5, 5, 16, 16, None), (33, 7, 3, 8, 8, None), (6, 4, 4, 4, 16, None), (24, 3, 1, 32, 16, None),
     (50, 10, 10, 16, 32, None), (70, 10, 5, 32, 8, None), (37, 6, 2, 32, 32, None),
     # the columns kernel: partial tiles at the grid's edge (70, 33), a region wider than the grid (20, 7),
-    # a strip of one row (32 warps), of twelve (2 warps), the last launch of a step running fewer substeps (7 = 3+3+1)
+    # a strip of one row (32 warps), of twelve (2 warps), the last launch of a step running fewer substeps (7 = 3+3+1),
+    # the last strip partly outside the region (W = 20, 3 rows a strip: rows 18-20)
     (40, 5, 5, 6, 16, 8), (33, 7, 3, 22, 16, 4), (20, 4, 4, 16, 16, 2), (70, 10, 5, 22, 16, 8),
-    (7, 3, 3, 6, 16, 32), (64, 10, 10, 12, 16, 8)])
+    (7, 3, 3, 6, 16, 32), (64, 10, 10, 12, 16, 8), (50, 5, 4, 12, 16, 8)])
 def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile, threads, warps):
     import jax.numpy as jnp
 

@@ -27,11 +27,21 @@ def test_kernels_compile_for_sm90(tile, per_launch, threads, warps, name):
 @pytest.mark.parametrize("substeps", [1, 3, 5, 10, 17])
 def test_default_blocking_is_a_tiling_the_kernels_accept(nx, substeps):
     per_launch, tile, threads, warps = gs.default_blocking(nx, substeps)
-    assert 1 <= per_launch <= min(substeps, 10) and tile >= 1
-    if warps is not None:  # the columns kernel: a lane per column of the region
-        assert tile + 2 * per_launch <= 32 and 1 <= warps <= 32
-    else:
-        assert gs.blocked_shared_bytes(tile, per_launch, threads) <= 48 * 1024
+    assert 1 <= per_launch <= min(substeps, 10)
+    gs.check_tiling(substeps, per_launch, tile, threads, warps)  # what CudaGrayScott checks first
+    assert (warps is None) == (per_launch == 1)  # one substep a launch: the fused kernel alone
+
+
+@pytest.mark.parametrize("threads", [8, 16, 32])
+def test_the_python_pitch_is_the_kernels(threads):
+    # blocked_shared_bytes sizes the kernel's shared tile: the CUDA macro P must be the pitch it assumes
+    for width in (1, 12, 17, 26, 36, 42):  # (wider tiles outgrow 48 KiB at some thread counts)
+        pitch = (gs.blocked_shared_bytes(width, 0, threads) - 1024) // (16 * width)
+        source = gs.kernel_source(width, 0, threads) + f"static_assert(P == {pitch}, \"pitch\");\n"
+        jaxgraph.Kernel(source, "fused", arch="sm_90").cubin  # NVRTC fails the assertion if they differ
+    bad = gs.kernel_source(26, 0, threads) + "static_assert(P == 25, \"pitch\");\n"
+    with pytest.raises(Exception, match="pitch"):
+        jaxgraph.Kernel(bad, "fused", arch="sm_90").cubin
 
 
 def test_the_shared_tile_pitch_puts_a_warps_rows_on_disjoint_banks():
@@ -77,14 +87,23 @@ def test_options_pick_the_kernel():
     assert (a.threads, a.warps) == (8, None)
     a = gs.parse_args(["--warps", "4", "--tile", "16"])
     assert (a.tile, a.warps) == (16, 4)
-    with pytest.raises(SystemExit):
-        gs.parse_args(["--threads", "8", "--warps", "4"])
+    a = gs.parse_args(["--per-launch", "1", "--warps", "4"])  # the fused kernel alone: no columns kernel
+    assert (a.per_launch, a.warps) == (1, None)
+    a = gs.parse_args(["--substeps", "1"])
+    assert (a.per_launch, a.warps) == (1, None)
+    for bad in (["--threads", "8", "--warps", "4"],
+                ["--grid", "64", "--tile", "32"],  # halo 10: 67584 bytes of shared memory
+                ["--warps", "4", "--tile", "32"],  # a region 42 wide for 32 lanes
+                ["--per-launch", "11"]):
+        with pytest.raises(SystemExit):  # argparse's error, before anything runs
+            gs.parse_args(bad)
 
 
-def test_the_columns_kernels_layout_reproduces_numpy_on_the_cpu():
-    """A numpy model of `columns`: a region of W = tile + 2 halo around each tile, every point updated each
-    substep with neighbours from inside the region only (the outer ring goes wrong), and the tile, halo
-    points inside, matches the reference after `halo` substeps."""
+def test_a_halo_as_wide_as_the_substeps_keeps_the_tile_exact():
+    """The argument the `columns` kernel rests on, in numpy (not the kernel: the GPU tests run that): a region
+    of W = tile + 2 halo around each tile, every point updated each substep with neighbours from inside the
+    region only (the outer ring goes wrong, one point a substep), and the tile, halo points inside, still
+    matches the reference after `halo` substeps."""
     rng = np.random.default_rng()
     nx, tile, halo = 20, 6, 3
     u0, v0 = gs.initial_state(nx, rng)
