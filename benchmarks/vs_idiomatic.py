@@ -425,7 +425,7 @@ def _write(results: dict, args: argparse.Namespace, plot: bool) -> str:
         try:
             render(results, stem.with_suffix(".png"))
             written += " and .png"
-        except ImportError as exc:
+        except (ImportError, ValueError) as exc:  # no matplotlib, or nothing measured yet (every process failed)
             print(f"no PNG ({exc})")
     return written
 

@@ -163,7 +163,8 @@ def test_every_settings_process_gets_the_same_seed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jaxgraph, "device_count", lambda: 1)
     monkeypatch.setattr(run, "run_worker", fake_worker)
-    bench.main(["--out", str(tmp_path), "--settings", "off,on"])
+    assert bench.main(["--out", str(tmp_path), "--settings", "off,on"]) == 1  # the processes "failed"
+    assert not list(tmp_path.glob("*.png"))  # nothing measured: no plot, and no error for the lack of one
     seeds = {c[c.index("--seed") + 1] for c in commands}
     assert len(commands) == 2 and len(seeds) == 1, commands
     written = json.loads(next(tmp_path.glob("*-vs-idiomatic.json")).read_text())
