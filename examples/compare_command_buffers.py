@@ -19,6 +19,12 @@ calls from an idle device, less a burst of 1/8 as many, which leaves out
 JAX's first dispatch after idle and its wait for the last result).
 Each mode's result is checked against numpy, exactly, before it is timed.
 ``python benchmarks/run.py`` measures every mode, with more repeats.
+
+It has no idiomatic JAX row on purpose: the chain is ``x + N`` in jax.numpy,
+one fused kernel no launch mechanism beats. It compares launch mechanisms on
+the same kernels; what a JAX user would write instead is compared by
+``benchmarks/vs_idiomatic.py`` and ``benchmarks/vs_diffrax.py`` (the README's
+"How fast").
 """
 
 import argparse

@@ -82,10 +82,12 @@ CUDA_SOURCE = (pathlib.Path(__file__).parent / "gray_scott.cu").read_text()
 def default_blocking(nx, substeps):
     """``(per_launch, tile, threads, warps)`` for the step's temporally blocked kernel: the fastest of the
     15 candidates timed by ``benchmarks/probes/gray_scott_tiles.py`` (100 steps of 10 substeps, eager device
-    loop; ``benchmarks/results/nvidia-h100-80gb-hbm3-gray-scott-tiles.md``, H100, 2026-11-27), all the
-    ``columns`` kernel: 10 substeps a launch in 12 x 12 tiles on 32 x 8 threads at grid 64 (4.98 us a step;
-    used up to grid 128), 5 in 22 x 22 tiles on 32 x 8 at 256 (8.13; used up to 512) and on 32 x 4 at 1024
-    (35.0). The shared-memory ``blocked`` kernel's best took 6.64, 10.19 and 45.95 us there."""
+    loop, one run, median (min-max) of 5 rounds; ``benchmarks/results/nvidia-h100-80gb-hbm3-gray-scott-tiles.md``,
+    H100, 2026-11-27), all the ``columns`` kernel. Per step, where idiomatic JAX takes 20.3, 16.3 and 56.9 us
+    at grids 64, 256 and 1024 (``jnp`` at its best setting in ``nvidia-h100-80gb-hbm3-vs-idiomatic.md``):
+    10 substeps a launch in 12 x 12 tiles on 32 x 8 threads at 64, 4.98 (4.97-4.99) us (used up to grid 128);
+    5 in 22 x 22 tiles on 32 x 8 at 256, 8.13 (8.06-8.15) (used up to 512); on 32 x 4 at 1024, 35.02
+    (34.94-35.18). The shared-memory ``blocked`` kernel's best took 6.64, 10.19 and 45.95 us there."""
     per_launch, tile, warps = (min(substeps, 10), 12, 8) if nx <= 128 else (min(substeps, 5), 22, 8 if nx <= 512 else 4)
     return per_launch, tile, 16, (None if per_launch == 1 else warps)  # one substep a launch: the fused kernel
 
@@ -425,7 +427,8 @@ def main(argv=None):
         print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {seconds / steps * 1e6:8.2f}  {base / seconds:6.2f}x")
     best = min(s for name, (_, s) in runs.items() if "jaxgraph" in name and "jit" in name)
     print(f"\nfastest jaxgraph device loop in jit vs idiomatic JAX (this process's XLA setting, median of 5): "
-          f"{base / best:.2f}x")
+          f"{base / best:.2f}x\n(a quick look: benchmarks/vs_idiomatic.py times each side at its best XLA setting "
+          "over interleaved rounds; results with their ranges in benchmarks/results/*-vs-idiomatic.md)")
     for m, loop in loops:
         print(f"{m.name}: {loop!r}")
     return 0

@@ -360,6 +360,9 @@ def main(argv=None):
         print(f"\n{method}: {'way':<{width - len(method) - 2}}  {'ms':>8}  {unit:>7}  vs idiomatic JAX")
         for name, ((_, n), seconds) in runs.items():
             print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {n if n else '?':>7}  {base / seconds:6.2f}x")
+    print("\n(medians of 3 runs in this process at its XLA setting, a quick look: benchmarks/vs_idiomatic.py times "
+          "each side at its best setting over interleaved rounds; results with their ranges in "
+          "benchmarks/results/*-vs-idiomatic.md)")
     return 0
 
 
