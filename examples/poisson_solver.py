@@ -213,6 +213,21 @@ class Checker:
 # ----------------------------------------------------------------------------
 
 
+def add_device_loops(runs, label, stops, build, eager, in_jit, arg):
+    """Time a device loop eagerly and in ``jax.jit`` for each ``(how, k)`` stop (``k`` None: left out).
+
+    ``build(k)`` gives ``(graphed, loop)``; ``eager(graphed, loop)`` and ``in_jit(loop)`` the functions to
+    time, the latter called on ``arg``. Adds ``runs["jaxgraph: <label>, <how>, eager"]`` and ``... in jax.jit``.
+    """
+    for how, k in stops:
+        if k is None:
+            continue
+        graphed, loop = build(k)
+        runs[f"jaxgraph: {label}, {how}, eager"] = timed(eager(graphed, loop))
+        solve = in_jit(loop)
+        runs[f"jaxgraph: {label}, {how}, in jax.jit"] = timed(lambda: solve(arg))
+
+
 def timed(run, repeats=3):
     """Run once (compiles, warms up), then ``repeats`` more; ((results on the host), median seconds)."""
     import jax
@@ -289,21 +304,12 @@ def main(argv=None):
         idiomatic, xla = jnp_jacobi(prob, args.max_sweeps), kernels.xla_jacobi(args.max_sweeps)
         runs = {"idiomatic JAX: jnp sweep in a jitted lax.while_loop": timed(lambda: idiomatic(f)),
                 "XLA: the jacobi kernel as a jax_call in the while_loop": timed(lambda: xla(f))}
-        for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
-            if k is None:
-                continue
-            graphed, loop = kernels.jacobi_loop(args.max_sweeps, k)
-            runs[f"jaxgraph: device loop, {how}, eager"] = timed(jacobi_eager(graphed, loop, prob))
-            solve = jacobi_in_jit(loop)
-            runs[f"jaxgraph: device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
+        stops = (("exact stop", 1), (f"every-{every} stop", every))
+        add_device_loops(runs, "device loop", stops, lambda k: kernels.jacobi_loop(args.max_sweeps, k),
+                         lambda g, loop: jacobi_eager(g, loop, prob), jacobi_in_jit, f)
         if block:
-            for how, k in (("exact stop", 1), (f"every-{every} stop", every)):
-                if k is None:
-                    continue
-                graphed, loop = block.jacobi_loop(args.max_sweeps, k)
-                runs[f"jaxgraph: single block, {how}, eager"] = timed(poisson_block.jacobi_eager(graphed, loop, prob))
-                solve = poisson_block.jacobi_in_jit(loop)
-                runs[f"jaxgraph: single block, {how}, in jax.jit"] = timed(lambda solve=solve: solve(f))
+            add_device_loops(runs, "single block", stops, lambda k: block.jacobi_loop(args.max_sweeps, k),
+                             lambda g, loop: poisson_block.jacobi_eager(g, loop, prob), poisson_block.jacobi_in_jit, f)
         worst = max(check.jacobi(name, u, n, args.max_sweeps) for name, ((u, n), _) in runs.items())
         counts = {name: n for name, ((_, n), _) in runs.items()}
         for kernel in (("XLA", "jaxgraph: device loop"), ("jaxgraph: single block",)):
@@ -321,21 +327,12 @@ def main(argv=None):
     print("[CG] jax.scipy.sparse.linalg.cg, jaxgraph device loops", flush=True)
     idiomatic_cg, none = jax_scipy_cg(prob, args.max_iter), jnp.zeros(1, jnp.int32)  # cg does not say its count
     runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit": timed(lambda: (idiomatic_cg(b), none))}
-    for how, k in (("exact stop", 1), (f"every-{cg_every} stop", cg_every)):
-        if k is None:
-            continue
-        graphed, loop = kernels.cg_loop(args.max_iter, k)
-        runs[f"jaxgraph: CG device loop, {how}, eager"] = timed(cg_eager(graphed, loop, prob, numpy_operator))
-        solve = cg_in_jit(loop, jnp_operator)
-        runs[f"jaxgraph: CG device loop, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
+    stops = (("exact stop", 1), (f"every-{cg_every} stop", cg_every))
+    add_device_loops(runs, "CG device loop", stops, lambda k: kernels.cg_loop(args.max_iter, k),
+                     lambda g, loop: cg_eager(g, loop, prob, numpy_operator), lambda loop: cg_in_jit(loop, jnp_operator), b)
     if block:
-        for how, k in (("exact stop", 1), (f"every-{cg_every} stop", cg_every)):
-            if k is None:
-                continue
-            graphed, loop = block.cg_loop(args.max_iter, k)
-            runs[f"jaxgraph: single-block CG, {how}, eager"] = timed(poisson_block.cg_eager(graphed, loop, prob))
-            solve = poisson_block.cg_in_jit(loop)
-            runs[f"jaxgraph: single-block CG, {how}, in jax.jit"] = timed(lambda solve=solve: solve(b))
+        add_device_loops(runs, "single-block CG", stops, lambda k: block.cg_loop(args.max_iter, k),
+                         lambda g, loop: poisson_block.cg_eager(g, loop, prob), poisson_block.cg_in_jit, b)
     worst = max(check.cg(name, x) for name, ((x, _), _) in runs.items())
     counts = {name: n for name, ((_, n), _) in runs.items() if name.startswith("jaxgraph: CG")}
     if max(counts.values()) >= args.max_iter or max(counts.values()) - min(counts.values()) > 1:
