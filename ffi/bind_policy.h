@@ -74,7 +74,7 @@ constexpr uint32_t kMinMisses = 4;
 // cudaMemcpyAsync (`host_ns`), the copy's start on the device and the bytes at
 // 1 TB/s (assumed, not measured).
 // Until the process has copied: inside JAX a cudaMemcpyAsync took 3.5-13 us (above), alone
-// ~4 us (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md).
+// ~4 us (benchmarks/probes/handler_parts_probe.py, tests/GPU_RESULTS.md).
 constexpr double kCopyHostNsGuess = 4000.0;
 constexpr double kCopyDeviceNs = 1000.0;
 inline double CopyNs(uint64_t bytes, double host_ns = kCopyHostNsGuess) {

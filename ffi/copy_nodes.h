@@ -6,7 +6,7 @@
 // bind_policy.h.
 //
 // Why: on the H100 a 4 KB cudaMemcpyAsync took 5.5-8 us of host time
-// (benchmarks/handler_parts_probe.py, tests/GPU_RESULTS.md, session 4), and
+// (benchmarks/probes/handler_parts_probe.py, tests/GPU_RESULTS.md, session 4), and
 // memcpy nodes aimed at each call's buffers, as here before, took two
 // cudaGraphExecMemcpyNodeSetParams1D per call once XLA alternated its buffers:
 // 4.3-7.1 us of a 15-22 us call at 100k kernels (scale runs at 7112b1b). A

@@ -11,7 +11,7 @@
 // Seen on the H100 (driver 580): a kernel node updated in place in an
 // executable (cuGraphExecKernelNodeSetParams or cuGraphExecUpdate) runs slower
 // on every later launch than in a fresh executable (1.253 vs 1.020 us per
-// kernel over 1000 kernels: benchmarks/exec_update_cost.py, results in
+// kernel over 1000 kernels: benchmarks/probes/exec_update_cost.py, results in
 // benchmarks/results/nvidia-h100-80gb-hbm3-exec_update.md), so the template's
 // nodes are updated instead and instantiated (exec_cache.h weighs the two).
 
@@ -60,7 +60,7 @@ struct ReplayCounters {
   std::atomic<int64_t> evict{0};         // calls that found no executable and no room: one was replaced
   std::atomic<int64_t> refresh{0};       // executables rewritten in place, made afresh when hit (exec_cache.h)
   std::atomic<int64_t> handler_calls{0};  // calls of the handlers, and their host time:
-  std::atomic<int64_t> handler_ns{0};     // what benchmarks/profile_call.py reports
+  std::atomic<int64_t> handler_ns{0};     // what benchmarks/probes/profile_call.py reports
   std::atomic<int64_t> launch_ns{0};      // the part of handler_ns inside cudaGraphLaunch (launch path)
   std::atomic<int64_t> copy_ns{0};        // the part of handler_ns inside cudaMemcpyAsync
   std::atomic<int64_t> prepare_ns{0};     // the part of handler_ns choosing the executable (PrepareExec)
@@ -198,7 +198,7 @@ inline Survey SurveyGraph(CUgraph graph) {
 // handler still launches from the host: on the H100 such an executable's
 // cudaGraphLaunch took 26 us of host time at 100k kernels against 1240 us for
 // a normal one, at the same device time per kernel (0.985 vs 0.991 us;
-// benchmarks/device_launch_probe.py, its output in tests/GPU_RESULTS.md).
+// benchmarks/probes/device_launch_probe.py, its output in tests/GPU_RESULTS.md).
 // Process-wide, read at registration; < 0: never (set_device_launch_nodes).
 constexpr int64_t kDeviceLaunchNodes = 4096;
 inline std::atomic<int64_t> device_launch_nodes{kDeviceLaunchNodes};

@@ -1,6 +1,7 @@
 // Graphed loops: one CUDA graph that runs a captured step R times on the device.
-// Python side: jaxgraph/_loops.py (the API) and _loop_build.py (which compiles the
-// control kernels with NVRTC and passes their CUfunctions here).
+// Python side: jaxgraph/_jax_interop/graphed_loops.py (the API) and
+// jaxgraph/_graphs/loop_build.py (which compiles the control kernels with NVRTC
+// and passes their CUfunctions here).
 //
 // The loop graph is built node by node (no stream capture):
 //
@@ -133,7 +134,7 @@ struct Plan {
   uint64_t count = 0, until = 0, remaining = 0, done = 0;
   int until_bytes = 0;
   uint64_t fused_dst = 0, fused_src = 0, fused_bytes = 0;  // a pair the tail kernel copies (exact stop)
-  bool pdl = false;                 // the exact stop: a one-kernel step inlined, its check launched early             // K = 1 with a flag and a twin: 1 IF{B; tail}, 2 IF{B}; tail, 3 fused copy
+  bool pdl = false;                 // the exact stop: a one-kernel step inlined, its check launched early
   uint64_t init = 0, tail = 0, bits = 0, finalize = 0;  // CUfunctions
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> finals;    // (x, y, bytes)
   int final_mode = 0;               // 0: x/y ping-pong, 1: copies after each step

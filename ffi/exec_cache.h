@@ -27,7 +27,7 @@
 //   free slot is paid once per address set, while a graph whose addresses keep
 //   replacing executables pays on every call.
 //
-// Figures. Measured on the H100 (driver 580; benchmarks/exec_update_cost.py,
+// Figures. Measured on the H100 (driver 580; benchmarks/probes/exec_update_cost.py,
 // results/nvidia-h100-80gb-hbm3-exec_update.md, commit 0484762), a chain of
 // 1000 add_one kernels: with every kernel node rewritten in place by
 // cuGraphExecKernelNodeSetParams (as the cache does) each runs 0.233 us

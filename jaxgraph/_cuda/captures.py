@@ -15,15 +15,16 @@ capture is treated alike (CUDA tells which capture a stream belongs to:
   synchronize the device, which would invalidate the capture.
 
 :func:`end` turns the registered capture into a ``CUgraph``; the capture's
-record (``_cuda/captures.py``) settles into what the graph must hold on to.
+record (its :class:`Capture`) settles into what the graph must hold on to.
 
 The record of one capture: what its work used, and what the captured graph must hold.
 
-A :class:`Capture` is made by ``_cuda.captures.begin`` and fed while the capture
+A :class:`Capture` is made by :func:`begin` and fed while the capture
 runs (operands, kernels, conditional nodes, embedded graphs); when it ends,
 :meth:`Capture.settle` turns it into the graph's :class:`CaptureInputs`:
 external inputs kept alive (or watched), pools, kernels and what its nodes
-name. ``_cuda/captures.py`` keeps the registry of captures underway.
+name. This module's functions (:func:`begin`, :func:`end`, :func:`capture_on`, ...)
+keep the registry of captures underway.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class Capture:
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
         self.capture_id = 0
-        self.streams = {(int(stream), stream.device)}  # as _captures keys streams
+        self.streams = {(int(stream), stream.device)}  # as the registry keys streams (_key)
         self.pool = pool
         self.mode = mode
         self.thread = threading.get_ident()

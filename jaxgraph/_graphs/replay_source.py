@@ -1,6 +1,6 @@
 """What a captured graph hands to replay inside ``jax.jit``: :class:`ReplaySource`.
 
-``_cuda_graph.replay_source(graph)`` makes one (``_replay_spec.source_of`` for a
+``_graphs.cuda_graph.replay_source(graph)`` makes one (``_jax_interop.replay_spec.source_of`` for a
 :class:`~jaxgraph.Graph` too); ``_jax_interop/replayable.py`` and ``_jax_interop/replay_native.py``
 register it in the native table.
 """
@@ -17,7 +17,7 @@ __all__ = ["ReplaySource"]
 
 @dataclasses.dataclass(frozen=True)
 class ReplaySource:
-    """What a captured graph hands to replay inside ``jax.jit`` (``_cuda_graph.replay_source``).
+    """What a captured graph hands to replay inside ``jax.jit`` (``_graphs.cuda_graph.replay_source``).
 
     Attributes
     ----------

@@ -45,7 +45,7 @@ def cuda_ordinal(device: Any) -> int:
     if platform not in CUDA_PLATFORMS:
         raise ValueError(f"{device} is a {platform} device: jaxgraph graphs live on CUDA GPUs (JAX with CUDA)")
     process = getattr(device, "process_index", 0)
-    here = _process_index()
+    here = _processes.process_index()
     if process != here:
         raise ValueError(f"{device} belongs to process {process}, this is process {here}: each process captures "
                          "graphs for its own devices (jax.local_devices())")
@@ -70,8 +70,8 @@ def device_ordinals(devices: Any = None) -> tuple[int, ...]:
     if spans and not local:
         other = next(d for d in _processes.device_list(devices) if hasattr(d, "process_index"))
         raise ValueError(f"none of the devices given is this process's: {other} belongs to process "
-                         f"{other.process_index}, this is process {_process_index()}; each process captures graphs "
-                         "for its own devices (jax.local_devices())")
+                         f"{other.process_index}, this is process {_processes.process_index()}; each process "
+                         "captures graphs for its own devices (jax.local_devices())")
     ordinals = tuple(cuda_ordinal(d) for d in local)
     if not ordinals:
         raise ValueError("devices is empty: name at least one device")
@@ -96,11 +96,6 @@ def _default_devices() -> tuple[int, ...]:
         raise _driver.CudaUnavailableError("no CUDA device: capture_per_device needs at least one GPU")
     return tuple(range(count))
 
-
-def _process_index() -> int:
-    import jax
-
-    return jax.process_index()
 
 def device_names(devices: Sequence[int]) -> str:
     """``"0, 1"`` for messages (``"none"`` when empty)."""

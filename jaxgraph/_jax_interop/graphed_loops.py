@@ -393,13 +393,18 @@ def _check_until(until: Any) -> int:
     return _FLAG_DTYPES[a.dtype]
 
 
+def _check_per_trip(value: Any, name: str) -> int:
+    """``value`` (``unroll`` or ``check_every``, named ``name`` in errors) as an int in [1, _LIMIT_UNROLL]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= _LIMIT_UNROLL:
+        raise ValueError(f"{name} must be in [1, {_LIMIT_UNROLL}], got {value}")
+    return int(value)
+
+
 def _check_every(check_every: Any, until: Any, unroll: int | None, even: bool) -> int | None:
     """K steps between flag checks with ``until`` (1: exact), ``None`` without; ``unroll`` must agree."""
-    if isinstance(check_every, bool) or not isinstance(check_every, (int, np.integer)):
-        raise TypeError(f"check_every must be an int, got {type(check_every).__name__}")
-    if not 1 <= check_every <= _LIMIT_UNROLL:
-        raise ValueError(f"check_every must be in [1, {_LIMIT_UNROLL}], got {check_every}")
-    k = int(check_every)
+    k = _check_per_trip(check_every, "check_every")
     if until is None:
         if k != 1:
             raise ValueError(f"check_every={k} needs until= (the flag it tests); without a flag every "
@@ -416,14 +421,11 @@ def _check_every(check_every: Any, until: Any, unroll: int | None, even: bool) -
 
 
 def _check_unroll(unroll: Any, even: bool) -> int:
-    if isinstance(unroll, bool) or not isinstance(unroll, (int, np.integer)):
-        raise TypeError(f"unroll must be an int, got {type(unroll).__name__}")
-    if not 1 <= unroll <= _LIMIT_UNROLL:
-        raise ValueError(f"unroll must be in [1, {_LIMIT_UNROLL}], got {unroll}")
-    if even and unroll % 2:
+    k = _check_per_trip(unroll, "unroll")
+    if even and k % 2:
         raise ValueError(f"unroll must be even with feed= (got {unroll}): copies alternate between the step and "
                          "its swapped twin, so each trip must end where it began")
-    return int(unroll)
+    return k
 
 
 # ----------------------------------------------------------------------------

@@ -98,8 +98,7 @@ def kernel_call(kernel: Any, *args: Any, grid: int | Sequence[int] | None = None
     grid3 = _derive_grid(kernel.name, grid, block3, results[0])
     check_geometry(kernel.name, grid3, block3)  # CUDA's limits, known without a device
     kid = kernel_id(kernel, shared_mem)  # where a device exists: loaded, its shared memory checked and reserved
-    if _driver.device_count() > 0:
-        check_launch_limits(kernel, grid3, block3)  # each device's limits, and the kernel's own on it
+    check_launch_limits(kernel, grid3, block3)  # each device's limits, and the kernel's own on it (none: no check)
 
     out = jaxgraph_launch(kid, operands, results, grid=grid3, block=block3,
                           shared_mem=shared_mem, params=codes, scalars=words,

@@ -221,19 +221,32 @@ def call_site() -> int:
     operands, which is what a pure function allows (a graph with effects
     is built with ``side_effects=True``, which XLA never merges).
     """
-    try:
-        from jax._src import core
-
-        trace = core.trace_ctx.trace
-        if isinstance(trace, core.EvalTrace):
-            return 0
-    except (ImportError, AttributeError):  # a jax without trace_ctx: one process-wide order
+    found = _tracing_context()
+    if found is None:  # a jax without trace_ctx: one process-wide order
         return next(_call_sites)
+    trace_ctx, eval_trace = found
+    try:
+        trace = trace_ctx.trace
+    except AttributeError:  # a trace_ctx without .trace: the same
+        return next(_call_sites)
+    if isinstance(trace, eval_trace):
+        return 0
     with _call_lock:
         counter = _call_counts.get(trace)
         if counter is None:
             counter = _call_counts[trace] = itertools.count(1)
         return next(counter)
+
+
+@functools.cache
+def _tracing_context() -> tuple[Any, type] | None:
+    """JAX's ``(trace_ctx, EvalTrace)``, looked up once (not on every replay call); ``None`` for a jax without them."""
+    try:
+        from jax._src import core
+
+        return core.trace_ctx, core.EvalTrace
+    except (ImportError, AttributeError):
+        return None
 
 
 _call_sites = itertools.count(1)

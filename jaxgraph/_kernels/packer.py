@@ -151,7 +151,7 @@ def geometry(grid: Any, block: Any, shared_mem: Any, kernel: str = "") -> bytes:
     """Grid, block and dynamic shared memory checked and packed as the native launch takes them.
 
     The dimensions are checked against the limits every CUDA GPU shares
-    (:func:`~jaxgraph._signature.check_geometry`); the device's and the
+    (:func:`~jaxgraph._kernels.launch_limits.check_geometry`); the device's and the
     kernel's own are checked when a launch knows its device.
 
     Raises
