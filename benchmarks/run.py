@@ -37,6 +37,8 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -151,6 +153,15 @@ def run_worker(setting: config.Setting, cfg: config.RunConfig | None, tmp: Path,
         return record
     return {"setting": setting.key, "xla_flags": setting.xla_flags, "failed": why,
             "output_tail": "".join(tail)[-3000:]}
+
+
+def shared_seed(seed: int | None, argv: list[str]) -> tuple[int, list[str]]:
+    """``seed``, or a fresh one appended to ``argv`` as ``--seed``: the driver passes its argv to every
+    worker process, so each XLA setting's process draws the same random inputs."""
+    if seed is not None:
+        return seed, argv
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    return seed, [*argv, "--seed", str(seed)]
 
 
 def collect_meta(cfg: config.RunConfig, argv: list[str], settings: tuple[str, ...] = ()) -> dict:

@@ -266,9 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks import run
 
     start = time.perf_counter()
-    if args.seed is None:
-        args.seed = int(np.random.SeedSequence().entropy % 2**31)
-        argv = [*argv, "--seed", str(args.seed)]
+    args.seed, argv = run.shared_seed(args.seed, argv)  # the same random inputs under every setting
     meta = run.collect_meta(config.QUICK, argv)
     with tempfile.TemporaryDirectory(prefix="jaxgraph-vs-diffrax-") as tmp:
         processes = {s: run.run_worker(config.SETTINGS[s], None, Path(tmp), args.timeout_s,

@@ -384,9 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from benchmarks import run
 
-    if args.seed is None:  # one fresh seed for every process: the same problems under every setting
-        args.seed = int(np.random.SeedSequence().entropy % 2**31)
-        argv = [*argv, "--seed", str(args.seed)]
+    args.seed, argv = run.shared_seed(args.seed, argv)  # the same random inputs under every setting
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
            "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
