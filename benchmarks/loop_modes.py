@@ -12,7 +12,7 @@ Without JAX (the ``nojax`` process, CUDA events):
 - ``loop_kdefault``: the same with K from ``jaxgraph.default_unroll``;
 - ``loop_until``: an ``until=`` flag no kernel sets, the exact stop
   (``check_every=1``): what checking after every step costs;
-- ``loop_until_k8``, ``loop_until_k32``: the same with ``check_every=K``
+- ``loop_until_k8``, ``loop_until_k16``, ``loop_until_k32``: the same with ``check_every=K``
   (the flag tested once per K steps);
 - ``loop_copy``: as ``loop_kdefault`` with ``ping_pong="copy"``: a device
   copy y -> x after every step instead of the swapped twin (the fallback's cost);
