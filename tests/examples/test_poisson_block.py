@@ -21,6 +21,7 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_block as pb  # noqa: E402  (the module poisson_solver imported)
+from poisson_support import Captured  # noqa: E402
 
 f32 = np.float32
 
@@ -112,20 +113,6 @@ def test_cg_model_matches_scipy_and_float64_cg(n, rtol):
     for per_launch in (1, 5, its):
         x_k, its_k, launches_k = pb.model_solve(prob, "cg", per_launch)
         assert its_k == its and launches_k == -(-max(its, 1) // per_launch) and np.array_equal(x_k, x)
-
-
-class Captured:
-    """``jaxgraph.empty`` as in a captured graph: the first call of the step allocates (poisoned), every
-    later call gets the same arrays in the same order."""
-
-    def __init__(self):
-        self.arrays, self.next = [], 0
-
-    def empty(self, shape, dtype=f32):
-        if self.next == len(self.arrays):
-            self.arrays.append(np.full(shape, np.nan if np.dtype(dtype) == f32 else -7, dtype))
-        self.next += 1
-        return self.arrays[self.next - 1]
 
 
 class FakeKernel:
