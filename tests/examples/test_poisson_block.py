@@ -21,21 +21,9 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_block as pb  # noqa: E402  (the module poisson_solver imported)
-from poisson_support import Captured  # noqa: E402
+from poisson_support import Captured, float64_jacobi_stop  # noqa: E402
 
 f32 = np.float32
-
-
-def float64_jacobi_stop(prob, most=10**6):
-    """The first sweep (numpy's float32 sweeps) whose squared update, summed in float64, is within tolerance."""
-    u = np.zeros_like(prob.f)
-    for k in range(1, most + 1):
-        q = np.pad(u, 1)
-        new = f32(0.25) * (((q[1:-1, :-2] + q[1:-1, 2:]) + (q[:-2, 1:-1] + q[2:, 1:-1])) + prob.b)
-        if float(np.sum((new.astype(np.float64) - u) ** 2)) <= prob.jacobi_tol2:
-            return k
-        u = new
-    raise AssertionError("numpy's Jacobi did not converge")
 
 
 def float64_cg_iterations(prob, most=10**4):
