@@ -69,6 +69,18 @@ def blocks(n):
     return (n + BLOCK - 1) // BLOCK
 
 
+def capture_scale(k, rng, a):
+    """A CUDAGraph of one kernel, y = a * x, captured on fresh arrays: ``(data, x, y, g)``, ``data`` the
+    host copy of ``x``; nothing else keeps them alive."""
+    data = random_floats(rng)
+    x = jaxgraph.asarray(data)
+    y = jaxgraph.empty(N)
+    g = jaxgraph.CUDAGraph()
+    with jaxgraph.graph(g):
+        k.scale[blocks(N), BLOCK](y, x, a, N)
+    return data, x, y, g
+
+
 def poison(array):
     """Fill with NaN so an output the graph failed to write is caught."""
     array.fill_(np.float32(np.nan))

@@ -10,7 +10,6 @@ a GPU (the GPU suite).
 """
 
 import importlib.util
-import os
 import pathlib
 import re
 import subprocess
@@ -20,7 +19,7 @@ import time
 import pytest
 
 import jaxgraph
-from test_readme import chains, python_blocks
+from test_readme import chains, python_blocks, run_chain
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -105,16 +104,6 @@ def test_getting_started_has_a_cpu_snippet_and_every_guide_page_has_code():
     assert any(page.name == "getting-started.md" and "lowering_platforms" in code for page, _, code in CPU_CHAINS)
     for page in sorted((DOCS / "guide").glob("*.md")):
         assert python_blocks(page.read_text()), f"{page.name} has no python block"
-
-
-def run_chain(code, cwd):
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr[-4000:]
-    assert proc.returncode == 0, output
-    assert "False" not in proc.stdout, output     # a check the snippet printed failed
-    return proc.stdout
 
 
 @pytest.mark.parametrize("page, line, code", CPU_CHAINS, ids=[f"{p.relative_to(DOCS)}:{n}" for p, n, _ in CPU_CHAINS])

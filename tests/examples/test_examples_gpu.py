@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import example
+from poisson_support import float64_jacobi_stop
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,19 +49,6 @@ def test_gray_scott_kernels_match_numpy(nx, substeps, per_launch, tile, threads,
     gs.check("jnp", gs.jnp_simulation(steps, substeps)(u, v), want)
 
 
-def _numpy_jacobi_stop(prob, most):
-    """The first sweep (float32, as the kernel) whose squared update is within tolerance."""
-    u = np.zeros_like(prob.f)
-    p = np.zeros((prob.n + 2, prob.n + 2), np.float32)
-    for k in range(1, most + 1):
-        p[1:-1, 1:-1] = u
-        new = np.float32(0.25) * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.b)
-        if float(np.sum((new.astype(np.float64) - u) ** 2)) <= prob.jacobi_tol2:
-            return k
-        u = new
-    raise AssertionError("numpy's Jacobi did not converge")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, per_step", [(12, 1), (17, 3), (16, 8)])
 def test_jacobi_stops_where_numpy_does(n, per_step):
@@ -72,7 +60,7 @@ def test_jacobi_stops_where_numpy_does(n, per_step):
     f = jnp.asarray(prob.f)
     graphed, loop = kernels.jacobi_loop(100_000)
     u, sweeps = (np.asarray(a) for a in ps.jacobi_in_jit(loop)(f))
-    want = _numpy_jacobi_stop(prob, 100_000)
+    want = float64_jacobi_stop(prob, 100_000)
     assert abs(int(sweeps) - want) <= 2, (int(sweeps), want)  # float32 sums in another order
     check.jacobi("in jit", u, int(sweeps), 100_000)
     u_e, s_e = ps.jacobi_eager(graphed, loop, prob)()

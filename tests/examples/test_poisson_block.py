@@ -21,20 +21,9 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_block as pb  # noqa: E402  (the module poisson_solver imported)
+from poisson_support import Captured, float64_jacobi_stop  # noqa: E402
 
 f32 = np.float32
-
-
-def float64_jacobi_stop(prob, most=10**6):
-    """The first sweep (numpy's float32 sweeps) whose squared update, summed in float64, is within tolerance."""
-    u = np.zeros_like(prob.f)
-    for k in range(1, most + 1):
-        q = np.pad(u, 1)
-        new = f32(0.25) * (((q[1:-1, :-2] + q[1:-1, 2:]) + (q[:-2, 1:-1] + q[2:, 1:-1])) + prob.b)
-        if float(np.sum((new.astype(np.float64) - u) ** 2)) <= prob.jacobi_tol2:
-            return k
-        u = new
-    raise AssertionError("numpy's Jacobi did not converge")
 
 
 def float64_cg_iterations(prob, most=10**4):
@@ -112,20 +101,6 @@ def test_cg_model_matches_scipy_and_float64_cg(n, rtol):
     for per_launch in (1, 5, its):
         x_k, its_k, launches_k = pb.model_solve(prob, "cg", per_launch)
         assert its_k == its and launches_k == -(-max(its, 1) // per_launch) and np.array_equal(x_k, x)
-
-
-class Captured:
-    """``jaxgraph.empty`` as in a captured graph: the first call of the step allocates (poisoned), every
-    later call gets the same arrays in the same order."""
-
-    def __init__(self):
-        self.arrays, self.next = [], 0
-
-    def empty(self, shape, dtype=f32):
-        if self.next == len(self.arrays):
-            self.arrays.append(np.full(shape, np.nan if np.dtype(dtype) == f32 else -7, dtype))
-        self.next += 1
-        return self.arrays[self.next - 1]
 
 
 class FakeKernel:

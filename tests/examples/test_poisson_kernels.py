@@ -19,6 +19,7 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_kernels  # noqa: E402  (the module poisson_solver imported)
+from poisson_support import Captured  # noqa: E402
 
 f32 = np.float32
 
@@ -66,20 +67,6 @@ class FakeKernel:
 
     def __getitem__(self, launch):
         return self.run
-
-
-class Captured:
-    """``empty`` as in a captured graph: the first call of the step allocates (poisoned arrays), every
-    later call gets the same arrays in the same order."""
-
-    def __init__(self):
-        self.arrays, self.next = [], 0
-
-    def empty(self, shape, dtype=f32):
-        if self.next == len(self.arrays):
-            self.arrays.append(np.full(shape, np.nan if np.dtype(dtype) == f32 else -7, dtype))
-        self.next += 1
-        return self.arrays[self.next - 1]
 
 
 @pytest.fixture

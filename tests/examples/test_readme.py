@@ -121,14 +121,19 @@ def test_ci_runs_exactly_the_readmes_two_commands():
 # ---------------------------------------------------------------------------
 
 
+def run_chain(code, cwd):
+    """Run a chain in a fresh process in ``cwd``: it must exit 0 and print no False; its stdout."""
+    # This process's JAX may hold most of the GPU already: the snippet's JAX must not preallocate.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr[-4000:]
+    assert proc.returncode == 0, output
+    assert "False" not in proc.stdout, output     # a check the snippet printed failed
+    return proc.stdout
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("line, code", CHAINS, ids=[f"line{line}" for line, _ in CHAINS])
 def test_readme_snippets_run(line, code, tmp_path):
-    # This process's JAX may hold most of the GPU already: the snippet's JAX must not preallocate.
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    output = proc.stdout + proc.stderr[-4000:]
-    print(f"README.md chain from line {line}:\n{output}")
-    assert proc.returncode == 0, output
-    assert "False" not in proc.stdout, output     # a check the snippet printed failed
+    print(f"README.md chain from line {line}:\n{run_chain(code, tmp_path)}")

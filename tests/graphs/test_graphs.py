@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, N, blocks, load_kernels, poison, random_floats, replay_and_check
+from graph_support import BLOCK, N, blocks, capture_scale, load_kernels, poison, random_floats, replay_and_check
 from internals import pool_of
 from jaxgraph._jax_interop.replay_spec import source_of
 
@@ -118,12 +118,7 @@ def test_graph_memory_stays_valid_while_graph_lives_and_returns_when_it_dies(k, 
 
 @pytest.mark.gpu
 def test_replay_runs_on_the_current_stream(k, rng, side_stream):
-    data = random_floats(rng)
-    x = jaxgraph.asarray(data)
-    y = jaxgraph.empty(N)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, -1.0, N)
+    data, x, y, g = capture_scale(k, rng, -1.0)
     poison(y)
     jaxgraph.synchronize()
     with side_stream:
@@ -170,12 +165,7 @@ def test_default_capture_stream_is_a_side_stream(k, rng):
 
 @pytest.mark.gpu
 def test_keep_graph_false_instantiates_at_capture_end(k, rng):
-    data = random_floats(rng)
-    x = jaxgraph.asarray(data)
-    y = jaxgraph.empty(N)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 5.0, N)
+    data, x, y, g = capture_scale(k, rng, 5.0)
     assert g.raw_cuda_graph_exec() != 0
     with pytest.raises(RuntimeError, match="not live"):
         g.raw_cuda_graph()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import (BLOCK, MiB, N, blocks, free_device_bytes, load_kernels, poison, random_floats,
+from graph_support import (BLOCK, MiB, N, blocks, capture_scale, free_device_bytes, load_kernels, poison, random_floats,
                            replay_and_check)
 from internals import pool_of
 from jaxgraph._cuda import memory as _memory
@@ -177,12 +177,7 @@ def test_thousand_capture_reset_cycles_return_memory(k, rng):
 
 @pytest.mark.gpu
 def test_external_inputs_are_kept_alive_by_the_graph(k, rng):
-    data = random_floats(rng)
-    x = jaxgraph.asarray(data)
-    y = jaxgraph.empty(N)
-    g = jaxgraph.CUDAGraph()
-    with jaxgraph.graph(g):
-        k.scale[blocks(N), BLOCK](y, x, 2.0, N)
+    data, x, y, g = capture_scale(k, rng, 2.0)
     owner = weakref.ref(x.owner)
     del x
     gc.collect()

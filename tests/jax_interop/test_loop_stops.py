@@ -16,9 +16,6 @@ fields (a loop over a spec replayable, to lower without a device; ``_pdl``), ``_
 and ``PDL_CHECKS`` (each layout of the exact stop), ``_driver.compute_capability``.
 """
 
-import os
-import subprocess
-import sys
 import threading
 import types
 
@@ -29,28 +26,24 @@ import jaxgraph
 from jaxgraph._cuda import driver as _driver
 from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
+from graph_support import XLA_MODES
+from kernels import LOOP_STEP
+from loop_support import ref, run_jit_worker
 
 N = 1000
 BLOCK = 256
 GRID = (N + BLOCK - 1) // BLOCK
 
-# x -> y (fed back) and x in place, each bumping the counter and setting the flag at the threshold.
+# x in place, bumping the counter and setting the flag at the threshold (x -> y, fed back: LOOP_STEP's lstep).
 SOURCE = r"""
-__device__ void count_and_flag(int* counter, int* flag, const int* stop_at) {
-  int c = atomicAdd(counter, 1) + 1;
-  if (c >= *stop_at) *flag = 1;
-}
-extern "C" __global__ void stop_step(float* y, const float* x, const float* b, int* counter, int* flag,
-                                     const int* stop_at, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = 0.5f * x[i] + b[i];
-  if (i == 0) count_and_flag(counter, flag, stop_at);
-}
 extern "C" __global__ void stop_step_in_place(float* x, const float* b, int* counter, int* flag,
                                               const int* stop_at, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] = 0.5f * x[i] + b[i];
-  if (i == 0) count_and_flag(counter, flag, stop_at);
+  if (i == 0) {
+    int c = atomicAdd(counter, 1) + 1;
+    if (c >= *stop_at) *flag = 1;
+  }
 }
 """
 
@@ -65,13 +58,6 @@ def model_steps(r, k, stop_at):
     if not flag:
         ran = r
     return ran
-
-
-def ref(x, b, steps):
-    x = x.astype(np.float32).copy()
-    for _ in range(steps):
-        x = np.float32(0.5) * x + b
-    return x
 
 
 def test_model_is_exact_for_k1_and_never_past_r_or_k_minus_1():
@@ -89,7 +75,7 @@ def test_model_is_exact_for_k1_and_never_past_r_or_k_minus_1():
 
 
 def kernels():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(SOURCE, "stop_step"),
+    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"),
                                inplace=jaxgraph.Kernel(SOURCE, "stop_step_in_place"))
     ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
     return ks
@@ -265,31 +251,10 @@ def check_jit(ks, rng):
                 np.testing.assert_allclose(np.asarray(y), ref(x0, b0, want), rtol=1e-5, atol=1e-6)
 
 
-_WORKER = r"""
-import sys, numpy as np
-sys.path[:0] = sys.argv[1:]  # this folder, and tests/ (the shared modules)
-import test_loop_stops as t
-t.check_jit(t.kernels(), np.random.default_rng())
-print("JIT OK")
-"""
-
-_XLA = {
-    "off": "--xla_gpu_enable_command_buffer=",
-    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-    "defaults": None,
-}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", sorted(_XLA))
+@pytest.mark.parametrize("mode", sorted(XLA_MODES))
 def test_jit_command_buffer_settings(mode):
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    env.pop("XLA_FLAGS", None)
-    if _XLA[mode] is not None:
-        env["XLA_FLAGS"] = _XLA[mode]
-    proc = subprocess.run([sys.executable, "-c", _WORKER, os.path.dirname(__file__),
-                           os.path.dirname(os.path.dirname(__file__))], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_jit_worker("test_loop_stops", "check_jit", "kernels", mode)
     assert proc.returncode == 0 and "JIT OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
 
 

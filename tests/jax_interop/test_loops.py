@@ -8,9 +8,6 @@ Tests internals (listed in tests/README.md): ``_graphed_loops._check_*``, ``_gra
 graphed_loop's argument checks on a CPU (the public call needs a captured graph).
 """
 
-import os
-import subprocess
-import sys
 import types
 
 import numpy as np
@@ -20,16 +17,10 @@ import jaxgraph
 from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
 from kernels import LOOP_STEP
+from loop_support import ref, run_jit_worker
 
 N = 1000
 BLOCK = 256
-
-
-def ref(x, b, steps):
-    x = x.astype(np.float32).copy()
-    for _ in range(steps):
-        x = np.float32(0.5) * x + b
-    return x
 
 
 def blocks(n):
@@ -38,9 +29,7 @@ def blocks(n):
 
 @pytest.fixture(scope="module")
 def k():
-    ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
-    ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
-    return ks
+    return _kernels()
 
 
 def make_step(k, rng, stop_at=1 << 30):
@@ -230,32 +219,16 @@ def _check_jit(k, rng):
     np.testing.assert_allclose(np.asarray(out), ref(x0, b, 7), rtol=1e-5, atol=1e-6)
 
 
-_WORKER = r"""
-import sys, numpy as np
-sys.path[:0] = sys.argv[1:]  # this folder, and tests/ (the shared modules)
-import test_loops as t
-t._check_jit(t._kernels(), np.random.default_rng())
-print("JIT OK")
-"""
-
-_XLA = {
-    "off": "--xla_gpu_enable_command_buffer=",
-    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-}
-
-
 def _kernels():
     ks = types.SimpleNamespace(step=jaxgraph.Kernel(LOOP_STEP, "lstep"), inplace=jaxgraph.Kernel(LOOP_STEP, "lstep_inplace"))
-    ks.step.handle, ks.inplace.handle  # noqa: B018
+    ks.step.handle, ks.inplace.handle  # noqa: B018 - load before capture
     return ks
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", sorted(_XLA))
+@pytest.mark.parametrize("mode", ["off", "on"])  # XLA command buffers off and on (each in its own process)
 def test_jit_command_buffer_settings(mode):
-    env = dict(os.environ, XLA_FLAGS=_XLA[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    proc = subprocess.run([sys.executable, "-c", _WORKER, os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_jit_worker("test_loops", "_check_jit", "_kernels", mode)
     assert proc.returncode == 0 and "JIT OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]
 
 

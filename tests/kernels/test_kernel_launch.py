@@ -28,6 +28,7 @@ from jaxgraph._kernels import eager_launch as _eager_launch
 from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from jaxgraph._cuda.stream import Stream
 from kernels import ADD_ONE, REVERSE_BLOCK
+from launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
 
 N = 3001
 
@@ -52,21 +53,11 @@ def geo(grid, block, shared_mem=0):
     return struct.pack("<7I", *(grid + (1,) * (3 - len(grid))), *(block + (1,) * (3 - len(block))), shared_mem)
 
 
-@pytest.fixture(scope="module")
-def add_one(tmp_path_factory):
-    return jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
-
-
 @pytest.fixture
 def stubbed(add_one, monkeypatch):
     """``add_one`` with its driver call recorded instead of made; a made-up current stream (handle 0x10)."""
-    launched = []
-    monkeypatch.setattr(add_one, "_h_kernel", 1)
-    monkeypatch.setattr(add_one, "_function_address", 0xF00)
-    monkeypatch.setattr(add_one, "_native_launch", lambda *a: launched.append(a) or 0)
-    monkeypatch.setattr(add_one, "_launch_configs", {})
+    launched = stub_launches(add_one, monkeypatch)
     monkeypatch.setattr(add_one, "_geometries", {})
-    monkeypatch.setitem(_driver._primary_context_addresses, 0, 0xC0)
     monkeypatch.setitem(_stream._local.streams, 0, made_up_stream(0x10))
     return add_one, launched
 

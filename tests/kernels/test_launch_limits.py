@@ -24,13 +24,12 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._cuda import driver as _driver
 from jaxgraph._cuda.stream import Stream
 from jaxgraph._kernels import load as _kernel_load
 from jaxgraph._kernels.launch_limits import LaunchLimits
 from jaxgraph._kernels.packer import geometry
 from graph_support import null_array
-from kernels import ADD_ONE
+from launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
 
 # At most 128 threads per block: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK) says 128.
 BOUNDED = r"""
@@ -63,23 +62,13 @@ H100 = LaunchLimits(1024, (1024, 1024, 64), (2**31 - 1, 65535, 65535), "device 0
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def add_one(tmp_path_factory):
-    return jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path_factory.mktemp("cubins"))
-
-
 @pytest.fixture
 def stubbed(add_one, monkeypatch):
     """``add_one`` as if loaded, its launches recorded; device 0 reporting an H100's limits; a made-up stream."""
-    launched = []
-    monkeypatch.setattr(add_one, "_h_kernel", 1)
-    monkeypatch.setattr(add_one, "_function_address", 0xF00)
-    monkeypatch.setattr(add_one, "_native_launch", lambda *a: launched.append(a) or 0)
-    monkeypatch.setattr(add_one, "_launch_configs", {})
+    launched = stub_launches(add_one, monkeypatch)
     monkeypatch.setattr(add_one, "_limits_checked", set())
     monkeypatch.setattr(add_one, "_thread_limits", {0: 1024})
     monkeypatch.setattr(_kernel_load, "device_limits", lambda device: (H100, 232448))
-    monkeypatch.setitem(_driver._primary_context_addresses, 0, 0xC0)
     stream = Stream.__new__(Stream)
     stream._setup(0x1234, 0, None, False)
     return add_one, stream, launched
