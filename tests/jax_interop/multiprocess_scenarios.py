@@ -1,4 +1,4 @@
-"""One process of tests/jax_interop/test_multiprocess.py: run by benchmarks/launch.py, N at once.
+"""One process of tests/jax_interop/test_multiprocess.py: run by benchmarks/harness/process_launcher.py, N at once.
 
     python tests/jax_interop/multiprocess_scenarios.py {cpu,gpu} SEED [--errors]
 
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-# the repository root (benchmarks.launch) and tests/ (the shared kernels)
+# the repository root (benchmarks.harness.process_launcher) and tests/ (the shared kernels)
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-from benchmarks.launch import initialize  # noqa: E402
+from benchmarks.harness.process_launcher import initialize  # noqa: E402
 
 from kernels import INC, SCALE  # noqa: E402
 

@@ -1,7 +1,7 @@
 """jaxgraph under ``jax.distributed``: one process per GPU, as on a cluster, started by the test itself.
 
 Each test starts N processes of tests/jax_interop/multiprocess_scenarios.py with
-benchmarks/launch.py (torchrun's variables, a coordinator on 127.0.0.1 at a
+benchmarks/harness/process_launcher.py (torchrun's variables, a coordinator on 127.0.0.1 at a
 free port, one timeout that kills them all and reports every process's
 output) and compares what the processes saw. On the CPU, JAX's CPU backend
 runs the multi-process program with gloo collectives: a real psum across
@@ -35,7 +35,7 @@ from internals import spec_replayable, spec_sharded  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.launch import launch, report  # noqa: E402
+from benchmarks.harness.process_launcher import launch, report  # noqa: E402
 
 SCENARIOS = str(ROOT / "tests" / "jax_interop" / "multiprocess_scenarios.py")
 HAS_GPU = jaxgraph.device_count() > 0
