@@ -21,7 +21,7 @@ from benchmarks import run  # noqa: E402
 from benchmarks.harness import stats  # noqa: E402
 from benchmarks.reports import gray_scott_report, run_report, targets, targets_over_runs  # noqa: E402
 from benchmarks.probes import exec_update_cost, side_effect_cost  # noqa: E402
-from benchmark_records import record, synthetic_quick, table  # noqa: E402
+from support.benchmark_records import record, synthetic_quick, table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SLUG = "nvidia-h100-80gb-hbm3"

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository roo
 from benchmarks import run  # noqa: E402
 from benchmarks.harness import config  # noqa: E402
 from benchmarks.reports import consecutive_runs, run_report, targets, targets_over_runs  # noqa: E402
-from benchmark_records import synthetic_quick, table  # noqa: E402
+from support.benchmark_records import synthetic_quick, table  # noqa: E402
 
 SLUG = "nvidia-h100-80gb-hbm3"
 T = targets_over_runs.TARGETS

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository roo
 from benchmarks import run  # noqa: E402
 from benchmarks.harness import config, stats  # noqa: E402
 from benchmarks.reports import run_report  # noqa: E402
-from benchmark_records import synthetic_results, worker_record  # noqa: E402
+from support.benchmark_records import synthetic_results, worker_record  # noqa: E402
 
 HAS_GPU = __import__("jaxgraph").device_count() > 0
 
