@@ -2,8 +2,8 @@
 
 A graph of thousands of kernels (``describe_graph(...).device_launchable``)
 copies its static buffers to and from XLA's by kernel nodes of its executable
-(``ffi/copy_nodes.h``). Each call's XLA addresses reach those nodes through a
-ring in pinned host memory (``ffi/copy_ring.h``): the replay handler stores
+(``ffi/replay/copy_nodes.h``). Each call's XLA addresses reach those nodes through a
+ring in pinned host memory (``ffi/replay/copy_ring.h``): the replay handler stores
 them and launches, with no CUDA call to re-aim a node, even when XLA
 alternates its buffers from one call to the next.
 

@@ -1,6 +1,6 @@
 """Replay inside ``jax.jit``: the ``jaxgraph_replay`` FFI call, the native graph table, graph ids' liveness.
 
-This module pairs with ``ffi/replay.cc``. :func:`register` enters a captured
+This module pairs with ``ffi/replay/replay.cc``. :func:`register` enters a captured
 graph into the native table (a clone and an executable per device; for a graph
 with conditional nodes, which CUDA cannot clone, the template itself) and the
 table decides, per static buffer, whether XLA's buffer is *bound* into the

@@ -10,7 +10,7 @@ What a build settles becomes a :class:`ReplaySpec`: the shapes each call is
 checked against (:meth:`ReplaySpec.check_args`) and all the FFI call needs.
 
 What crosses the native replay boundary is typed here too: binding modes,
-replay paths, counters. ``ffi/replay.cc`` reports how each static buffer meets XLA's (a
+replay paths, counters. ``ffi/replay/replay.cc`` reports how each static buffer meets XLA's (a
 :class:`BindingMode` code with the reason text beside it) and which ways a
 graph's calls can run (:class:`ReplayPath` codes), and counts the calls of
 each path. Python never parses the reason text: it is for people.
@@ -102,7 +102,7 @@ class ReplayPath(str, enum.Enum):
 
 
 class CapturePolicy(str, enum.Enum):
-    """How a replay goes into XLA's command buffer when XLA records it (``ffi/capture_policy.h``).
+    """How a replay goes into XLA's command buffer when XLA records it (``ffi/replay/capture_policy.h``).
 
     XLA records the call again when its buffers move to addresses it holds
     no recording for, and updates its executable in place: a bound buffer's
@@ -115,7 +115,7 @@ class CapturePolicy(str, enum.Enum):
     """
 
     AUTO = "auto"
-    """By cost (``ffi/capture_policy.h``): a bound buffer held by many kernel arguments and small
+    """By cost (``ffi/replay/capture_policy.h``): a bound buffer held by many kernel arguments and small
     enough to copy cheaply is copied, the rest bound."""
     BIND = "bind"
     """Every bound buffer bound in the spliced nodes (no copies)."""

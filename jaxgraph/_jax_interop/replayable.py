@@ -9,7 +9,7 @@ A graph captured on static device arrays becomes a function of JAX arrays::
     jax.jit(lambda x: step(x) * 2)(x)            # one FFI call replays the whole graph
 
 ``via="ffi"`` (default): one XLA FFI custom call, ``jaxgraph_replay``
-(``_jax_interop/replay_native.py`` <-> ``ffi/replay.cc``), replays the graph on XLA's stream
+(``_jax_interop/replay_native.py`` <-> ``ffi/replay/replay.cc``), replays the graph on XLA's stream
 in order with the XLA operations around it, its kernels pointed at XLA's own
 operand and result buffers (no copies; see :attr:`Replayable.bindings`). When
 XLA records its own command buffer, the graph's nodes are spliced into it, so a

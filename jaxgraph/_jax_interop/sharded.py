@@ -17,7 +17,7 @@ device, each on static arrays and a memory pool of that device, and returns a
     y = f(x)                           # x: (2 n,) over two GPUs; each replays its graph on its half
 
 How each shard finds its graph: the graphs share one id in the native table
-(``ffi/replay.cc``), one entry per device. XLA runs the shard program on every
+(``ffi/replay/replay.cc``), one entry per device. XLA runs the shard program on every
 device, and each ``jaxgraph_replay`` call reads the device ordinal XLA gives it
 (the FFI call context) and replays that device's graph, its kernels bound to
 that device's buffers (zero-copy binding works per device). Nothing else is

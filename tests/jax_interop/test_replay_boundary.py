@@ -1,6 +1,6 @@
 """The typed native replay boundary and the uncaptured target, on the CPU.
 
-Binding modes and replay paths cross from ``ffi/replay.cc`` as codes (never
+Binding modes and replay paths cross from ``ffi/replay/replay.cc`` as codes (never
 sentences); a replayable of a graph with conditional nodes lowers to
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 Lowering needs no device: the replayables here are built from a spec.

@@ -222,7 +222,53 @@ def test_docs_what_lives_where_matches_the_tree():
     section = text.split("\n## What lives where\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`((?:jaxgraph|ffi)/[\w./-]+)`", section))
     files = {p.relative_to(ROOT).as_posix() for p in package_files()}
-    files |= {f"ffi/{p.name}" for p in (ROOT / "ffi").iterdir() if p.is_file()}
+    files |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "ffi").rglob("*") if p.is_file()}
     files |= {f"jaxgraph/{layer}/" for layer in LAYERS}  # each layer's folder, named where its table starts
     assert sorted(files - named) == [], "docs/architecture.md's What lives where does not name these files"
     assert sorted(named - files) == [], "docs/architecture.md's What lives where names files that do not exist"
+
+
+# ----------------------------------------------------------------------------
+# ffi/: one folder an extension, the shared headers at the top
+# ----------------------------------------------------------------------------
+
+EXTENSIONS = ("replay", "launch", "device_loop")  # ffi/<name>/<name>.cc builds jaxgraph._<name>
+
+
+def ffi_includes() -> dict[str, set[str]]:
+    """ffi file (relative to ffi/) -> the project headers it includes, resolved as the compiler does
+    (the including file's folder first, then ffi/ on the include path)."""
+    ffi = ROOT / "ffi"
+    found = {}
+    for path in ffi.rglob("*"):
+        if path.suffix not in (".h", ".cc"):
+            continue
+        names = set()
+        for name in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M):
+            for candidate in (path.parent / name, ffi / name):
+                if candidate.is_file():
+                    names.add(candidate.resolve().relative_to(ffi.resolve()).as_posix())
+                    break
+        found[path.relative_to(ffi).as_posix()] = names
+    return found
+
+
+def test_ffi_has_a_folder_per_extension_and_shared_headers_at_the_top():
+    ffi = ROOT / "ffi"
+    assert sorted(p.name for p in ffi.iterdir() if p.is_dir()) == sorted(EXTENSIONS)
+    for name in EXTENSIONS:
+        assert (ffi / name / f"{name}.cc").is_file()
+    assert all(p.suffix == ".h" for p in ffi.iterdir() if p.is_file()), "only shared headers at ffi/'s top"
+
+
+def test_ffi_includes_stay_in_their_extension():
+    includes = ffi_includes()
+    assert includes, "no ffi sources found"
+    for source, headers in includes.items():
+        home = source.split("/", 1)[0] if "/" in source else None  # None: a shared header
+        for header in headers:
+            owner = header.split("/", 1)[0] if "/" in header else None
+            if home is None:
+                assert owner is None, f"shared header ffi/{source} includes ffi/{header} of an extension"
+            else:
+                assert owner in (None, home), f"ffi/{source} includes ffi/{header}, another extension's header"

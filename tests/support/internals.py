@@ -24,7 +24,7 @@ from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
 
 
 def native_replay():
-    """The native replay extension (``ffi/replay.cc``): its code tables, the bind-or-copy and
+    """The native replay extension (``ffi/replay/replay.cc``): its code tables, the bind-or-copy and
     executable-cache policies' decisions on given figures (``policy_*``), and
     ``set_max_executables`` (a graph's cache held small, for tests of a full cache)."""
     return native("replay")

@@ -166,6 +166,9 @@ struct DeviceGraph {
   }
 };
 
+// Whether `g`'s buffers are copied by nodes of its executables (from registration on; copy_nodes.h adds them).
+inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
+
 // What the top level of a graph holds that decides how it can be replayed.
 struct Survey {
   bool memory = false;      // allocates or frees memory in its own nodes
