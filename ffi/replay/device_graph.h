@@ -39,7 +39,7 @@
 namespace jaxgraph {
 
 // The ways one call of the handler replays a graph. The codes cross to
-// Python (jaxgraph._jax_interop.replay_native.ReplayPath); each path has its own counter.
+// Python (jaxgraph._jax_interop.replay_boundary.ReplayPath); each path has its own counter.
 enum class ReplayPath : int {
   kLaunch = 0,            // cudaGraphLaunch on XLA's stream
   kSpliceNodes = 1,       // its nodes added one by one to XLA's command-buffer capture

@@ -1,5 +1,5 @@
 // XLA FFI handlers that replay a captured CUDA graph on XLA's stream, bound
-// to XLA's own buffers. Python side: jaxgraph/_jax_interop/replay_native.py.
+// to XLA's own buffers. Python side: jaxgraph/_jax_interop/replay_boundary.py.
 //
 // Python registers a captured graph with its static buffers for one device
 // (graph_table.h). At each call its kernel nodes are pointed at XLA's operands

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._cuda import driver as _driver
 from .._cuda.array import DeviceArray, zeros
-from .._cuda.captures import CaptureInputs
+from .._cuda.capture_registry import CaptureInputs
 from .handles import CaptureState, node_count
 from .cuda_graph import CUDAGraph, handles_of, replay_source
 from .._kernels.kernel import Kernel

@@ -56,12 +56,12 @@ import numpy as np
 
 from .._cuda import driver as _driver
 from .._cuda.array import DeviceArray
-from .._cuda.checks import BIND_CHOICES, capture_mode, check_choice, fmt_all
-from .._graphs.capture import graph as capture_graph
+from .._cuda.checks import capture_mode, check_choice, fmt_all
+from .._graphs.capture_contexts import graph as capture_graph
 from .._graphs.cuda_graph import CUDAGraph
 from . import processes as _processes
 from .devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
-from .replay_spec import check_alias_indices
+from .replay_contract import BIND_CHOICES, check_alias_indices
 from .replayable import Replayable, replayable
 
 __all__ = [
