@@ -326,8 +326,16 @@ NB_MODULE(_replay, m) {
         "shared where CUDA allows one executable of a conditional graph; `ring_kernels`: the copy nodes' "
         "(copy, advance) CUfunctions in the device's context, for a graph large enough to copy by nodes "
         "(none: its copies go on the stream).");
-  m.def("unregister_graph", &UnregisterGraph, nb::arg("id"), nb::arg("device") = -1,
-        "Retire a graph id on `device` (every device when < 0); idempotent.");
+  m.def("unregister_graph", [](int64_t id, int device) {
+          UnregisterGraph(id, device);
+          SweepRetiredRings();  // here: no lock held, not a handler's thread
+        }, nb::arg("id"), nb::arg("device") = -1, nb::call_guard<nb::gil_scoped_release>(),
+        "Retire a graph id on `device` (every device when < 0); idempotent. Then frees the copy rings "
+        "of retired graphs whose calls have finished (sweep_copy_rings).");
+  m.def("sweep_copy_rings", &SweepRetiredRings, nb::call_guard<nb::gil_scoped_release>(),
+        "Free the copy rings of retired graphs whose calls have all finished on the device (no wait, "
+        "no device-wide synchronize); return how many rings are still waiting for their calls.");
+  m.def("retired_copy_rings", &RetiredRings, "Copy rings of retired graphs not freed yet.");
   m.def("detach_graph", &DetachGraph, nb::arg("id"), nb::arg("device") = -1,
         "Stop a graph id from using its CUDAGraph's template and executable, at once (before a "
         "reset destroys them); destroys nothing, so it is safe during a capture.");

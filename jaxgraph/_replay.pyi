@@ -18,7 +18,17 @@ def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int,
     """
 
 def unregister_graph(id: int, device: int = -1) -> None:
-    """Retire a graph id on `device` (every device when < 0); idempotent."""
+    """
+    Retire a graph id on `device` (every device when < 0); idempotent. Then frees the copy rings of retired graphs whose calls have finished (sweep_copy_rings).
+    """
+
+def sweep_copy_rings() -> int:
+    """
+    Free the copy rings of retired graphs whose calls have all finished on the device (no wait, no device-wide synchronize); return how many rings are still waiting for their calls.
+    """
+
+def retired_copy_rings() -> int:
+    """Copy rings of retired graphs not freed yet."""
 
 def detach_graph(id: int, device: int = -1) -> None:
     """

@@ -27,6 +27,7 @@ keeps that record and says what to do when a replayable is called after it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import threading
@@ -51,6 +52,7 @@ __all__ = [
     "register",
     "result_shapes",
     "retire",
+    "sweep_copy_rings",
     "varying_axes",
 ]
 
@@ -340,6 +342,7 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
         [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
         bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
         int(source.exec), ring_functions(source.device, source.template))
+    _memory.when_no_capture(sweep_copy_rings)  # rings of graphs retired since: here no lock is held
     return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
 
 
@@ -368,8 +371,31 @@ def retire(graph_id: int, device: int = -1) -> None:
     _memory.when_no_capture(functools.partial(_native_quietly, "unregister_graph", graph_id, device))
 
 
+def sweep_copy_rings() -> None:
+    """Free the copy rings (``ffi/copy_ring.h``) of retired graphs whose calls have finished; never raises.
+
+    A graph's destructor only hands its ring over (it may run under the graph
+    table's lock or on XLA's handler thread, where waiting for the device can
+    deadlock); this frees them, without waiting, from a thread that holds no
+    lock: after a registration, after a retire (``unregister_graph`` sweeps
+    too), and at exit. A ring whose calls are still running waits for a later sweep.
+    """
+    import sys
+
+    if "jaxgraph._replay" not in sys.modules:  # nothing registered: nothing to free
+        return
+    try:
+        native("replay").sweep_copy_rings()
+    except Exception:
+        pass
+
+
 def _native_quietly(call: str, graph_id: int, device: int) -> None:
     try:
         getattr(native("replay"), call)(graph_id, device)
     except Exception:  # finalizers and destroy callbacks never raise
         pass
+
+
+# At exit too: the rings of graphs retired last (a ring still in use is left to the process's end).
+atexit.register(lambda: _memory.when_no_capture(sweep_copy_rings))
