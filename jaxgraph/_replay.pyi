@@ -35,6 +35,11 @@ def detach_graph(id: int, device: int = -1) -> None:
     Stop a graph id from using its CUDAGraph's template and executable, at once (before a reset destroys them); destroys nothing, so it is safe during a capture.
     """
 
+def graph_uses(id: int, device: int = -1) -> list[tuple[int, bool, list[int]]]:
+    """
+    (device, recorded, streams) for each live graph of `id` (every device when `device` < 0): whether a stream capture (XLA's command buffer) recorded its nodes, which then replay without this handler, and the streams its calls launched on. Call after detach_graph, which stops further calls.
+    """
+
 def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, str]]:
     """
     (kind, index, mode, sites, reason) for each static buffer; mode is a code of codes()['binding'].

@@ -67,6 +67,8 @@ class ReplayState:
         self.graph_id = graph_id
         self.devices: dict[int, bool] = {}  # device -> still registered
         self.closed = False
+        # device -> (recorded, streams) of its retired graph (:func:`retire`): what freeing must respect
+        self.uses: dict[int, tuple[bool, tuple[int, ...]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -107,7 +109,14 @@ class ReplayState:
                 if device < 0 or d == device:
                     self.devices[d] = False
         if self.graph_id > 0:
-            retire(self.graph_id, device)
+            for d, recorded, streams in retire(self.graph_id, device):
+                with self._lock:
+                    self.uses[d] = (recorded, streams)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a stream capture (XLA's command buffer) recorded a graph of it, as far as retired."""
+        return any(recorded for recorded, _ in self.uses.values())
 
     def retire_callback(self, device: int) -> Callable[[], None]:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
@@ -362,13 +371,25 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
                      int(d["copy_nodes"]))
 
 
-def retire(graph_id: int, device: int = -1) -> None:
-    """Take ``graph_id`` out of the table on ``device`` (every device when -1); never raises."""
+def retire(graph_id: int, device: int = -1) -> list[tuple[int, bool, tuple[int, ...]]]:
+    """Take ``graph_id`` out of the table on ``device`` (every device when -1); never raises.
+
+    Returns, per device it was still registered on, ``(device, recorded,
+    streams)``: whether a stream capture (XLA's command buffer) recorded its
+    nodes, and the streams its calls launched on (what freeing its memory must
+    wait for). Read after the detach, which stops further calls.
+    """
     # At once: the graph's owner may destroy the template and executable
     # a conditional graph's entry uses as soon as this returns.
     _native_quietly("detach_graph", graph_id, device)
+    try:
+        uses = [(int(d), bool(r), tuple(int(s) for s in streams))
+                for d, r, streams in native("replay").graph_uses(graph_id, device)]
+    except Exception:  # finalizers and destroy callbacks never raise
+        uses = []
     # Drops executables, which must not happen in the middle of a capture.
     _memory.when_no_capture(functools.partial(_native_quietly, "unregister_graph", graph_id, device))
+    return uses
 
 
 def sweep_copy_rings() -> None:
