@@ -170,7 +170,7 @@ def cpu_scenarios(rank, world, seed):
             platform="gpu", local_hardware_id=0, process_index=p, id=200 + p) for p in range(world)]),
             axis_names=("x",))  # a mesh of its own: round 0 on its subject
         if rank == 1:
-            time.sleep(2.5)
+            time.sleep(4)
         first = error(lambda: spec(7).check_devices(late, timeout_s=1))
         return {"first": first, "retry": list(spec(7).check_devices(late, timeout_s=60))}
 

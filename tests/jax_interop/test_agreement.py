@@ -110,6 +110,15 @@ def one_outcome(results):
     return live[0]
 
 
+def missing(message):
+    """The processes a timed-out round's message names."""
+    import re
+
+    found = re.match(r"check: process(?:es)? ([\d, ]+) did not reach", message)
+    assert found, message
+    return [int(p) for p in found.group(1).split(", ")]
+
+
 def records(count, tag):
     return [{"process": p, "tag": tag} for p in range(count)]
 
@@ -153,7 +162,7 @@ def test_a_process_that_arrives_after_the_others_gave_up_raises_their_error_and_
     gave_up = threading.Event()
 
     def early(p):
-        result = procs.agree(p, {"process": p, "tag": "a"}, 0.2 + 0.1 * p)
+        result = procs.agree(p, {"process": p, "tag": "a"}, 1.0 + p)  # long enough for the other early one
         gave_up.set()
         return result
 
@@ -167,7 +176,7 @@ def test_a_process_that_arrives_after_the_others_gave_up_raises_their_error_and_
     out = procs.run([lambda: early(0), lambda: early(1), late])
     kind, message = one_outcome(out)
     assert kind == "error"
-    assert message.startswith("check: process 2 did not reach this check within 0.2 s (round 0 on this subject, "
+    assert message.startswith("check: process 2 did not reach this check within 1 s (round 0 on this subject, "
                               "given up by process 0 of 3; every process raises this error)"), message
     # The retry: the next call on every process is round 1, which never sees round 0's records.
     out = procs.run([lambda p=p: procs.agree(p, {"process": p, "tag": "retry"}, 10) for p in range(3)])
@@ -176,9 +185,9 @@ def test_a_process_that_arrives_after_the_others_gave_up_raises_their_error_and_
 
 def test_every_missing_process_is_named():
     procs = Processes(4)
-    out = procs.run([lambda: procs.agree(0, {}, 0.2), lambda: procs.agree(2, {}, 5)] + [lambda: ("died", None)] * 2)
+    out = procs.run([lambda: procs.agree(0, {}, 1), lambda: procs.agree(2, {}, 5)] + [lambda: ("died", None)] * 2)
     kind, message = one_outcome(out)
-    assert kind == "error" and message.startswith("check: processes 1, 3 did not reach this check within 0.2 s")
+    assert kind == "error" and message.startswith("check: processes 1, 3 did not reach this check within 1 s")
 
 
 @pytest.mark.parametrize("when", ["before_publishing", "after_publishing", "after_deciding"])
@@ -218,12 +227,13 @@ def test_a_process_that_dies_mid_agreement_leaves_one_outcome_to_the_others(when
     if when == "after_publishing":
         assert (kind, value) == ("ok", records(3, "a"))  # its record was there: the round is agreed
     else:
-        assert kind == "error" and value.startswith("check: process ")
-        assert ("process 1 did not reach" in value) == (when == "before_publishing"), value
-        if when == "after_deciding":
-            # process 2 and process 0 did reach it; process 1 gave up first (on its own short timeout), so
-            # its decision names them, and stands: nobody waits out a timeout the decider already hit.
-            assert "processes 0, 2 did not reach" in value or "process 2 did not reach" in value, value
+        assert kind == "error"
+        if when == "before_publishing":
+            assert 1 in missing(value), value
+        else:
+            # process 1 gave up first (on its own short timeout) and died: its decision names process 2
+            # (process 0 too, had it been slow to publish), and stands: nobody waits out a timeout.
+            assert 1 not in missing(value) and 2 in missing(value), value
             assert third_s < 4, third_s
 
 
