@@ -171,8 +171,9 @@ class Replayable:
         # replayable (and its graph id) goes as soon as the last reference does.
         self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
-        # The finalizer holds the state and the list of what is kept, never self (close() runs it too).
-        self._finalizer = weakref.finalize(self, release, self._state, self._keep)
+        # The finalizer holds the state, the list of what is kept and the host replay, never self
+        # (close() runs it too).
+        self._finalizer = weakref.finalize(self, release, self._state, self._keep, host)
         if source is not None:
             self._attach(source, *statics)
             if borrowed_exec and source.lend_exec is not None:
@@ -340,15 +341,19 @@ class Replayable:
 _KEPT_FOR_RECORDINGS: list = []
 
 
-def release(state: ReplayState, keep: list) -> None:
+def release(state: ReplayState, keep: list, host: Any = None) -> None:
     """Retire ``state``'s graph id everywhere and let go of ``keep`` (a replayable's finalizer; never raises).
 
     Kept until exit where a stream capture recorded the graph (see
     :meth:`Replayable.close`); otherwise each static array jaxgraph
     allocated is freed only after the work queued by then on every stream
-    its replays launched on (XLA's), not just its own stream's.
+    its replays launched on (XLA's), not just its own stream's. ``host``
+    (``via="callback"``, whose replays finish before they return) lets go
+    of its graph and arrays too.
     """
     state.retire()
+    if host is not None and hasattr(host, "close"):
+        host.close()
     held, keep[:] = list(keep), []
     if state.recorded:
         _KEPT_FOR_RECORDINGS.append(held)

@@ -114,16 +114,18 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
     assert regained >= BIG * 0.95
 
 
-def test_closed_replayables_the_caller_still_holds_give_their_device_memory_back(rng):
-    # Closed but still referenced (a list of steps, a notebook's variables): their graphs, static
-    # arrays and pools go all the same; each refuses calls with a clear error.
+@pytest.mark.parametrize("via", ["ffi", "callback"])
+def test_closed_replayables_the_caller_still_holds_give_their_device_memory_back(via, rng):
+    # Closed but still referenced (a list of steps, a notebook's variables), their jitted functions
+    # too: their graphs, static arrays and pools go all the same; each refuses calls with a clear error.
     x = rng.standard_normal(N).astype(np.float32)
     xj = jnp.asarray(x).block_until_ready()
     gc.collect()
     free_before = free_device_bytes()
-    steps = [make_step(scratch_bytes=64 * MiB)[0] for _ in range(6)]
-    for step in steps:
-        np.testing.assert_allclose(np.asarray(jax.jit(step)(xj)), axpb_ref(x), rtol=1e-6, atol=1e-6)
+    steps = [make_step(via, scratch_bytes=64 * MiB)[0] for _ in range(6)]
+    jitted = [jax.jit(step) for step in steps]
+    for f in jitted:
+        np.testing.assert_allclose(np.asarray(f(xj)), axpb_ref(x), rtol=1e-6, atol=1e-6)
     gc.collect()
     held = free_before - free_device_bytes()
     assert held >= 6 * 64 * MiB * 0.95, held
@@ -136,8 +138,10 @@ def test_closed_replayables_the_caller_still_holds_give_their_device_memory_back
     assert regained >= 6 * 64 * MiB * 0.95
     with pytest.raises(RuntimeError, match="this replayable was closed"):
         steps[0](xj)
+    with pytest.raises(Exception, match="was closed|reset or destroyed"):  # the handler or the host replay
+        np.asarray(jitted[0](xj))
     y = rng.standard_normal(N).astype(np.float32)  # and a new step works in the memory they gave back
-    step = make_step(scratch_bytes=64 * MiB)[0]
+    step = make_step(via, scratch_bytes=64 * MiB)[0]
     np.testing.assert_allclose(np.asarray(jax.jit(step)(jnp.asarray(y))), axpb_ref(y), rtol=1e-6, atol=1e-6)
 
 

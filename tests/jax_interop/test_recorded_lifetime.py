@@ -79,6 +79,18 @@ def test_collecting_a_replayable_lets_go_as_close_does():
     assert ref() is None
 
 
+def test_closing_a_callback_replayable_lets_its_host_replay_go_too():
+    # via="callback": jitted functions hold the host replay (their pure_callback), so close() makes
+    # it drop the graph and the static arrays; a call that reaches it afterwards raises.
+    closed = []
+    host = types.SimpleNamespace(close=lambda: closed.append(True))
+    r = spec_replayable((F32,), (F32,), via="callback", host=host)
+    r.close()
+    assert closed == [True]
+    with pytest.raises(RuntimeError, match="this replayable was closed"):
+        r(jnp.zeros(16, jnp.float32))
+
+
 def test_what_a_recorded_replayable_held_is_kept_until_exit():
     # A stream capture (XLA's command buffer) recorded the graph: the recording replays its nodes
     # without jaxgraph, so its memory must outlive the replayable.
