@@ -84,10 +84,12 @@ extern "C" __global__ void hold_until(unsigned long long flag_address, long long
 
 
 @pytest.mark.gpu
-def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(rng):
+@pytest.mark.parametrize("kernels", [20, 4096], ids=["threshold_lowered", "4096_kernels"])
+def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     # Other work holds the device (a kernel on another stream that runs until the host releases
     # it); retiring a graph with copy nodes and its ring must not wait for it under the table's
     # lock: a thread that needs the table (as another device's handler would) goes on at once.
+    # 4096 kernels: the default threshold (kDeviceLaunchNodes), no knob.
     import ctypes
     import threading
     import time
@@ -95,8 +97,10 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(rng):
     from jaxgraph._cuda import driver as _driver
     from jaxgraph._cuda.driver import check
 
-    kernels = 20
-    g, x_s, y_s, step = _large(lambda: _spin_chain(kernels, 1000))
+    if kernels == 4096:
+        g, x_s, y_s, step = _spin_chain(kernels, 0)
+    else:
+        g, x_s, y_s, step = _large(lambda: _spin_chain(kernels, 1000))
     assert describe_graph(step.graph_id, g.device).copy_nodes == 2
     f = jax.jit(step)
     x0 = rng.integers(-1000, 1000, N).astype(np.float32)
