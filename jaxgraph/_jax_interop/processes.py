@@ -69,7 +69,8 @@ def agree(topic: str, record: dict, *, subject: Any, timeout_s: float) -> list[d
         JAX's distributed runtime is not initialized, or a process did not
         publish its record within the first ``timeout_s`` to run out (it
         failed earlier, or runs other code): the message names it and is
-        the same on every process.
+        the same on every process. Also when the key-value store itself
+        fails (the coordinator is gone): then on this process alone.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
