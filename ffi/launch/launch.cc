@@ -28,8 +28,9 @@ namespace {
 //
 // Ids are chosen by Python when a kernel is first traced (they must be baked
 // into HLO even where no GPU exists to load the kernel); the handle is added
-// when the kernel is loaded. A kernel whose Python object was collected is
-// retired before its library is unloaded.
+// when the kernel is loaded. An entry stays, its library kept loaded by Python,
+// until the process exits: XLA's recordings launch the kernel without calling
+// this handler, after its Python object is collected too.
 struct KernelEntry {
   CUkernel handle = nullptr;
   std::string name;

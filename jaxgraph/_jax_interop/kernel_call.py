@@ -148,27 +148,25 @@ _ids_lock = threading.Lock()
 _next_kernel_id = itertools.count(1)
 _kernel_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _loaded: set[int] = set()  # kernel ids entered into the native table
+# Kernel id -> what keeps its library loaded (cuda.core's ObjectCode and Kernel), until the process
+# exits: compiled functions, and XLA's recordings of them, launch the kernel after its Kernel is gone.
+_kept_for_xla: dict[int, tuple] = {}
 
 
 def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
-    """Enter ``kernel``'s CUkernel into the launch table (once) and raise its shared-memory limit."""
+    """Enter ``kernel``'s CUkernel into the launch table (once) and raise its shared-memory limit.
+
+    The entry and the loaded library stay until the process exits, after the
+    Kernel is collected too: a command buffer XLA recorded launches the
+    kernel without calling the handler, so retiring the id would not stop it,
+    and unloading the library would leave it launching unloaded code.
+    """
     if kid not in _loaded:
         handle = int(kernel.handle)  # loads the cubin into the primary context
         native("launch").register_kernel(kid, handle, kernel.name)
-        # The kernel's library is unloaded when the Kernel is collected: retire
-        # the id first, so a stale compiled function fails cleanly.
-        weakref.finalize(kernel, _unload_kernel, kid)
+        _kept_for_xla[kid] = (kernel._library, kernel._core)
         _loaded.add(kid)
     reserve_shared_memory(kernel, shared_mem)
-
-
-def _unload_kernel(kid: int) -> None:
-    """Finalizer: retire a kernel id in the native table (never raises)."""
-    _loaded.discard(kid)
-    try:
-        native("launch").unregister_kernel(kid)
-    except Exception:
-        pass
 
 
 def _check_inout(kernel: Any, inout: Any) -> frozenset:

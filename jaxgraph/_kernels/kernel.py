@@ -178,6 +178,14 @@ class Kernel(KernelLaunching):
         launches the kernel on XLA's stream, in order with the XLA operations
         around it; XLA may record it into its command buffers.
 
+        Once traced (on a machine with a GPU), the kernel's code stays loaded
+        until the process exits, after this Kernel is collected too: a
+        compiled function, or XLA's recording of it, may launch it at any
+        later time without asking jaxgraph, and jaxgraph cannot see when JAX
+        drops its executable. So ``f = jax.jit(lambda x: k.jax_call(...))``
+        keeps working after ``k`` is rebound. What stays is the code (the
+        cubin, loaded once per process), never data.
+
         Parameters
         ----------
         *args
