@@ -53,6 +53,10 @@ class Kernel(KernelLaunching):
     cache_dir : path, optional
         Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR``, else
         ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``).
+        Entries are keyed by everything that changes the cubin, included
+        headers too, and checked against their SHA-256 when loaded; a
+        directory others can write is not used (a warning says so). See
+        :func:`jaxgraph.compile_kernel`.
 
     Raises
     ------
