@@ -178,11 +178,15 @@ def _check_inout(kernel: Any, inout: Any) -> frozenset:
         names = frozenset(inout)
     except TypeError:
         raise TypeError(f"inout must be a sequence of parameter names, got {inout!r}") from None
-    pointers = {p.name for p in kernel.params if p.is_pointer}
-    for name in names:
+    pointers = {p.name: p for p in kernel.params if p.is_pointer}
+    for name in sorted(names):
         if name not in pointers:
             raise ValueError(f"kernel {kernel.name}: inout names {name!r}, which is not a pointer "
                              f"parameter (pointers: {', '.join(sorted(pointers)) or 'none'})")
+        if pointers[name].is_const_pointer:  # as for a const output: XLA would get the input back as "written"
+            raise TypeError(f"kernel {kernel.name}: inout names {name}, which is {pointers[name].ctype}: the kernel "
+                            "only reads through it, so it cannot be an output; leave it out of inout=, or declare "
+                            "the parameter without const if the kernel writes it")
     return names
 
 

@@ -156,6 +156,10 @@ X = np.zeros(8, np.float32)        # an operand (a constant once traced)
     ((X, f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads, so it "
                                          r"cannot be a new output \(a jax.ShapeDtypeStruct\)"),
     ((f32(8), f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads"),
+    # ... nor a read-write one: inout= would hand XLA back the input as if the kernel had written it.
+    ((f32(8), X, 1.0, 8), {"inout": ("x",)}, TypeError, r"inout names x, which is const float\*: the kernel only "
+                                                         r"reads through it, so it cannot be an output"),
+    ((X, X, 1.0, 8), {"inout": ("y", "x")}, TypeError, r"inout names x, which is const float\*"),
     # Launch geometry over CUDA's limits, named at trace time (no device needed).
     ((f32(8), X, 1.0, 8), {"block": 2048}, ValueError, r"block \(2048, 1, 1\) has 2048 along x, over the limit "
                                                          r"of 1024 \(CUDA's limit for every GPU"),

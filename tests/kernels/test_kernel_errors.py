@@ -136,6 +136,11 @@ def test_a_signature_that_disagrees_with_the_source_is_refused_at_compile_time(s
     ("float* y, const float* x, int a, int n", "parameter a as int, but the source declares float a"),
     ("int* y, const float* x, float a, int n", "parameter y as int*, but the source declares float* y"),
     ("float* y, long long x, float a, int n", "parameter x as long long, but the source declares const float* x"),
+    # const is part of the type: it says which buffers a kernel only reads (jax_call outputs, graph binding).
+    ("float* y, float* x, float a, int n", "parameter x as float*, but the source declares const float* x"),
+    ("float* y, void* x, float a, int n", "parameter x as void*, but the source declares const float* x"),
+    ("const float* y, const float* x, float a, int n", "parameter y as const float*, but the source declares "
+                                                       "float* y"),
 ])
 def test_a_signature_of_the_right_sizes_but_other_types_is_refused(signature, message, tmp_path):
     with pytest.raises(TypeError, match=re.escape(f"kernel axpy<float>: signature= gives {message}")):
