@@ -14,11 +14,15 @@ the stream XLA runs the computation on::
 The handler is declared command-buffer compatible, so XLA may record it into
 its own CUDA graphs (``--xla_gpu_enable_command_buffer=...,CUSTOM_CALL``).
 
-HLO never carries a raw pointer: each Kernel gets a small integer id when it
-is first traced, and the native library maps ids to loaded ``CUkernel``
-handles. The ids are chosen in Python, so a function lowers for CUDA even on a
-machine without a GPU (``lower(lowering_platforms=("cuda",))``); where a GPU
-exists, tracing also loads the kernel into the table.
+HLO never carries a raw pointer: each Kernel gets an integer id, and the
+native library maps ids to loaded ``CUkernel`` handles. The id is what the
+kernel is: 62 bits of the SHA-256 of its cubin and symbol, not an order of
+tracing, so every process of a multi-process program lowers the same HLO for
+the same function whatever it traced before; Kernels of the same code share
+an id (one of them is in the table while any lives). The ids are chosen in
+Python, so a function lowers for CUDA even on a machine without a GPU
+(``lower(lowering_platforms=("cuda",))``); where a GPU exists, tracing also
+loads the kernel into the table.
 
 This module pairs with ``ffi/launch.cc``: it encodes a call (with the
 argument checks and encoding of ``_kernels/signature.py`` that eager launches use
@@ -27,7 +31,7 @@ too) into the attributes that handler decodes.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import math
 import threading
 import weakref
@@ -125,16 +129,18 @@ def jaxgraph_launch(kernel: int, operands: Sequence[Any], results: Sequence[jax.
 
 
 def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
-    """The id naming ``kernel`` in ``jaxgraph_launch`` attributes; assigned on first use.
+    """The id naming ``kernel`` in ``jaxgraph_launch`` attributes: derived from its code (cubin and symbol).
 
-    Where a CUDA device exists, the kernel is also loaded and entered into the
-    native table (and allowed ``shared_mem`` bytes of dynamic shared memory on
-    every device), so a computation traced here can run here.
+    The same in every process, whatever else it traced, and shared by Kernels
+    of the same code. Where a CUDA device exists, the kernel is also loaded
+    and entered into the native table (and allowed ``shared_mem`` bytes of
+    dynamic shared memory on every device), so a computation traced here can
+    run here.
     """
     with _ids_lock:
         kid = _kernel_ids.get(kernel)
         if kid is None:
-            kid = _kernel_ids[kernel] = next(_next_kernel_id)
+            kid = _kernel_ids[kernel] = _code_id(kernel)
     if _driver.device_count() > 0:
         _load_kernel(kernel, kid, shared_mem)
     return kid
@@ -145,28 +151,55 @@ def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
 # ----------------------------------------------------------------------------
 
 _ids_lock = threading.Lock()
-_next_kernel_id = itertools.count(1)
 _kernel_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-_loaded: set[int] = set()  # kernel ids entered into the native table
+_codes: dict[int, bytes] = {}  # id -> the digest it was derived from (two codes never share an id)
+_users: dict[int, "weakref.WeakSet[Any]"] = {}  # id -> the live Kernels traced with it here (loaded)
+_shared: dict[int, int] = {}  # id -> the most dynamic shared memory a call of it asked for
+
+
+def _code_id(kernel: Any) -> int:
+    """62 bits of the SHA-256 of ``kernel``'s symbol and cubin (never 0); the caller holds ``_ids_lock``."""
+    digest = hashlib.sha256(b"%s\0%s" % (kernel.lowered_name.encode(), kernel.cubin)).digest()
+    kid = int.from_bytes(digest[:8], "little") & ((1 << 62) - 1) or 1
+    if _codes.setdefault(kid, digest) != digest:  # 2**-62 per pair: say so rather than launch the wrong code
+        raise RuntimeError(f"kernel {kernel.name}: its id {kid} (from its code's SHA-256) is already another "
+                           "kernel's in this process; recompile it with any other option to change its code")
+    return kid
 
 
 def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
-    """Enter ``kernel``'s CUkernel into the launch table (once) and raise its shared-memory limit."""
-    if kid not in _loaded:
-        handle = int(kernel.handle)  # loads the cubin into the primary context
+    """Load ``kernel``, enter its CUkernel into the launch table under ``kid`` and raise its shared-memory limit.
+
+    Kernels of the same code share ``kid``; the table holds the CUkernel of
+    the latest one traced, and when it is collected, another's (no lock: the
+    finalizer runs inside garbage collection, maybe while this thread holds one).
+    """
+    handle = int(kernel.handle)  # loads the cubin into the primary context
+    users = _users.setdefault(kid, weakref.WeakSet())
+    if kernel not in users:
+        users.add(kernel)
         native("launch").register_kernel(kid, handle, kernel.name)
-        # The kernel's library is unloaded when the Kernel is collected: retire
-        # the id first, so a stale compiled function fails cleanly.
+        # The kernel's library is unloaded when the Kernel is collected: hand
+        # the id to another Kernel of the same code, or retire it first, so a
+        # stale compiled function fails cleanly.
         weakref.finalize(kernel, _unload_kernel, kid)
-        _loaded.add(kid)
-    reserve_shared_memory(kernel, shared_mem)
+    _shared[kid] = most = max(_shared.get(kid, 0), shared_mem)
+    for user in list(users):  # whichever of them the table holds may launch calls asking for up to `most`
+        reserve_shared_memory(user, most)
 
 
 def _unload_kernel(kid: int) -> None:
-    """Finalizer: retire a kernel id in the native table (never raises)."""
-    _loaded.discard(kid)
+    """Finalizer of a traced Kernel: the table takes a live Kernel of the same code, else ``kid`` is retired."""
+    users = _users.get(kid)
     try:
-        native("launch").unregister_kernel(kid)
+        while True:
+            heir = next(iter(users), None) if users is not None else None
+            if heir is None:
+                native("launch").unregister_kernel(kid)
+            else:
+                native("launch").register_kernel(kid, int(heir.handle), heir.name)
+            if users is None or next(iter(users), None) is heir:  # no Kernel of this code traced meanwhile
+                return
     except Exception:
         pass
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from conftest import enable_x64  # noqa: E402
 from support.graph_helpers import JAX_SRC, jax_kernels  # noqa: E402
+from support.kernel_sources import INC  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -125,10 +126,40 @@ def test_collected_kernel_is_retired_from_the_launch_table():
     from jaxgraph._cuda import native as _native
 
     launch = _native.native("launch")
-    k = jaxgraph.Kernel(JAX_SRC, "inc")
+    k = jaxgraph.Kernel(INC.replace("inc(", "inc_retired("), "inc_retired")   # code no other test traces
     _kernel_call.kernel_id(k)
     gc.collect()  # kernels of earlier tests that wait for a collection (held in cycles) go first
     live = launch.live_kernels()
     del k
     gc.collect()
     assert launch.live_kernels() == live - 1
+
+
+def test_kernels_of_the_same_code_share_an_id_that_outlives_any_one_of_them(rng):
+    # The id is the code's (the same in every process); the table holds a live Kernel of that code while any
+    # lives, so a function traced with one keeps working after that one is collected.
+    import weakref
+
+    from jaxgraph._jax_interop import kernel_call as _kernel_call
+    from jaxgraph._cuda import native as _native
+
+    launch = _native.native("launch")
+    source = INC.replace("inc(", "inc_shared(")
+    first, second = jaxgraph.Kernel(source, "inc_shared"), jaxgraph.Kernel(source, "inc_shared")
+    f = jax.jit(lambda y: first.jax_call(y, N, inout=("y",)))
+    g = jax.jit(lambda y: second.jax_call(y, N, inout=("y",)))
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g(x)), x + 1, rtol=1e-6)
+    assert _kernel_call.kernel_id(first) == _kernel_call.kernel_id(second)
+    gc.collect()
+    live = launch.live_kernels()
+    ref = weakref.ref(second)          # the one traced last: the table holds its CUkernel
+    del second, g
+    gc.collect()
+    assert ref() is None and launch.live_kernels() == live
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)   # now through first's CUkernel
+    del f, first
+    gc.collect()
+    assert launch.live_kernels() == live - 1     # the last Kernel of this code is gone: its id retired
