@@ -117,6 +117,9 @@ def jaxgraph_launch(kernel: int, operands: Sequence[Any], results: Sequence[jax.
 
     ``params`` has one code per kernel parameter: an index ``>= 0`` into
     ``operands + results``, or ``-(k + 1)`` for the 8-byte word ``scalars[k]``.
+    The handler checks each code's range and their count against the
+    kernel's parameter count (an ``InvalidArgument`` error at run time names
+    both), so the driver never reads an argument that is not there.
     ``vmap`` runs the call once per batch element (``vmap_method="sequential"``),
     which is right for a kernel written for the unbatched shapes.
     """
@@ -178,7 +181,7 @@ def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
     users = _users.setdefault(kid, weakref.WeakSet())
     if kernel not in users:
         users.add(kernel)
-        native("launch").register_kernel(kid, handle, kernel.name)
+        native("launch").register_kernel(kid, handle, kernel.name, len(kernel.params))
         # The kernel's library is unloaded when the Kernel is collected: hand
         # the id to another Kernel of the same code, or retire it first, so a
         # stale compiled function fails cleanly.
@@ -197,7 +200,7 @@ def _unload_kernel(kid: int) -> None:
             if heir is None:
                 native("launch").unregister_kernel(kid)
             else:
-                native("launch").register_kernel(kid, int(heir.handle), heir.name)
+                native("launch").register_kernel(kid, int(heir.handle), heir.name, len(heir.params))
             if users is None or next(iter(users), None) is heir:  # no Kernel of this code traced meanwhile
                 return
     except Exception:

@@ -163,3 +163,19 @@ def test_kernels_of_the_same_code_share_an_id_that_outlives_any_one_of_them(rng)
     del f, first
     gc.collect()
     assert launch.live_kernels() == live - 1     # the last Kernel of this code is gone: its id retired
+
+
+@pytest.mark.parametrize("params", [[1], [1, -1, -1]])
+def test_a_launch_with_another_number_of_parameter_codes_than_the_kernel_has_is_refused(kernels, params):
+    # jaxgraph_launch takes one code per kernel parameter; the handler compares the count with the kernel's
+    # (inc(float* y, int n): 2), so the driver never reads arguments that are not there.
+    from jaxgraph._jax_interop import kernel_call as _kernel_call
+
+    k = kernels["inc"]
+    kid = _kernel_call.kernel_id(k)
+    f = jax.jit(lambda y: _kernel_call.jaxgraph_launch(
+        kid, [y], [jax.ShapeDtypeStruct((N,), jnp.float32)], grid=(N // 256, 1, 1), block=(256, 1, 1),
+        shared_mem=0, params=params, scalars=[N], input_output_aliases={0: 0}))
+    with pytest.raises(Exception, match=f"kernel inc takes 2 parameters, but the call passes {len(params)} "
+                                        "parameter codes"):
+        np.asarray(f(jnp.zeros(N, jnp.float32)))

@@ -184,6 +184,20 @@ def test_kernels_of_the_same_code_share_an_id(saxpy):
     assert (other.cubin != saxpy.cubin) == (_kernel_call.kernel_id(other) != _kernel_call.kernel_id(saxpy))
 
 
+@pytest.mark.parametrize("pair, message", [
+    ((5, 0), "alias names input 5, which does not exist (the graph has 1 inputs)"),
+    ((-1, 0), "alias names input -1, which does not exist"),
+    ((0, 3), "alias names output 3, which does not exist (the graph has 1 outputs)"),
+    ((0, -2), "alias names output -2, which does not exist"),
+])
+def test_graph_registration_checks_alias_indices_before_using_them(pair, message):
+    # The native table renumbers aliased inputs through a table of one entry per input (drop_unreferenced):
+    # an index out of range is refused first, before the graph, the device or CUDA is looked at.
+    replay = _native.native("replay")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        replay.register_graph(0, 0, 0, [(0, 4)], [(0, 4)], [pair], {}, True, False, True, [], 0, [])
+
+
 X = np.zeros(8, np.float32)        # an operand (a constant once traced)
 
 
