@@ -512,7 +512,8 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
     kernels jaxgraph did not launch receive as arguments (else they are
     copied); ``drop_unreferenced`` leaves out of the call the inputs no node
     refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
-    by their index before that). ``Registration.info`` is :func:`describe_graph`
+    by their index before that; a pair naming an input or output that does
+    not exist is a ``ValueError``, checked before anything is read). ``Registration.info`` is :func:`describe_graph`
     of the entry just made.
     """
     _driver.ensure_context(source.device)

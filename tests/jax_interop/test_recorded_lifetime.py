@@ -17,7 +17,7 @@ setting in a fresh process): the real thing, with memory allocated after the
 collection checked untouched.
 
 Tests internals (listed in tests/README.md): ``Replayable._keep`` and ``_state`` (``ReplayState.uses``),
-``_replayable._KEPT_FOR_RECORDINGS``, ``_kernel_call._load_kernel``, ``_kept_for_xla``, ``_loaded``,
+``_replayable._KEPT_FOR_RECORDINGS``, ``_kernel_call._load_kernel``, ``_kept_for_xla``,
 ``internals.spec_replayable``; what is kept for XLA and what is let go.
 """
 
@@ -116,7 +116,7 @@ def test_a_kernel_in_the_launch_table_keeps_its_library_after_it_is_collected():
     library = StandIn()
     ref = weakref.ref(library)
     kid = 1_000_000_000 + int(np.random.default_rng().integers(1 << 20))
-    kernel = types.SimpleNamespace(handle=0x1234, name="stand_in", _library=library, _core=None,
+    kernel = types.SimpleNamespace(handle=0x1234, name="stand_in", params=(), _library=library, _core=None,
                                    _shared_limit=48 * 1024)
     live = launch.live_kernels()
     try:
@@ -128,7 +128,6 @@ def test_a_kernel_in_the_launch_table_keeps_its_library_after_it_is_collected():
     finally:
         launch.unregister_kernel(kid)
         _kernel_call._kept_for_xla.pop(kid, None)
-        _kernel_call._loaded.discard(kid)
 
 
 # ---------------------------------------------------------------------------
