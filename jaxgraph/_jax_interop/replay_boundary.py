@@ -564,7 +564,7 @@ def retire(graph_id: int, device: int = -1) -> list[tuple[int, bool, tuple[int, 
 
 
 def sweep_copy_rings() -> None:
-    """Free the copy rings (``ffi/copy_ring.h``) of retired graphs whose calls have finished; never raises.
+    """Free the copy rings (``ffi/replay/copy_ring.h``) of retired graphs whose calls have finished; never raises.
 
     A graph's destructor only hands its ring over (it may run under the graph
     table's lock or on XLA's handler thread, where waiting for the device can
