@@ -126,4 +126,5 @@ def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | N
     with tempfile.TemporaryDirectory(prefix="jaxgraph-compare-") as tmp:
         raw = run_workers(spec, kwargs, chosen, rounds, target_ms / 1e3, max_calls, timeout_s,
                           count_command_buffers, extra_xla_flags, Path(tmp), log)
-        return build_result(raw, spec, chosen, rounds, rtol, atol)
+        shown = factory if isinstance(factory, str) else spec
+        return build_result(raw, shown, chosen, rounds, rtol, atol)

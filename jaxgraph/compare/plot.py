@@ -7,10 +7,8 @@ command line prints that line instead of a plot.
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .report import Result
+# ``Result`` (report.py) is named in annotations only: report.py imports this module, not the other way.
 
 __all__ = ["matplotlib_missing", "write_png"]
 
@@ -22,7 +20,7 @@ def matplotlib_missing() -> str | None:
     return None
 
 
-def write_png(res: Result, path: str) -> None:
+def write_png(res: "Result", path: str) -> None:
     """One panel per function: a bar per setting (its median), the whisker its range, failures marked.
 
     Raises

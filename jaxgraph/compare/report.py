@@ -82,7 +82,7 @@ class Result:
     Attributes
     ----------
     factory : str
-        The factory, as the workers loaded it.
+        The factory, as given (a function: its ``module:name``).
     settings : tuple of Setting
         The settings, in the order given.
     labels : tuple of str

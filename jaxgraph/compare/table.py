@@ -8,10 +8,7 @@ shows the error's type and message in its row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .report import Result
+# ``Result`` (report.py) is named in annotations only: report.py imports this module, not the other way.
 
 __all__ = ["fmt_seconds", "render"]
 
@@ -25,7 +22,7 @@ def fmt_seconds(seconds: float, unit: str | None = None) -> str:
     return (f"{value:#.3g}".rstrip(".") if value < 1000 else f"{value:.0f}") + f" {unit}"
 
 
-def render(res: Result, verbose: bool = False) -> str:
+def render(res: "Result", verbose: bool = False) -> str:
     where = res.backend or "an unknown backend (no worker got past its factory)"
     if res.devices:
         where += f" ({', '.join(res.devices[:2])}{', ...' if len(res.devices) > 2 else ''})"
@@ -68,7 +65,7 @@ def render(res: Result, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _block(res: Result, label: str) -> str:
+def _block(res: "Result", label: str) -> str:
     timings = res.timings.get(label, {})
     unit = _unit(min(t.median for t in timings.values())) if timings else "ms"
     calls = res.calls_per_sample.get(label)
@@ -92,14 +89,14 @@ def _block(res: Result, label: str) -> str:
     return "\n".join(out)
 
 
-def _command_buffers(res: Result, label: str, setting: str) -> str:
+def _command_buffers(res: "Result", label: str, setting: str) -> str:
     if res.backend == "cpu":
         return "n/a (no GPU)"
     n = res.command_buffers.get(label, {}).get(setting)
     return "?" if n is None else str(n)
 
 
-def _agrees(res: Result, label: str, setting: str) -> str:
+def _agrees(res: "Result", label: str, setting: str) -> str:
     if res.reference.get(label) == setting:
         return "reference"
     if setting in res.mismatches.get(label, {}):
@@ -107,13 +104,16 @@ def _agrees(res: Result, label: str, setting: str) -> str:
     return "agree"
 
 
-def _agreement_lines(res: Result) -> list[str]:
+def _agreement_lines(res: "Result") -> list[str]:
     tol = f"rtol={res.rtol:g}, atol={res.atol:g} (np.allclose; integers and bools exactly)"
     differ = [(lb, s, m) for lb, by in res.mismatches.items() for s, m in by.items()]
     if not differ:
         if not any(len(c) > 1 for c in res.compared.values()):
             return ["results: fewer than two settings produced a result, so nothing was compared"]
-        return [f"results agree: every setting's outputs match the reference setting's within {tol}"]
+        lines = [f"results agree: every setting's outputs match the reference setting's within {tol}"]
+        lines += [f"  {lb}: only {c[0]} produced a result, nothing to compare it with"
+                  for lb, c in res.compared.items() if len(c) == 1]
+        return lines
     lines = [f"results DIFFER (beyond {tol}):"]
     for label, setting, m in differ:
         lines.append(f"  {label}: {setting} vs {res.reference[label]}: {m}")
