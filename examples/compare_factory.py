@@ -1,6 +1,6 @@
 """A factory for ``python -m jaxgraph.compare``: one loop written three ways (docs/guide/compare.md).
 
-    python -m jaxgraph.compare examples/compare_factory.py:make_case --rounds 5
+    python -m jaxgraph.compare examples/compare_factory.py:make_case --rounds 5 --compare-functions
 
 The loop runs ``steps`` times the step ``u <- u / 2 + 1`` on ``n`` floats:
 
@@ -9,7 +9,8 @@ The loop runs ``steps`` times the step ``u <- u / 2 + 1`` on ``n`` floats:
   device loop  that kernel captured once, run ``steps`` times by one graphed_loop, in jax.jit (GPU)
 
 All three compute the same numbers (the halving is exact, so a fused multiply-add
-changes nothing), and the comparison checks that they do in every XLA setting.
+changes nothing): the comparison checks each against itself under every XLA
+setting, and with ``--compare-functions`` against the ``jnp`` loop too.
 Without a GPU the factory returns the ``jnp`` loop alone: the other two run CUDA
 kernels. Every worker process calls the factory itself, so the input comes from a
 fixed seed: each setting gets the same numbers.

@@ -46,8 +46,9 @@ __all__ = ["Case", "DEFAULT_SETTINGS", "Failure", "Mismatch", "Result", "SETTING
 
 def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | None = None, *, rounds: int = 5,
         target_ms: float = 20.0, max_calls: int = 10_000, timeout_s: float = 300.0, rtol: float = 1e-5,
-        atol: float = 1e-8, factory_kwargs: dict[str, Any] | None = None, extra_xla_flags: str = "",
-        count_command_buffers: bool = True, progress: Callable[[str], None] | None = None) -> Result:
+        atol: float = 1e-8, compare_functions: bool = False, factory_kwargs: dict[str, Any] | None = None,
+        extra_xla_flags: str = "", count_command_buffers: bool = True,
+        progress: Callable[[str], None] | None = None) -> Result:
     """Run ``factory``'s functions under each XLA setting, each in its own process; check and time them.
 
     Parameters
@@ -75,6 +76,9 @@ def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | N
     rtol, atol : float
         Results agree when ``np.allclose(x, reference, rtol, atol)`` for every
         floating output (integers and bools: exactly equal).
+    compare_functions : bool
+        Also compare the functions with each other: each one's result against
+        the first function's (for several ways of writing one computation).
     factory_kwargs : dict, optional
         Keyword arguments for the factory (JSON-serializable: they cross to the workers).
     extra_xla_flags : str
@@ -127,4 +131,4 @@ def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | N
         raw = run_workers(spec, kwargs, chosen, rounds, target_ms / 1e3, max_calls, timeout_s,
                           count_command_buffers, extra_xla_flags, Path(tmp), log)
         shown = factory if isinstance(factory, str) else spec
-        return build_result(raw, shown, chosen, rounds, rtol, atol)
+        return build_result(raw, shown, chosen, rounds, rtol, atol, compare_functions)

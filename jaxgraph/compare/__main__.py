@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="per worker: the longest its start-up or one sample may take (default 300)")
     p.add_argument("--rtol", type=float, default=1e-5, help="agreement: relative tolerance (default 1e-5)")
     p.add_argument("--atol", type=float, default=1e-8, help="agreement: absolute tolerance (default 1e-8)")
+    p.add_argument("--compare-functions", action="store_true",
+                   help="also check that every function's result matches the first function's")
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a keyword argument for the factory (VALUE a Python literal, else a string; repeatable)")
     p.add_argument("--xla-flags", default="", metavar="FLAGS", help="flags appended to every setting's XLA_FLAGS")
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args.factory, args.settings_list, rounds=args.rounds, target_ms=args.target_ms,
                      max_calls=args.max_calls, timeout_s=args.timeout, rtol=args.rtol, atol=args.atol,
+                     compare_functions=args.compare_functions,
                      factory_kwargs=args.kwargs, extra_xla_flags=args.xla_flags,
                      count_command_buffers=not args.no_dump, progress=progress)
     except (ValueError, TypeError) as exc:  # our own argument checks: a usage error, not a traceback

@@ -114,6 +114,13 @@ class Result:
         Back-to-back calls in one sample, per function (the same in every setting).
     pids : dict of str to int
         Each setting's worker process id (all have ended when :func:`~jaxgraph.compare.run` returns).
+    compare_functions : bool
+        Whether the functions were also compared with each other.
+    function_mismatches : dict of str to Mismatch
+        With :attr:`compare_functions`: per function, where its result differs from the first
+        function's, both under the first setting that ran both.
+    function_reference : str or None
+        That setting.
     """
 
     factory: str
@@ -135,11 +142,15 @@ class Result:
     failures: list[Failure] = dataclasses.field(default_factory=list)
     calls_per_sample: dict[str, int] = dataclasses.field(default_factory=dict)
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
+    compare_functions: bool = False
+    function_mismatches: dict[str, Mismatch] = dataclasses.field(default_factory=dict)
+    function_reference: str | None = None
 
     @property
     def ok(self) -> bool:
         """Every function ran under every setting, was timed every round, and the results agree."""
         return (bool(self.labels) and not self.failures and not any(self.mismatches.values())
+                and not self.function_mismatches
                 and all(len(self.timings.get(lb, {})) == len(self.settings) for lb in self.labels))
 
     def failure(self, setting: str, label: str | None = None) -> Failure | None:
@@ -166,6 +177,8 @@ class Result:
         d["settings"] = [dataclasses.asdict(s) for s in self.settings]
         d["mismatches"] = {lb: {s: {**dataclasses.asdict(m), "message": str(m)} for s, m in by.items()}
                            for lb, by in self.mismatches.items()}
+        d["function_mismatches"] = {lb: {**dataclasses.asdict(m), "message": str(m)}
+                                    for lb, m in self.function_mismatches.items()}
         d["ok"] = self.ok
         return _json_ready(d)
 
@@ -181,14 +194,14 @@ class Result:
 
 
 def build_result(raw: dict, factory: str, settings: list[Setting], rounds: int, rtol: float,
-                 atol: float) -> Result:
+                 atol: float, compare_functions: bool = False) -> Result:
     """The :class:`Result` of the driver's raw record: statistics, agreement, failures."""
     procs = raw["processes"]
     labels: list[str] = []
     for rec in procs.values():
         labels += [lb for lb in rec.get("cases", {}) if lb not in labels]
     res = Result(factory, tuple(settings), tuple(labels), rounds, rtol, atol,
-                 calls_per_sample=dict(raw.get("calls_per_sample", {})))
+                 calls_per_sample=dict(raw.get("calls_per_sample", {})), compare_functions=compare_functions)
     started = [rec for rec in procs.values() if "backend" in rec]
     if started:
         res.backend, res.devices, res.jax_version = (started[0]["backend"], started[0]["devices"],
@@ -251,6 +264,17 @@ def _agreement(res: Result, procs: dict) -> None:
             m = compare_results(outputs[name][label], outputs[ref][label], res.rtol, res.atol)
             if m is not None:
                 res.mismatches[label][name] = m
+    if res.compare_functions and len(res.labels) > 1:
+        # The settings are compared above, so one setting that ran every function suffices.
+        first = res.labels[0]
+        both = [s.name for s in res.settings if first in outputs.get(s.name, {})]
+        if both:
+            where = res.function_reference = both[0]
+            for label in res.labels[1:]:
+                if label in outputs[where]:
+                    m = compare_results(outputs[where][label], outputs[where][first], res.rtol, res.atol)
+                    if m is not None:
+                        res.function_mismatches[label] = m
 
 
 def _json_ready(x: Any) -> Any:

@@ -52,7 +52,7 @@ def render(res: "Result", verbose: bool = False) -> str:
     if dumped:
         lines.append("  each process also had --xla_dump_to=<a temporary folder>: the command buffers are counted in "
                      "the optimized HLO XLA dumps there")
-    lines += ["", *_agreement_lines(res)]
+    lines += ["", *_agreement_lines(res), *_function_lines(res)]
     problems = [f for f in res.failures if f not in whole] + whole
     if problems:
         lines += ["", "failures:"]
@@ -118,6 +118,19 @@ def _agreement_lines(res: "Result") -> list[str]:
     for label, setting, m in differ:
         lines.append(f"  {label}: {setting} vs {res.reference[label]}: {m}")
     return lines
+
+
+def _function_lines(res: "Result") -> list[str]:
+    if not res.compare_functions or len(res.labels) < 2:
+        return []
+    first, where = res.labels[0], res.function_reference
+    if where is None:
+        return [f"functions: not compared ({first} produced no result)"]
+    if not res.function_mismatches:
+        others = ", ".join(res.labels[1:])
+        return [f"functions agree: {others} match {first} (under {where}) within the same tolerance"]
+    return [f"functions DIFFER from {first} (under {where}):"] + [
+        f"  {label}: {m}" for label, m in res.function_mismatches.items()]
 
 
 def _row(cells: list[str], widths: list[int]) -> str:

@@ -36,7 +36,7 @@ __all__ = ["StartError", "count_command_buffers", "main"]
 # XLA's command-buffer pass (CommandBufferScheduling) outlines each command buffer into a
 # computation named "command_buffer" (made unique: command_buffer.1, ...) that the schedule
 # calls; the optimized HLO has one such computation per command buffer.
-_COMMAND_BUFFER = re.compile(r"^\s*%?command_buffer(?:\.\d+)?\s*\(", re.M)
+_COMMAND_BUFFER = re.compile(r"^\s*%?command_buffer[\w.]*\s*\(", re.M)
 # The dump's name for it: module_0004.jit_step.cpu_after_optimizations.txt (on a GPU with the
 # device in it: ...jit_step.sm_9.0_gpu_after_optimizations.txt).
 _DUMPED_MODULE = re.compile(r"^module_\d+\.(?P<rest>.+)_after_optimizations\.txt$")

@@ -45,6 +45,16 @@ def make_pair(n=N, steps=STEPS):
             "scan": Case(jax.jit(lambda u: decay_scan(u, steps)), (u,))}
 
 
+def make_two_ways(n=N, steps=STEPS):
+    """The fori_loop and the same steps unrolled in Python: two ways to one result."""
+    def unrolled(u):
+        for _ in range(steps):
+            u = 0.5 * u + 1.0
+        return u
+    u = initial(n)
+    return {"fori": (lambda u: decay_loop(u, steps), (u,)), "unrolled": (unrolled, (u,))}
+
+
 def make_setting_dependent(differ_in="defaults"):
     """The loop, but under setting ``differ_in`` element 3 of the result is off by 1."""
     bump = jnp.zeros(N, jnp.float32).at[3].set(1.0 if current_setting() == differ_in else 0.0)

@@ -112,6 +112,18 @@ def test_a_result_that_depends_on_the_setting_is_reported_with_where():
     assert loose.ok, str(loose)
 
 
+def test_the_functions_can_be_compared_with_each_other():
+    same = compare.run(f"{FACTORIES}:make_two_ways", ["off"], compare_functions=True, **FAST)
+    assert same.ok and same.function_mismatches == {} and same.function_reference == "off", str(same)
+    assert "functions agree: unrolled match fori (under off)" in str(same)
+    # fori returns the state; scan returns (state, means): not the same result.
+    other = compare.run(f"{FACTORIES}:make_pair", ["off"], compare_functions=True, **FAST)
+    assert not other.ok and list(other.function_mismatches) == ["scan"]
+    assert "structure" in other.function_mismatches["scan"].reason
+    assert "functions DIFFER from fori (under off):" in str(other)
+    assert json.loads(other.to_json())["function_mismatches"]["scan"]["output"] == "(structure)"
+
+
 @pytest.mark.parametrize("factory, kind, text", [
     (str(HERE / "broken_factory.py") + ":make_case", "ModuleNotFoundError", "jaxgraph_no_such_module"),
     (str(HERE / "no_such_file.py") + ":make_case", "FileNotFoundError", "no such factory file"),
