@@ -31,6 +31,7 @@ parent process never imports JAX (XLA's flags must be set before it starts).
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -83,6 +84,8 @@ def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | N
         Keyword arguments for the factory (JSON-serializable: they cross to the workers).
     extra_xla_flags : str
         Flags appended to every setting's ``XLA_FLAGS`` (``defaults`` then gets only these).
+        ``XLA_FLAGS`` already in your environment are *replaced* in every worker
+        (the table says so): pass any you need here.
     count_command_buffers : bool
         Add ``--xla_dump_to`` to each worker's flags and count the command
         buffers in the optimized HLO XLA dumps (only a dump; it changes no compilation).
@@ -131,4 +134,6 @@ def run(factory: str | Callable[..., Any], settings: Sequence[str | Setting] | N
         raw = run_workers(spec, kwargs, chosen, rounds, target_ms / 1e3, max_calls, timeout_s,
                           count_command_buffers, extra_xla_flags, Path(tmp), log)
         shown = factory if isinstance(factory, str) else spec
-        return build_result(raw, shown, chosen, rounds, rtol, atol, compare_functions)
+        result = build_result(raw, shown, chosen, rounds, rtol, atol, compare_functions)
+    result.replaced_xla_flags = os.environ.get("XLA_FLAGS")
+    return result

@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also check that every function's result matches the first function's")
     p.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a keyword argument for the factory (VALUE a Python literal, else a string; repeatable)")
-    p.add_argument("--xla-flags", default="", metavar="FLAGS", help="flags appended to every setting's XLA_FLAGS")
+    p.add_argument("--xla-flags", default="", metavar="FLAGS",
+                   help="flags appended to every setting's XLA_FLAGS (the environment's XLA_FLAGS are not used)")
     p.add_argument("--no-dump", action="store_true", help="don't dump XLA's HLO to count command buffers")
     p.add_argument("--json", metavar="PATH", help="write the data as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib)")

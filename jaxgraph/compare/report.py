@@ -121,6 +121,8 @@ class Result:
         function's, both under the first setting that ran both.
     function_reference : str or None
         That setting.
+    replaced_xla_flags : str or None
+        ``XLA_FLAGS`` of the calling process's environment, which every worker went without.
     """
 
     factory: str
@@ -145,6 +147,7 @@ class Result:
     compare_functions: bool = False
     function_mismatches: dict[str, Mismatch] = dataclasses.field(default_factory=dict)
     function_reference: str | None = None
+    replaced_xla_flags: str | None = None
 
     @property
     def ok(self) -> bool:

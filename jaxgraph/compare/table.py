@@ -49,6 +49,9 @@ def render(res: "Result", verbose: bool = False) -> str:
             flags = " ".join(f for f in flags.split() if not f.startswith("--xla_dump_to=")) or None
         lines.append(f"  {s.name.ljust(width)}  {s.label}: XLA_FLAGS="
                      + (repr(flags) if flags is not None else "unset"))
+    if res.replaced_xla_flags:
+        lines.append(f"  your environment's XLA_FLAGS={res.replaced_xla_flags!r} were left out of every process "
+                     "(add flags to all with --xla-flags)")
     if dumped:
         lines.append("  each process also had --xla_dump_to=<a temporary folder>: the command buffers are counted in "
                      "the optimized HLO XLA dumps there")

@@ -183,6 +183,17 @@ def test_a_worker_past_the_timeout_is_stopped_and_reported():
     assert not _alive(res.pids["defaults"])  # killed, with its process group
 
 
+def test_the_environment_s_xla_flags_are_replaced_and_extra_flags_reach_every_worker(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_no_such_flag=1")  # would kill every worker if it were passed on
+    res = compare.run(f"{FACTORIES}:make_loop", ["off", "defaults"],
+                      extra_xla_flags="--xla_cpu_enable_fast_math=false", count_command_buffers=False, **FAST)
+    assert res.ok, str(res)
+    assert res.xla_flags == {"off": "--xla_gpu_enable_command_buffer= --xla_cpu_enable_fast_math=false",
+                             "defaults": "--xla_cpu_enable_fast_math=false"}
+    assert res.command_buffers["make_loop"] == {"off": None, "defaults": None}
+    assert "your environment's XLA_FLAGS='--xla_no_such_flag=1' were left out of every process" in str(res)
+
+
 def test_a_worker_that_dies_is_reported_with_its_last_words():
     res = compare.run(f"{FACTORIES}:make_loop", ["off", "bogus=--xla_no_such_flag=1"], **FAST)
     [f] = res.failures
@@ -198,8 +209,10 @@ def test_a_worker_that_dies_is_reported_with_its_last_words():
 
 def test_the_command_line_prints_the_table_writes_json_and_never_imports_jax(tmp_path):
     out_json, out_png = tmp_path / "out.json", tmp_path / "out.png"
+    argv = [f"{FACTORIES}:make_pair", "--settings", "off,on", "--rounds", "2", "--target-ms", "1",
+            "--json", str(out_json), "--plot", str(out_png), "--arg", "steps=3"]
     script = ("import sys\nfrom jaxgraph.compare.__main__ import main\n"
-              f"rc = main({[f'{FACTORIES}:make_pair', '--settings', 'off,on', '--rounds', '2', '--target-ms', '1', '--json', str(out_json), '--plot', str(out_png), '--arg', 'steps=3']!r})\n"
+              f"rc = main({argv!r})\n"
               "print('parent imported jax:', 'jax' in sys.modules)\nsys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
