@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class StartError(Exception):
-    """The factory failed at ``stage`` (``"import"`` or ``"factory"``); the cause is chained."""
+    """Start-up failed at ``stage`` (``"import"``, ``"factory"`` or ``"backend"``); the cause is chained."""
 
     def __init__(self, stage: str):
         super().__init__(stage)
@@ -107,9 +107,12 @@ def start(spec: str, kwargs: dict, outputs_path: str, dump_dir: str | None) -> t
         cases = normalize_cases(factory(**kwargs), spec.rpartition(":")[2])
     except (Exception, SystemExit) as exc:
         raise StartError("factory") from exc
-    info: dict[str, Any] = {"backend": jax.default_backend(), "jax_version": jax.__version__,
-                            "devices": [str(d) for d in jax.devices()], "pid": os.getpid(),
-                            "xla_flags": os.environ.get("XLA_FLAGS"), "cases": {}}
+    try:  # JAX_PLATFORMS naming a platform that is not there fails here
+        info: dict[str, Any] = {"backend": jax.default_backend(), "jax_version": jax.__version__,
+                                "devices": [str(d) for d in jax.devices()], "pid": os.getpid(),
+                                "xla_flags": os.environ.get("XLA_FLAGS"), "cases": {}}
+    except Exception as exc:
+        raise StartError("backend") from exc
     callables, outputs = {}, {}
     for label, case in cases.items():
         try:
@@ -167,15 +170,15 @@ def command_buffers(dump_dir: str | None, before: set[str], compiled_text: str |
     return {"command_buffers": None, "command_buffers_from": "no module compiled at the first call"}
 
 
-def sample(fn, calls: int) -> float:
-    """Seconds per call over ``calls`` back-to-back calls, waited for at the end."""
+def sample(prepared: tuple, calls: int) -> float:
+    """Seconds per call of ``(fn, args)`` over ``calls`` back-to-back calls, all waited for at the end."""
     import jax
 
-    case_fn, args = fn
+    fn, args = prepared
     outs = []
     start = time.perf_counter()
     for _ in range(calls):
-        outs.append(case_fn(*args))
+        outs.append(fn(*args))
     jax.block_until_ready(outs)
     return (time.perf_counter() - start) / calls
 
