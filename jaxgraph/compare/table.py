@@ -28,7 +28,7 @@ def render(res: "Result", verbose: bool = False) -> str:
         where += f" ({', '.join(res.devices[:2])}{', ...' if len(res.devices) > 2 else ''})"
     lines = [f"jaxgraph.compare {res.factory}",
              f"on {where}" + (f", jax {res.jax_version}" if res.jax_version else "")
-             + f"; {res.rounds} interleaved rounds, each setting in its own process",
+             + f"; {res.rounds} interleaved round{'s' if res.rounds != 1 else ''}, each setting in its own process",
              "time per call: median and range (fastest - slowest) of the rounds' samples; a sample is that many "
              "back-to-back calls, then block_until_ready; compilation and warm-up calls excluded"]
     if res.backend == "cpu":

@@ -109,7 +109,7 @@ def start(spec: str, kwargs: dict, outputs_path: str, dump_dir: str | None) -> t
         raise StartError("factory") from exc
     try:  # JAX_PLATFORMS naming a platform that is not there fails here
         info: dict[str, Any] = {"backend": jax.default_backend(), "jax_version": jax.__version__,
-                                "devices": [str(d) for d in jax.devices()], "pid": os.getpid(),
+                                "devices": [_device_name(d) for d in jax.devices()], "pid": os.getpid(),
                                 "xla_flags": os.environ.get("XLA_FLAGS"), "cases": {}}
     except Exception as exc:
         raise StartError("backend") from exc
@@ -200,6 +200,12 @@ def error_record(exc: BaseException) -> dict:
     """Type, message and traceback of ``exc``, for the parent's table."""
     return {"type": type(exc).__name__, "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+
+
+def _device_name(device: Any) -> str:
+    """``cuda:0 NVIDIA H100 80GB HBM3``; ``cpu:0`` where the kind says nothing more."""
+    kind = getattr(device, "device_kind", "")
+    return str(device) if not kind or kind == device.platform else f"{device} {kind}"
 
 
 def _is_jitted(fn: Any) -> bool:
