@@ -106,24 +106,83 @@ def jnp_operator(x):
     return 4 * x - ((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1]))
 
 
-def jnp_jacobi(prob, max_sweeps):
-    """Idiomatic Jacobi: the sweep in jax.numpy in a jitted lax.while_loop; f -> (u, sweeps)."""
+def jnp_jacobi(prob, max_sweeps, per_trip=1):
+    """Idiomatic Jacobi: the sweep in jax.numpy in a jitted lax.while_loop; f -> (u, sweeps).
+
+    ``per_trip=1`` tests the tolerance after every trip of one sweep, as a user
+    writes it. More runs ``per_trip`` sweeps a trip (the fair counterpart of a
+    device loop that reads its flag once per step of that many sweeps): each
+    still tests the sweep before it, and a sweep after convergence leaves u
+    and the count as they were (``jnp.where``), so u and the count are the
+    same as with one sweep a trip.
+    """
     import jax
     import jax.numpy as jnp
 
+    def sweep(u, f):
+        p = jnp.pad(u, 1)
+        u_new = 0.25 * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.h2 * f)
+        return u_new, jnp.sum((u_new - u) ** 2)
+
+    def going(k, d2):
+        return (d2 > prob.jacobi_tol2) & (k < max_sweeps)
+
     def solve(f):
-        def cond(state):
-            k, _, d2 = state
-            return (d2 > prob.jacobi_tol2) & (k < max_sweeps)
-
         def body(state):
-            k, u, _ = state
-            p = jnp.pad(u, 1)
-            u_new = 0.25 * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.h2 * f)
-            return k + 1, u_new, jnp.sum((u_new - u) ** 2)
+            k, u, d2 = state
+            if per_trip == 1:
+                u, d2 = sweep(u, f)
+                return k + 1, u, d2
+            for _ in range(per_trip):
+                on = going(k, d2)
+                u_new, d2_new = sweep(u, f)
+                k, u, d2 = k + on.astype(k.dtype), jnp.where(on, u_new, u), jnp.where(on, d2_new, d2)
+            return k, u, d2
 
-        k, u, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros_like(f), jnp.float32(jnp.inf)))
+        k, u, _ = jax.lax.while_loop(lambda s: going(s[0], s[2]), body,
+                                     (jnp.int32(0), jnp.zeros_like(f), jnp.float32(jnp.inf)))
         return u, k
+
+    return jax.jit(solve)
+
+
+def jnp_cg(prob, max_iter, per_trip=1):
+    """Conjugate gradients written in jax.numpy (not the library's), ``per_trip`` iterations a
+    ``lax.while_loop`` trip, in jit; b -> (x, iterations).
+
+    The textbook iteration on the matrix-free operator, stopping once
+    ||r||^2 <= (rtol ||b||)^2 (jax.scipy's test). Each iteration tests the
+    residual before it; one after convergence leaves the state and the count
+    as they were, so the result and count do not depend on ``per_trip``: the
+    fair counterpart of a device loop that reads its flag once per step of
+    ``per_trip`` iterations.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def going(k, rr):
+        return (rr > prob.cg_tol2) & (k < max_iter)
+
+    def iteration(state):
+        k, x, r, p, rr = state
+        on = going(k, rr)
+        ap = jnp_operator(p)
+        alpha = rr / jnp.sum(p * ap)
+        x_new, r_new = x + alpha * p, r - alpha * ap
+        rr_new = jnp.sum(r_new * r_new)
+        p_new = r_new + (rr_new / rr) * p
+        keep = lambda new, old: jnp.where(on, new, old)  # noqa: E731
+        return k + on.astype(k.dtype), keep(x_new, x), keep(r_new, r), keep(p_new, p), keep(rr_new, rr)
+
+    def solve(b):
+        def body(state):
+            for _ in range(per_trip):
+                state = iteration(state)
+            return state
+
+        init = (jnp.int32(0), jnp.zeros_like(b), b, b, jnp.sum(b * b))
+        k, x, *_ = jax.lax.while_loop(lambda s: going(s[0], s[4]), body, init)
+        return x, k
 
     return jax.jit(solve)
 
