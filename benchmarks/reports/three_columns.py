@@ -22,7 +22,7 @@ import dataclasses
 from typing import Callable
 
 __all__ = ["CASES", "ROWS", "TARGETS", "Row", "at", "best", "figures", "fmt_time", "markdown", "rows", "summarize",
-           "time_per_step"]
+           "time_per_step", "values"]
 
 CASES = ("gray_scott", "poisson_jacobi", "poisson_cg")  # the tables' order
 
@@ -127,7 +127,8 @@ def rows(results: dict, pick: Pick) -> list[dict]:
                                    "vs_fair": _ratio(cells["fair"], cells["jaxgraph"]),
                                    "vs_kernels": _ratio(cells["kernels"], cells["jaxgraph"]),
                                    "kernels_vs_idiomatic": _ratio(cells["idiomatic"], cells["kernels"]),
-                                   "kernels_vs_fair": _ratio(cells["fair"], cells["kernels"])}})
+                                   "kernels_vs_fair": _ratio(cells["fair"], cells["kernels"]),
+                                   "fair_vs_idiomatic": _ratio(cells["idiomatic"], cells["fair"])}})
     return out
 
 
@@ -285,26 +286,41 @@ def markdown(results: dict) -> list[str]:
 # ----------------------------------------------------------------------------
 
 
-def figures(results: dict) -> dict[str, str]:
-    """Every figure of the tables under a name the docs' templates use, e.g. ``GS_256_blocked_graph_vs_kernels``
-    (``**1.32x** (1.25-1.40)``), ``JACOBI_64_single_kernels`` (``4.84 ms (4.80-4.90) · while``); the same at
-    JAX's defaults prefixed ``DEFAULTS_``; ``GS_256_xla_extra_us``. Only what the run measured is named."""
-    out: dict[str, str] = {}
+RATIOS = (("vs_idiomatic", "graph_vs_idiomatic"), ("vs_fair", "graph_vs_fair"), ("vs_kernels", "graph_vs_kernels"),
+          ("kernels_vs_idiomatic", "kernels_vs_idiomatic"), ("kernels_vs_fair", "kernels_vs_fair"),
+          ("fair_vs_idiomatic", "fair_vs_idiomatic"))
+
+
+def _named(results: dict) -> list[tuple[str, str, float | None]]:
+    """(name, text, value) of every figure: value is a ratio's median or a time in us, for checks."""
+    out = []
     cols = results.get("columns") or {}
     for prefix, table in (("", cols.get("best", [])), ("DEFAULTS_", cols.get("defaults", []))):
         for r in table:
             name = f"{prefix}{PREFIX[r['case']]}_{r['n']}_{r['key']}"
             for column in COLUMNS:
-                if r["cells"].get(column):
-                    out[f"{name}_{column}"] = fmt_cell(r["cells"][column], column in ("kernels", "jaxgraph"))
-            for ratio, label in (("vs_idiomatic", "graph_vs_idiomatic"), ("vs_fair", "graph_vs_fair"),
-                                 ("vs_kernels", "graph_vs_kernels"), ("kernels_vs_idiomatic", "kernels_vs_idiomatic"),
-                                 ("kernels_vs_fair", "kernels_vs_fair")):
+                cell = r["cells"].get(column)
+                if cell:
+                    out.append((f"{name}_{column}", fmt_cell(cell, column in ("kernels", "jaxgraph")), cell["median"]))
+            for ratio, label in RATIOS:
                 if r["ratios"].get(ratio):
-                    out[f"{name}_{label}"] = fmt_ratio(r["ratios"][ratio])
+                    out.append((f"{name}_{label}", fmt_ratio(r["ratios"][ratio]), r["ratios"][ratio]["median"]))
     for g in cols.get("gray_scott_per_step", []):
-        if g["xla_extra_us"] is not None:
-            out[f"GS_{g['n']}_xla_extra_us"] = f"{g['xla_extra_us']:.2f} us"
-        if g["us"].get("eager") is not None:
-            out[f"GS_{g['n']}_eager_us"] = f"{g['us']['eager']:.2f} us"
+        for key, us in (("xla_extra_us", g["xla_extra_us"]), ("eager_us", g["us"].get("eager")),
+                        ("graph_us", g["us"].get("jaxgraph")), ("kernels_us", g["us"].get("kernels"))):
+            if us is not None:
+                out.append((f"GS_{g['n']}_{key}", f"{us:.2f} us", us))
     return out
+
+
+def figures(results: dict) -> dict[str, str]:
+    """Every figure of the tables under a name the docs' templates use, e.g. ``GS_256_blocked_graph_vs_kernels``
+    (``**1.32x** (1.25-1.40)``), ``JACOBI_64_single_kernels`` (``4.84 ms (4.80-4.90) · while · `xla_...```);
+    the same at JAX's defaults prefixed ``DEFAULTS_``; ``GS_256_xla_extra_us`` (what XLA's loop adds a step).
+    Only what the run measured is named."""
+    return {name: text for name, text, _ in _named(results)}
+
+
+def values(results: dict) -> dict[str, float]:
+    """The numbers behind :func:`figures` (a ratio's median, a time in us), to check what a page says."""
+    return {name: value for name, _, value in _named(results)}
