@@ -41,20 +41,32 @@ class Row:
     note: str = ""
 
 
-KERNEL_NOTE = ("single block: this path's speed is the kernel's. The kernel runs up to B sweeps (iterations) a "
-               "launch and tests the tolerance on chip, so launches are few and long and the graph, which only "
-               "relaunches it, has little to add: compare it with the same kernel through `jax_call` beside it")
+# Notes are formatted with the run's config: {per_step} S, {fair_sweeps} / {fair_iterations} F, {check_every} /
+# {cg_check_every} K, {block_per_launch} B.
+KERNEL_NOTE = ("single block: this path's speed is the kernel's. The kernel runs up to {block_per_launch} sweeps "
+               "(iterations) a launch and tests the tolerance on chip, so launches are few and long and the graph, "
+               "which only relaunches it, has little to add: compare it with the same kernel through `jax_call` beside "
+               "it")
+EXACT_NOTE = ("the exact stop: the device loop reads its flag once a step of {per_step} {unit}, the kernels' "
+              "`while_loop` once a trip of {fair} (`--fair-{flag}`)")
+EVERY_NOTE = ("`check_every={k}`: the device loop reads its flag once per {k} steps ({k} x {per_step} {unit}), the "
+              "kernels' `while_loop` still once a trip of {fair}; the every-K stop is jaxgraph's option (up to {k_1} "
+              "steps of no-op kernels after the stop), and XLA's loop could run more a trip too")
 ROWS = (
     Row("gray_scott", "blocked kernel", "blocked", "jnp", None, ("xla_blocked",), ("loop_blocked_jit",),
         "the temporally blocked kernel (several substeps a launch), the same one in both columns"),
     Row("gray_scott", "fused kernel", "fused", "jnp", None, ("xla_fused",), ("loop_fused_jit",),
         "one substep a launch, as XLA's own fusion"),
-    Row("poisson_jacobi", "multi-block kernel", "multi", "jnp_jacobi", "jnp_jacobi_fair", ("xla_jacobi_fair",),
-        ("jacobi_exact", "jacobi_every"), "one sweep a launch"),
+    Row("poisson_jacobi", "multi-block kernel, exact stop", "multi", "jnp_jacobi", "jnp_jacobi_fair",
+        ("xla_jacobi_fair",), ("jacobi_exact",), EXACT_NOTE),
+    Row("poisson_jacobi", "multi-block kernel, check_every", "multi_every", "jnp_jacobi", "jnp_jacobi_fair",
+        ("xla_jacobi_fair",), ("jacobi_every",), EVERY_NOTE),
     Row("poisson_jacobi", "single-block kernel", "single", "jnp_jacobi", "jnp_jacobi_fair", ("xla_jacobi_block",),
         ("jacobi_block_exact", "jacobi_block_every"), KERNEL_NOTE),
-    Row("poisson_cg", "multi-block kernel", "multi", "jax_scipy_cg", "jnp_cg_fair", ("xla_cg_fair",),
-        ("cg_exact", "cg_every"), "pipelined CG, one kernel an iteration"),
+    Row("poisson_cg", "multi-block kernel, exact stop", "multi", "jax_scipy_cg", "jnp_cg_fair", ("xla_cg_fair",),
+        ("cg_exact",), EXACT_NOTE),
+    Row("poisson_cg", "multi-block kernel, check_every", "multi_every", "jax_scipy_cg", "jnp_cg_fair",
+        ("xla_cg_fair",), ("cg_every",), EVERY_NOTE),
     Row("poisson_cg", "single-block kernel", "single", "jax_scipy_cg", "jnp_cg_fair", ("xla_cg_block",),
         ("cg_block_exact", "cg_block_every"), KERNEL_NOTE),
 )
@@ -215,7 +227,20 @@ def workload(row: dict, cfg: dict) -> str:
     if row["case"] == "gray_scott":
         return f"Gray-Scott {n}², {cfg.get('steps', '?')} x {cfg.get('substeps', '?')}, {row['kernel']}"
     name = "Jacobi" if row["case"] == "poisson_jacobi" else "CG"
-    return f"{name} {n}², rtol {cfg.get('rtol', 0):g}, {row['kernel']}"
+    k = cfg.get("check_every" if name == "Jacobi" else "cg_check_every", "K")
+    kernel = row["kernel"].replace("check_every", f"`check_every={k}`")
+    return f"{name} {n}², rtol {cfg.get('rtol', 0):g}, {kernel}"
+
+
+def note_text(row: dict, cfg: dict) -> str:
+    """A row's note with the run's numbers (sweeps a step, a trip, K, B) in it."""
+    jacobi = row["case"] == "poisson_jacobi"
+    k = cfg.get("check_every" if jacobi else "cg_check_every", "K")
+    return row["note"].format(per_step=cfg.get("per_step", "S"), unit="sweeps" if jacobi else "iterations",
+                              fair=cfg.get("fair_sweeps" if jacobi else "fair_iterations", "F"),
+                              flag="sweeps" if jacobi else "iterations", k=k,
+                              k_1=k - 1 if isinstance(k, int) else "K-1", block_per_launch=cfg.get("block_per_launch",
+                                                                                                  "B"))
 
 
 def _table(table: list[dict], cfg: dict) -> list[str]:
@@ -226,7 +251,7 @@ def _table(table: list[dict], cfg: dict) -> list[str]:
         c, q = r["cells"], r["ratios"]
         mark = ""
         if r["note"]:
-            mark = " [" + str(notes.setdefault(r["note"], len(notes) + 1)) + "]"
+            mark = " [" + str(notes.setdefault(note_text(r, cfg), len(notes) + 1)) + "]"
         fair = "= idiomatic (a fixed loop)" if r["fair_is_idiomatic"] else fmt_cell(c["fair"], True)
         vs = fmt_ratio(q["vs_idiomatic"]) + ("" if r["fair_is_idiomatic"] else f" / {fmt_ratio(q['vs_fair'], False)}")
         lines.append(f"| {workload(r, cfg)}{mark} | {fmt_cell(c['idiomatic'])} | {fair} | "

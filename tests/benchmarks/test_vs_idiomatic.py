@@ -235,7 +235,8 @@ def test_three_columns_each_at_its_best_setting():
 
     rows = by_row(columns_results()["columns"]["best"])
     assert list(rows) == [("gray_scott/128", "blocked"), ("gray_scott/128", "fused"), ("poisson_jacobi/64", "multi"),
-                          ("poisson_jacobi/64", "single"), ("poisson_cg/128", "multi")]  # no single block at 128
+                          ("poisson_jacobi/64", "multi_every"), ("poisson_jacobi/64", "single"),
+                          ("poisson_cg/128", "multi"), ("poisson_cg/128", "multi_every")]  # no single block at 128
     gs = rows["gray_scott/128", "blocked"]
     c, q = gs["cells"], gs["ratios"]
     assert (c["idiomatic"]["setting"], c["idiomatic"]["median"]) == ("on", 2000.0)
@@ -247,15 +248,19 @@ def test_three_columns_each_at_its_best_setting():
     assert q["vs_idiomatic"]["min"] == pytest.approx(1800.0 / 550.0)  # their fastest round over our slowest
     assert q["vs_idiomatic"]["max"] == pytest.approx(2200.0 / 450.0)
     assert q["vs_kernels"]["median"] == pytest.approx(2.0) and q["kernels_vs_idiomatic"]["median"] == pytest.approx(2.0)
-    jacobi = rows["poisson_jacobi/64", "multi"]
-    assert jacobi["cells"]["jaxgraph"]["mode"] == "jacobi_every"  # the fastest of the exact and every-K stops
+    exact = rows["poisson_jacobi/64", "multi"]  # the exact stop and check_every each in a row of its own
+    assert exact["cells"]["jaxgraph"]["mode"] == "jacobi_exact"
+    assert exact["ratios"]["vs_kernels"]["median"] == pytest.approx(10000.0 / 9000.0)
+    jacobi = rows["poisson_jacobi/64", "multi_every"]
+    assert jacobi["cells"]["jaxgraph"]["mode"] == "jacobi_every"
     assert jacobi["ratios"]["vs_idiomatic"]["median"] == pytest.approx(50000.0 / 8000.0)
     assert jacobi["ratios"]["vs_fair"]["median"] == pytest.approx(20000.0 / 8000.0)
     assert jacobi["ratios"]["vs_kernels"]["median"] == pytest.approx(10000.0 / 8000.0)
     single = rows["poisson_jacobi/64", "single"]
-    assert single["ratios"]["vs_kernels"]["median"] == pytest.approx(4000.0 / 3900.0)
+    assert single["ratios"]["vs_kernels"]["median"] == pytest.approx(4000.0 / 3900.0)  # the faster of its two stops
+    assert single["cells"]["jaxgraph"]["mode"] == "jacobi_block_every"
     assert single["note"] == three_columns.KERNEL_NOTE and "the kernel's" in single["note"]
-    cg = rows["poisson_cg/128", "multi"]
+    cg = rows["poisson_cg/128", "multi_every"]
     assert cg["cells"]["idiomatic"]["mode"] == "jax_scipy_cg" and cg["cells"]["fair"]["mode"] == "jnp_cg_fair"
     assert cg["ratios"]["vs_kernels"]["median"] == pytest.approx(1500.0 / 1200.0)
 
@@ -300,12 +305,23 @@ def test_three_column_table_in_the_report():
     assert gs == ("| Gray-Scott 128², 100 x 10, blocked kernel [1] | 2.00 ms (1.80-2.20) · on | = idiomatic (a fixed "
                   "loop) | 1.00 ms (0.90-1.10) · while · `xla_blocked` | 500.0 us (450.0-550.0) · off · "
                   "`loop_blocked_jit` | **4.00x** (3.27-4.89) | **2.00x** (1.64-2.44) |")
-    jacobi = next(ln for ln in lines[head:defaults] if ln.startswith("| Jacobi 64², rtol 0.0001, multi-block"))
+    jacobi = next(ln for ln in lines[head:defaults]
+                  if ln.startswith("| Jacobi 64², rtol 0.0001, multi-block kernel, `check_every=8`"))
     assert "| **6.25x** (5.11-7.64) / 2.50x (2.05-3.06) | **1.25x** (1.02-1.53) |" in jacobi
+    for row, note in (("| Jacobi 64², rtol 0.0001, multi-block kernel, exact stop", "the exact stop: the device loop "
+                       "reads its flag once a step of 8 sweeps, the kernels' `while_loop` once a trip of 8 "
+                       "(`--fair-sweeps`)."),
+                      ("| CG 128², rtol 0.0001, multi-block kernel, `check_every=4`", "`check_every=4`: the device "
+                       "loop reads its flag once per 4 steps (4 x 8 iterations), the kernels' `while_loop` still once "
+                       "a trip of 4; the every-K stop is jaxgraph's option (up to 3 steps of no-op kernels after the "
+                       "stop), and XLA's loop could run more a trip too.")):
+        line = next(ln for ln in lines[head:defaults] if ln.startswith(row))
+        mark = line.split(" [")[1].split("]")[0]
+        assert f"[{mark}] {note}" in lines[head:defaults], (row, note)
     single = next(ln for ln in lines[head:defaults] if ln.startswith("| Jacobi 64², rtol 0.0001, single-block"))
     mark = single.split("kernel ")[1].split(" |")[0]  # [n]: the single-block note
     note = next(ln for ln in lines[head:defaults] if ln.startswith(mark + " "))
-    assert "this path's speed is the kernel's" in note
+    assert "this path's speed is the kernel's" in note and "up to 256 sweeps (iterations) a launch" in note
     at_defaults = next(ln for ln in lines[defaults:] if ln.startswith("| Gray-Scott 128², 100 x 10, blocked kernel"))
     assert "3.00 ms (2.70-3.30) · defaults" in at_defaults and "| **8.00x** (6.55-9.78) |" in at_defaults
     assert "| 128² | 1 | 20.00 (on) | 5.00 (off) | 4.50 (off) | 10.00 (while) | +5.00 |" in lines
@@ -322,7 +338,8 @@ def test_named_figures_for_the_docs():
     assert fig["GS_128_blocked_kernels"] == "1.00 ms (0.90-1.10) · while · `xla_blocked`"
     assert fig["DEFAULTS_GS_128_blocked_graph_vs_kernels"] == "**8.00x** (6.55-9.78)"
     assert fig["JACOBI_64_single_graph_vs_kernels"] == "**1.03x** (0.84-1.25)"  # 4400 / 3510 at the top
-    assert fig["CG_128_multi_graph_vs_fair"] == "**1.67x** (1.36-2.04)"
+    assert fig["CG_128_multi_every_graph_vs_fair"] == "**1.67x** (1.36-2.04)"
+    assert fig["CG_128_multi_graph_vs_kernels"] == "**1.15x** (0.94-1.41)"  # the exact stop: 1500 / 1300
     assert fig["GS_128_xla_extra_us"] == "5.00 us" and fig["GS_128_eager_us"] == "4.50 us"
     assert "CG_128_single_graph_vs_kernels" not in fig  # not measured: not named
 

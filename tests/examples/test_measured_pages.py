@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 import measured_pages  # noqa: E402
 from benchmarks.reports import three_columns  # noqa: E402
 
-NAME = re.compile(r"^(DEFAULTS_)?(GS|JACOBI|CG)_\d+_(blocked|fused|multi|single)_(idiomatic|fair|kernels|jaxgraph|"
+NAME = re.compile(r"^(DEFAULTS_)?(GS|JACOBI|CG)_\d+_(blocked|fused|multi|multi_every|single)_(idiomatic|fair|kernels|jaxgraph|"
                   r"graph_vs_idiomatic|graph_vs_fair|graph_vs_kernels|kernels_vs_idiomatic|kernels_vs_fair|"
                   r"fair_vs_idiomatic)$|^GS_\d+_(xla_extra_us|eager_us|graph_us|kernels_us)$")
 RECORD = {"SOURCE", "DATE", "GIT", "COMMAND", "DEVICE", "SETTINGS"}
@@ -41,6 +41,7 @@ def test_every_placeholder_and_claim_names_a_figure_the_report_makes():
         assert bad == [], bad
         claims = measured_pages.CLAIMS[page]
         assert all(NAME.match(name) and op in "<>" for name, op, _, _ in claims)
+        assert all(NAME.match(bound) for _, _, bound, _ in claims if isinstance(bound, str))
         assert {name for name, *_ in claims} <= names  # a claim guards a figure the page shows
 
 
@@ -86,10 +87,13 @@ def test_check_exits_1_on_a_missing_figure_and_writes_the_page(tmp_path, capsys)
 def test_fill_and_contradicted():
     text, missing = measured_pages.fill("a {{X}} b {{Y}} {{X}}", {"X": "1.5x"})
     assert text == f"a 1.5x b {measured_pages.MISSING} 1.5x" and missing == ["Y"]
-    claims = [("A", "<", 1.15, "little"), ("B", ">", 1.5, "a win"), ("C", ">", 1.0, "unmeasured")]
+    claims = [("A", "<", 1.15, "little"), ("B", ">", 1.5, "a win"), ("C", ">", 1.0, "unmeasured"),
+              ("A", "<", "B", "A under B")]
     assert measured_pages.contradicted(claims, {"A": 1.02, "B": 1.6}) == []
     assert measured_pages.contradicted(claims, {"A": 1.2, "B": 1.5}) == [
         "A = 1.2, not < 1.15: the page says little", "B = 1.5, not > 1.5: the page says a win"]
+    assert measured_pages.contradicted(claims, {"A": 1.1, "B": 1.05}) == [
+        "B = 1.05, not > 1.5: the page says a win", "A = 1.1, not < B (1.05): the page says A under B"]
 
 
 def test_the_report_names_its_figures_as_the_templates_expect(tmp_path):
