@@ -1,6 +1,6 @@
 """jaxgraph's examples against the program a JAX user would write, and against their own kernels without graphs.
 
-    python benchmarks/vs_idiomatic.py            # 4 XLA settings, 5 rounds: about 3-4 minutes on an H100
+    python benchmarks/vs_idiomatic.py            # 4 XLA settings, 5 rounds: about 4 minutes on an H100
     python benchmarks/vs_idiomatic.py --quick    # small sizes, 3 rounds (a smoke run)
     python benchmarks/vs_idiomatic.py --grids 128,512 --poisson-grids 64 --repeats 3   # fewer grids and rounds
 
@@ -22,7 +22,7 @@ thing and is checked against numpy/scipy before it is timed:
   ``gray_scott.default_blocking``'s temporally blocked launches, inside
   ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
   Python, timed by CUDA events). Up to grid 256 every mode is checked
-  against numpy; at 1024 (numpy would take a minute a process) against
+  against numpy; above (numpy would take a minute a process at 1024) against
   the ``jnp`` run, itself checked against numpy on one step;
 - ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 128 x 128, rtol 1e-4 (Jacobi
   above 64 x 64 only in ``--jacobi-big-settings``: its sweeps grow as n^2, ~18,000 at 128)
@@ -107,7 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "via jax_call (default 8: the device loop's sweeps a step, between reads of its flag)")
     p.add_argument("--fair-iterations", type=int, default=4,
                    help="CG iterations a lax.while_loop trip in the fair jnp CG and of the cg_fused kernel via "
-                        "jax_call (default 4)")
+                        "jax_call (default 4; the device loop's exact stop reads its flag every --per-step)")
     p.add_argument("--check-every", type=int, default=8, help="K of Jacobi's every-K stop (default 8)")
     p.add_argument("--cg-check-every", type=int, default=4,
                    help="K of CG's every-K stop (default 4: up to K-1 steps of no-op kernels may follow)")
