@@ -62,11 +62,11 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
     import jaxgraph
     from jaxgraph._graphs import loop_build as _loop_build
 
-    modes = {}
+    modes, keep = {}, []
     for name, r in (("unrolled", steps), ("unrolled_half", steps // 2)):
         floor = Chain(kernel, r)
         print(f"  {name}: " + floor.check(floor.graph.replay, rng), flush=True)
-        modes[name] = (floor.graph, r)
+        modes[name] = (floor.graph, r, None)
 
     def loop(name, watch_pdl=True, **kw):
         chain = Chain(kernel, 1)
@@ -76,7 +76,7 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
             lp = jaxgraph.graphed_loop(chain.graph, steps, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s],
                                        until=jaxgraph.zeros(1, np.int32), **kw)
             check(name, lp, chain.x_s, chain.y_s, steps)
-            modes[name] = (lp, steps)
+            modes[name] = (lp, steps, None)
         except Exception as exc:  # one way failing must not hide the others' figures
             print(f"  {name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
         finally:
@@ -90,8 +90,11 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
         with jaxgraph.graph(g):
             flag_kernel[GRID, BLOCK](y, x, ELEMENTS, counter, flag, stop_at)
         lp = jaxgraph.graphed_loop(g, steps, feed={0: 0}, until=flag, inputs=[x], outputs=[y], **kw)
+        counter.fill_(0)
         check(name, lp, x, y, steps // 2)
-        modes[name] = (lp, steps // 2, (lp, g, counter, flag, stop_at, x, y))
+        # The counter must start at 0 at every launch (a memset before each, timed too: ~1-2 us a launch).
+        modes[name] = (lp, steps // 2, lambda: counter.fill_(0))
+        keep.append((g, counter, flag, stop_at, x, y))
 
     def check(name, lp, x_s, y_s, r):
         x = random_input(rng)
@@ -116,6 +119,7 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
     loop("every_k16", check_every=16)
     stopping("exact_stops_half")
     stopping("per_step_stops_half", check_every=1)
+    modes["_keep"] = keep
     return modes
 
 
@@ -137,16 +141,21 @@ def main() -> int:
     kernel, flag_kernel = jaxgraph.Kernel(SOURCE, "add_one"), jaxgraph.Kernel(FLAG_SOURCE, "add_one_flag")
     kernel.handle, flag_kernel.handle  # noqa: B018 - load before capture
     modes = build_modes(kernel, flag_kernel, args.steps, rng)
+    alive = modes.pop("_keep")  # noqa: F841 - the stopping steps' arrays, alive while timed
     stream = jaxgraph.Stream()
     start, end = jaxgraph.Event(enable_timing=True), jaxgraph.Event(enable_timing=True)
     times = {k: [] for k in modes}
     for _ in range(args.rounds):
-        for key, (lp, r, *_keep) in modes.items():
+        for key, (lp, r, reset) in modes.items():
             with jaxgraph.stream(stream):
+                if reset:
+                    reset()
                 lp.replay()  # warm
                 jaxgraph.synchronize()
                 start.record(stream)
                 for _ in range(args.launches):
+                    if reset:
+                        reset()
                     lp.replay()
                 end.record(stream)
             end.synchronize()
