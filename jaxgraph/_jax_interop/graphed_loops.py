@@ -305,7 +305,8 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     4.2-5.1 us on an H100 (its one-thread control kernel included). The
     default exact stop pays a watch kernel per step and a trip per K steps,
     and at the stop a snapshot and a restore of what a step writes
-    (``benchmarks/results/`` ``*-exact-stop.md``). ``check_every=1``
+    (+1.0-1.1 us a step over the unrolled floor for a one-kernel step on an
+    H200: ``benchmarks/results/exact-stop-h200-2026-11-28/``). ``check_every=1``
     pays a trip per step: +4.6 us over the unrolled floor for a one-kernel
     step fed back (its check kernel also copies a fed pair of up to 256 KiB;
     a larger pair alternates with the swapped twin behind one IF per two
