@@ -233,7 +233,9 @@ class Builder {
     CUgraphNode node = nullptr;
     for (int i = 0; i < k; ++i) {
       node = Steps(fast, node, 1, i);
-      node = Kernel(fast, node, p_.watch_kernel, Blocks(p_.snapshot_bytes),
+      // Every block of a watch runs each step only to find the flag clear, so its grid stays small
+      // (grid-stride: a large snapshot takes longer once, at the stop).
+      node = Kernel(fast, node, p_.watch_kernel, std::min(Blocks(p_.snapshot_bytes), kWatchBlocks),
                     {A(p_.table), A(p_.entries), A(p_.until), A(p_.until_bytes), A(p_.watch), A(i & 1), A(p_.done),
                      A(i)}, 256);
     }
@@ -273,6 +275,8 @@ class Builder {
                    A(fused ? p_.fused_dst : uint64_t{0}), A(fused ? p_.fused_src : uint64_t{0}), A(bytes)},
                   fused ? 256 : 1);
   }
+
+  static constexpr unsigned kWatchBlocks = 64;
 
   static unsigned Blocks(uint64_t bytes) {  // a word per thread, 256 threads a block
     return static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));

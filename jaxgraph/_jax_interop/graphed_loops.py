@@ -40,7 +40,7 @@ registered on the step's graph (:meth:`CUDAGraph.register_generator_state`),
 and the arrays named in ``preserve=`` (memory the step writes that is no
 static array of it, e.g. a counter). It costs a copy of them in device memory
 (:attr:`GraphedLoop.snapshot_bytes`), a watch kernel node per step (its grid
-sized by those bytes; when the flag is clear every block exits at once,
+sized by those bytes, at most 64 blocks; when the flag is clear every block exits at once,
 about the cost of a tiny kernel node, less when it is launched through a
 programmatic edge after a one-kernel step on sm_90+), a WHILE trip per K
 steps, and at the stop one copy of those bytes each way. What the steps run
