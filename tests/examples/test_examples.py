@@ -40,7 +40,7 @@ PRINTS = {
                        "jaxgraph: CG device loop, exact stop, in jax.jit",
                        "jaxgraph: single block, exact stop, in jax.jit",
                        "jaxgraph: single-block CG, every-4 stop, eager"],
-    "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "speedup (jit)"],
+    "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "vs same kernel"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
                            "kernels replayed inside jax.jit matches numpy"],
