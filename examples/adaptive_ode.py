@@ -11,8 +11,8 @@ size 0.01, solved to t_end with rtol = atol = 1e-5 in float64.
 The solver is one step graphed once and run to t_end by jaxgraph.graphed_loop(
 ..., until=done) as ONE device loop (one launch eagerly, one FFI call in
 jax.jit). Nothing returns to the host between steps. A step is ONE kernel,
-tile_step (adaptive_ode.cu): up to N = 4096 one block holds the whole ring;
-above, a grid of blocks, each evaluating the seven stages of its tile plus a
+tile_step (adaptive_ode.cu): up to N = 256 one block holds the whole ring;
+above, a grid of small blocks, each evaluating the seven stages of its tile plus a
 halo of 21 elements in shared memory (no stage waits for another block).
 Every block sums its share of the squared scaled error; the last block to
 finish adds the sums in a fixed order and one thread runs the controller:
@@ -74,8 +74,8 @@ ERROR_ORDER = 5                    # diffrax's for Dopri5: min(5, 4) + 1
 PATHS = ("tiled", "stages")        # one kernel a step (tile_step), or six (a kernel a stage)
 BLOCK = 256                        # threads per block of the stages path
 PER_THREAD = (1, 2, 4)             # tile_step's instances: elements a thread
-ONE_BLOCK_MAX = 4096               # up to this n the tiled step is one block holding the whole ring
-TILE_BLOCK, TILE_PER_THREAD = 256, 2  # above it: blocks of 256 threads, 2 elements each (a tile of 491)
+ONE_BLOCK_MAX = 256                # up to this n the tiled step is one block holding the whole ring
+TILE_BLOCK, TILE_PER_THREAD = 128, 1  # above it: blocks of 128 threads, 1 element each (a tile of 107)
 HALO = 21                          # the tile's halo: 14 elements on the left, 7 on the right
 # st and ist slots (see SOURCE)
 T_PREV, T_NEXT, INV_PREV = 0, 1, 2
@@ -190,7 +190,7 @@ class AdaptiveDopri5:
     """Dormand-Prince 5(4) with a PI controller for Lorenz-96 of size ``n``, as one jaxgraph device loop.
 
     ``path="tiled"`` (the default): a step is ONE kernel, ``tile_step``: one
-    block holding the whole ring up to n = 4096 (``ONE_BLOCK_MAX``), else a
+    block holding the whole ring up to n = 256 (``ONE_BLOCK_MAX``), else a
     grid of blocks each evaluating the seven stages on its tile plus a halo
     in shared memory, the error norm reduced across blocks by the last one
     to finish, which also runs the controller. ``path="stages"``: six kernels

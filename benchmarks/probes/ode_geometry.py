@@ -33,7 +33,7 @@ from benchmarks.harness import example_loader  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="40,100,2000,4096,20000,65536", help="comma-separated N")
-    p.add_argument("--geometries", default="32x2,128x1,256x1,128x2,256x2,512x2,256x4,1024x4",
+    p.add_argument("--geometries", default="32x1,64x1,128x1,256x1,128x2,256x2,512x2",
                    help="THREADSxPER_THREAD, comma-separated (one block where it holds the ring)")
     p.add_argument("--t-end", type=float, default=10.0)
     p.add_argument("--repeats", type=int, default=5)
