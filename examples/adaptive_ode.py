@@ -74,8 +74,12 @@ ERROR_ORDER = 5                    # diffrax's for Dopri5: min(5, 4) + 1
 PATHS = ("tiled", "stages")        # one kernel a step (tile_step), or six (a kernel a stage)
 BLOCK = 256                        # threads per block of the stages path
 PER_THREAD = (1, 2, 4)             # tile_step's instances: elements a thread
+# Geometry of the tiled step, from benchmarks/probes/ode_geometry.py (H200, us per attempted step in
+# the device loop): one block 9.6 at N = 256 against 12.0 for tiles of 128 - 21; tiles of 256 x 1 as
+# fast as any at N = 1000 and the fastest at 20000 (12.0 against 12.5 for 128 x 1, 13.3 for 256 x 2)
+# and 65536 (12.8 against 13.5 and 13.2); one block of 1024 x 2 at N = 2000 13.4 against 12.1-12.4.
 ONE_BLOCK_MAX = 256                # up to this n the tiled step is one block holding the whole ring
-TILE_BLOCK, TILE_PER_THREAD = 128, 1  # above it: blocks of 128 threads, 1 element each (a tile of 107)
+TILE_BLOCK, TILE_PER_THREAD = 256, 1  # above it: blocks of 256 threads, 1 element each (a tile of 235)
 HALO = 21                          # the tile's halo: 14 elements on the left, 7 on the right
 # st and ist slots (see SOURCE)
 T_PREV, T_NEXT, INV_PREV = 0, 1, 2

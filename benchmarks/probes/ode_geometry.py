@@ -60,6 +60,11 @@ def timed(fn, repeats):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import jaxgraph
+
+    if jaxgraph.device_count() == 0:
+        print("ode_geometry.py needs a CUDA GPU: none found")
+        return 0
     import jax
 
     jax.config.update("jax_enable_x64", True)

@@ -53,7 +53,7 @@ def test_kernels_compile_to_cubin_without_a_device(name):
 
 @pytest.mark.parametrize("n, want", [
     (40, (64, 1, 1)), (100, (128, 1, 1)), (256, (256, 1, 1)),  # one block: the ring
-    (257, (128, 1, 3)), (20000, (128, 1, 187)), (65536, (128, 1, 613)),  # tiles of 128 - 21
+    (257, (256, 1, 2)), (20000, (256, 1, 86)), (65536, (256, 1, 279)),  # tiles of 256 - 21
 ])
 def test_tile_geometry(n, want):
     assert ao.tile_geometry(n) == want
@@ -215,7 +215,8 @@ def test_jnp_dopri5_takes_the_models_steps_and_converges_to_scipy():
             my, mt, macc, mrej = ao.reference_solve(y0, 1.0, rtol=tol, atol=tol, dt0=dt0)
             assert float(t) == mt == 1.0 and (int(acc), int(rej)) == (macc, mrej), ((acc, rej), (macc, mrej))
             np.testing.assert_allclose(y, my, rtol=0, atol=1e-9)
-            assert np.abs(y - scipy_ref(y0, 1.0)).max() < 3e3 * tol
+            # the global error of a chaotic system, well off its fixed point: ~1e-3 seen at 1e-5, ~1e-5 at 1e-9
+            assert np.abs(y - scipy_ref(y0, 1.0)).max() < {1e-5: 3e-2, 1e-7: 1e-3, 1e-9: 1e-4}[tol]
         y0 = ao.F + rng.standard_normal(40)
         y, t, acc, rej = (np.asarray(a) for a in ao.jnp_solver(max_steps=5)(y0, 1.0))
         assert int(acc) + int(rej) == 5 and float(t) < 1.0  # gives up after max_steps attempted steps
@@ -250,7 +251,7 @@ def test_help_prints_the_whole_description():
 # (n, AdaptiveDopri5 keyword arguments): one block (the ring), a grid of tiles, the six-kernel stages
 TILED_ONE = [(40, {}), (256, {}), (2048, dict(block=1024, per_thread=2)), (1000, dict(per_thread=1)),
              (1500, dict(per_thread=4))]
-TILED_MANY = [(257, {}), (4097, {}), (20000, {}), (40, dict(block=32, per_thread=1)),  # 3, 39, 187 and 4 tiles
+TILED_MANY = [(257, {}), (4097, {}), (20000, {}), (40, dict(block=32, per_thread=1)),  # 2, 18, 86 and 4 tiles
               (1000, dict(block=64, per_thread=2)), (5000, dict(block=512, per_thread=4)),  # 10 and 3 tiles
               (3000, dict(block=128, per_thread=4))]
 STAGES = [(40, dict(path="stages")), (4099, dict(path="stages"))]  # 1 and 17 blocks
@@ -301,7 +302,7 @@ def test_one_block_tiles_and_stages_agree():
     y0 = ao.initial_state(2000, np.random.default_rng())
     runs = [ao.AdaptiveDopri5(2000, t_end=2.0, **kw).solve(y0)
             for kw in ({}, dict(block=1024, per_thread=2), dict(block=128, per_thread=2), dict(path="stages"))]
-    for y, t, *steps in runs[1:]:  # tiles of 107, one block, tiles of 235, six kernels
+    for y, t, *steps in runs[1:]:  # against the default (tiles of 256 x 1): one block, tiles of 128 x 2, stages
         assert t == runs[0][1] == 2.0 and steps == list(runs[0][2:])
         np.testing.assert_allclose(y, runs[0][0], rtol=0, atol=1e-9)
 
