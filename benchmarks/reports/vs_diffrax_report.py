@@ -134,8 +134,16 @@ def markdown(results: dict) -> str:
         first = next(iter(procs[settings[0]]["by_n"][n].values()))
         counts = "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in (r.get("steps") or {}).items())
                            for s in settings for r in [next(iter(procs[s]["by_n"][n].values()))])
+        per_step = []  # each solver at its best setting over its own attempted steps (accepted + rejected)
+        for key in COLUMNS:
+            found = best(procs, n, key)
+            steps = (procs[found[0]]["by_n"][n][key].get("steps") or {}).get(key) if found else None
+            if found and steps:
+                per_step.append(f"{key} {found[1]['median'] * 1e3 / sum(steps):.1f}")
         lines += ["", f"## N = {n}", "", f"jaxgraph's step: {first.get('geometry', '?')}. Steps (accepted, rejected) "
                   f"per solver: {counts}. Checked: {first.get('check', '?')}.", "",
+                  *([f"us per attempted step, each at its best setting: {', '.join(per_step)}.", ""]
+                    if per_step else []),
                   "| mode | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
         for key in MODES:
             if not any(key in procs[s]["by_n"][n] for s in settings):
