@@ -25,6 +25,8 @@ PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
     "stop_probe.py": (["--steps", "50", "--rounds", "1", "--launches", "1"], "over the floor (median)"),
     "gray_scott_tiles.py": (["--grids", "48", "--steps", "3", "--substeps", "5", "--repeats", "1", "--out", "{tmp}"],
                             "TILING 48="),
+    "ode_geometry.py": (["--sizes", "40,300", "--geometries", "64x1", "--t-end", "0.5", "--repeats", "1"],
+                        "N=   300     64x1 (  7 blocks): loop"),
 }
 
 

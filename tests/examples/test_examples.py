@@ -43,7 +43,7 @@ PRINTS = {
                        "idiomatic JAX, fair: 8 sweeps a while_loop trip", "XLA: the cg_fused kernel as 8 jax_calls",
                        "XLA (single block): the kernel as a jax_call in a while_loop",
                        "vs the same kernels via jax_call"],
-    "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "speedup (jit)"],
+    "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "vs same kernel"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
                            "kernels replayed inside jax.jit matches numpy"],
