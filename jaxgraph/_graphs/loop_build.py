@@ -18,6 +18,7 @@ import numpy as np
 from .._cuda import driver as _driver
 from .._cuda.array import DeviceArray, zeros
 from .._cuda.captures import CaptureInputs
+from .._cuda.stream import current_stream
 from .handles import CaptureState, node_count
 from .cuda_graph import CUDAGraph, handles_of, replay_source
 from .._kernels.kernel import Kernel
@@ -93,9 +94,11 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
             ping_pong, mode, kind = f"copy: {why}", 1, "copy"
             copies = [(x.ptr, y.ptr, x.nbytes) for x, y in pairs]
     own_count = count is None and fixed < 0
+    # The counters live on the step's device, whichever device is current (the loop's kernels read them there).
+    on_step = current_stream(device)
     if own_count:
-        count = zeros((1,), np.int32)
-    remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
+        count = zeros((1,), np.int32, stream=on_step)
+    remaining, done = zeros((1,), np.int32, stream=on_step), zeros((1,), np.int32, stream=on_step)
     functions = [node_handles(kernels[name], device)[-1] for name in _KERNEL_NAMES]
     keep = (count, remaining, done, until, owner, *ins, *outs)
 
@@ -274,7 +277,8 @@ def _control_kernels(device: int) -> dict[str, Kernel]:
     with _kernels_lock:
         ks = _kernels.get(device)
         if ks is None:
-            ks = _kernels[device] = control_kernels()
+            major, minor = _driver.compute_capability(device)  # the step's device, not the current one
+            ks = _kernels[device] = control_kernels(f"sm_{major}{minor}")
             for k in ks.values():
                 k.handle  # load now, in this device's context
         return ks
