@@ -2,7 +2,9 @@
 
 Each thread has a current stream per device, the legacy default stream unless
 changed with ``with jaxgraph.stream(s):`` or ``with s:``. Kernel launches,
-copies and allocations go to the current stream, as in PyTorch.
+copies and allocations go to the current stream, as in PyTorch. What ``with s:``
+restores on exit is kept per thread too, so threads may enter the same stream
+at once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class Stream:
     ``Stream()`` creates a new non-blocking stream owned by this object.
     :meth:`from_handle` wraps a stream created elsewhere (by XLA, PyTorch,
     CuPy or a C++ library) without taking ownership. A stream is a context
-    manager that makes itself current: ``with s: ...``.
+    manager that makes itself current: ``with s: ...``; each thread restores
+    its own previous stream on exit, so several threads may use one stream
+    object as a context at once.
 
     Parameters
     ----------
@@ -38,7 +42,7 @@ class Stream:
         Stream priority; lower numbers are higher priority. Default 0.
     """
 
-    __slots__ = ("_h_stream", "_device", "_owner", "_owned", "_handle_int", "_saved", "__weakref__")
+    __slots__ = ("_h_stream", "_device", "_owner", "_owned", "_handle_int", "__weakref__")
 
     def __init__(self, device: int | None = None, *, priority: int = 0):
         device = _driver.ensure_context(device)
@@ -72,7 +76,6 @@ class Stream:
         self._device = device
         self._owner = owner
         self._owned = owned
-        self._saved = []
 
     @property
     def handle(self) -> Any:
@@ -158,11 +161,19 @@ class Stream:
             self.close()
 
     def __enter__(self) -> "Stream":
-        self._saved.append(set_current(self))
+        previous = set_current(self)
+        # The streams to restore, per thread: another thread entering this stream keeps its own.
+        _local.saved.setdefault(id(self), []).append(previous)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        set_current(self._saved.pop(), self._device)
+        saved = _local.saved.get(id(self))  # alive while entered (the with statement holds it): id is unique
+        if not saved:
+            raise RuntimeError(f"{self!r}.__exit__ without a matching __enter__ in this thread")
+        previous = saved.pop()
+        if not saved:
+            del _local.saved[id(self)]
+        set_current(previous, self._device)
 
 
 # ----------------------------------------------------------------------------
@@ -226,6 +237,7 @@ class _ThreadStreams(threading.local):
 
     def __init__(self) -> None:  # runs once in each thread that looks
         self.streams: dict[int, Stream] = {}  # device -> the thread's current stream
+        self.saved: dict[int, list[Stream]] = {}  # id(stream) -> what `with stream:` restores, innermost last
 
 
 _local = _ThreadStreams()
