@@ -303,11 +303,13 @@ def end_or_abandon(cuda_graph: CUDAGraph) -> None:
     """
     try:
         cuda_graph.capture_end()
-    except Exception as exc:
+    except BaseException as exc:
         h = handles_of(cuda_graph)
         if h.state is not CaptureState.CAPTURING:
             raise  # ended (or reset by capture_end): nothing is left open
         h.abandon_capture()
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt and the like, after abandoning
         raise RuntimeError(f"the capture could not end at the end of its `with` block ({exc}), so it was discarded "
                            "and the graph can capture again; end the block with the capture stream current (exit "
                            "every `with s:` or jaxgraph.stream(s) opened inside it)") from exc

@@ -191,7 +191,7 @@ def test_an_array_on_the_other_gpu_is_refused_naming_both_devices(rng):
     kernel[blocks, 256, 0, s1](y1, x1, N)
     kernel[blocks, 256, 0, s1](y1, y1, N)
     s1.synchronize()
-    np.testing.assert_array_equal(on_device(1, lambda: y1.numpy(stream=s1)), x + np.float32(2.0))
+    np.testing.assert_array_equal(on_device(1, lambda: y1.numpy(stream=s1)), (x + np.float32(1.0)) + np.float32(1.0))
 
 
 @pytest.mark.gpu
