@@ -264,7 +264,7 @@ def _first_pack_error(kernel: str, params: tuple[Param, ...], values: list, exc:
 
 
 def _device_error(kernel: str, params: tuple[Param, ...], operands: tuple, stream: Any) -> None:
-    """Raise :func:`wrong_device` for the first array of ``operands`` (foreign ones wrapped) off the launch's device."""
+    """Raise :func:`wrong_device` for the first array of ``operands`` (wrapped) off the launch's device."""
     device = launch_device(stream)
     for p, a in zip(params, operands):
         if p.is_pointer and a.device != device:

@@ -56,7 +56,8 @@ def fake_driver(monkeypatch):
     ok = cu.CUresult.CUDA_SUCCESS
     active = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
     fake = SimpleNamespace(
-        CUresult=cu.CUresult, CUstreamCaptureMode=cu.CUstreamCaptureMode, CUstreamCaptureStatus=cu.CUstreamCaptureStatus,
+        CUresult=cu.CUresult, CUstreamCaptureMode=cu.CUstreamCaptureMode,
+        CUstreamCaptureStatus=cu.CUstreamCaptureStatus,
         cuStreamBeginCapture=lambda handle, mode: calls.append(("begin", handle)) or (ok,),
         cuStreamGetCaptureInfo=lambda handle: (ok, active, 77),
         cuStreamEndCapture=lambda handle: calls.append(("end", handle)) or (ok, None),

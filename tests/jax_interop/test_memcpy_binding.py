@@ -41,7 +41,8 @@ def touched(base, x, y, z, pitch, height, width, rows, depth):
     """The reference: [first, last + 1) over every byte the side of a 3-D copy touches, one row at a time."""
     row = pitch or width
     slice_rows = height or rows or 1
-    starts = [base + x + (y + r) * row + (z + s) * slice_rows * row for s in range(depth or 1) for r in range(rows or 1)]
+    starts = [base + x + (y + r) * row + (z + s) * slice_rows * row
+              for s in range(depth or 1) for r in range(rows or 1)]
     return (min(starts), max(starts) + width) if width else None
 
 
@@ -134,7 +135,8 @@ def test_a_3d_copy_into_a_static_output_by_offsets_leaves_it_copied(rng):
         assert cu.cuMemcpy3DAsync(copy, stream.handle)[0] == cu.CUresult.CUDA_SUCCESS
         inc[(N + 255) // 256, 256](y_s, N)  # y = x + 1
     g.instantiate()
-    nodes = [n for n in jaxgraph_nodes(cu, g) if cu.cuGraphNodeGetType(n)[1] == cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY]
+    memcpy = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY
+    nodes = [n for n in jaxgraph_nodes(cu, g) if cu.cuGraphNodeGetType(n)[1] == memcpy]
     params = cu.cuGraphMemcpyNodeGetParams(nodes[0])[1]
     assert (int(params.dstDevice), params.dstY, params.dstZ) == (slab.ptr, 1, 1), \
         "the driver folded the offsets into the address: this graph no longer tests offsets"

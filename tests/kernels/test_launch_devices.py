@@ -81,7 +81,8 @@ def test_an_array_of_another_device_is_refused_before_the_launch(two_devices, mo
             kernel.launch(y1, x0, 8, grid=1, block=32, stream=s0)
         with pytest.raises(ValueError, match=on_0.format("y", r"float\*") + r" \(the current device, whose current"):
             kernel[1, 32](y1, x1, 8)  # the current device is 0
-        with pytest.raises(ValueError, match=r"argument 'y' \(float\*\) is on device 0, but the launch runs on device 1"):
+        with pytest.raises(ValueError, match=r"argument 'y' \(float\*\) is on device 0, but the launch runs on "
+                                             r"device 1"):
             kernel[1, 32, 0, s1](y0, x1, 8)
         with pytest.raises(ValueError, match=on_0.format("x", r"const float\*")):
             kernel._packer.pack_operands((y0, x1, 8), s0)  # what a launch during a capture packs
