@@ -19,6 +19,7 @@ Tests internals (listed in tests/README.md): a Kernel's loaded state and ``_nati
 ``DeviceArray(..., _token=_INTERNAL)``; what reaches the driver, per device, has no public face.
 """
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,6 +34,8 @@ from jaxgraph._kernels import load as _kernel_load
 from jaxgraph._kernels.launch_limits import CUDA_LIMITS
 from support.kernel_sources import ADD_ONE, REVERSE_BLOCK
 from support.launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the GPU test puts an array on device 1 with JAX
 
 N = 4096
 WIDE = 100 * 1024  # dynamic shared memory over the default 48 KiB, under an H100's 227 KiB
