@@ -354,7 +354,7 @@ class _ThreadSideStreams(threading.local):
 
 _thread_side_streams = _ThreadSideStreams()
 _idle_side_streams: dict[int, list[Stream]] = {}  # device -> side streams of threads that ended
-_side_streams_lock = threading.Lock()
+_side_streams_lock = threading.RLock()  # re-entrant: a thread's streams may come back (__del__) while it is held
 
 
 def _side_stream(device: int) -> Stream:
