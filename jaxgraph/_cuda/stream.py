@@ -161,19 +161,11 @@ class Stream:
             self.close()
 
     def __enter__(self) -> "Stream":
-        previous = set_current(self)
-        # The streams to restore, per thread: another thread entering this stream keeps its own.
-        _local.saved.setdefault(id(self), []).append(previous)
+        _push_previous(self, set_current(self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        saved = _local.saved.get(id(self))  # alive while entered (the with statement holds it): id is unique
-        if not saved:
-            raise RuntimeError(f"{self!r}.__exit__ without a matching __enter__ in this thread")
-        previous = saved.pop()
-        if not saved:
-            del _local.saved[id(self)]
-        set_current(previous, self._device)
+        set_current(_pop_previous(self), self._device)
 
 
 # ----------------------------------------------------------------------------
@@ -281,6 +273,7 @@ class stream:
     """Context manager making ``s`` the current stream of its device for this thread.
 
     ``None`` is accepted and does nothing, as in ``torch.cuda.stream``.
+    What it restores on exit is kept per thread, as for ``with s:``.
 
     Examples
     --------
@@ -293,16 +286,34 @@ class stream:
         if s is not None and not isinstance(s, Stream):
             raise TypeError(f"stream() expects a jaxgraph.Stream or None, got {type(s).__name__}")
         self._stream = s
-        self._previous: Stream | None = None
 
     def __enter__(self) -> Stream | None:
         if self._stream is not None:
-            self._previous = set_current(self._stream)
+            _push_previous(self, set_current(self._stream))
         return self._stream
 
     def __exit__(self, *exc: Any) -> None:
         if self._stream is not None:
-            set_current(self._previous, self._stream.device)
+            set_current(_pop_previous(self), self._stream.device)
+
+
+def _push_previous(context: Any, previous: Stream) -> None:
+    """Remember, for this thread, the stream ``context`` (a Stream or a ``stream``) made current replaced.
+
+    Kept per thread: another thread entering the same object keeps its own.
+    """
+    _local.saved.setdefault(id(context), []).append(previous)
+
+
+def _pop_previous(context: Any) -> Stream:
+    """The stream to restore as ``context`` exits in this thread (the last one it replaced here)."""
+    saved = _local.saved.get(id(context))  # alive while entered (the with statement holds it): the id is its own
+    if not saved:
+        raise RuntimeError(f"{context!r}.__exit__ without a matching __enter__ in this thread")
+    previous = saved.pop()
+    if not saved:
+        del _local.saved[id(context)]
+    return previous
 
 
 def synchronize(device: int | None = None) -> None:

@@ -98,6 +98,29 @@ def test_threads_entering_one_stream_restore_their_own_previous_stream():
         assert now is previous, f"thread {thread} got {now!r} back instead of its own {previous!r}"
 
 
+def test_threads_entering_one_stream_context_restore_their_own_previous_stream():
+    s = fake_stream(0x5002)
+    context = jaxgraph.stream(s)  # one context object, entered by two threads
+    entered, left = threading.Barrier(2, timeout=TIMEOUT), threading.Event()
+    restored = {}
+
+    def run(name, handle, first):
+        def body():
+            previous = _stream._local.streams[0] = fake_stream(handle)
+            with context:
+                entered.wait()  # both threads inside
+                if not first:
+                    assert left.wait(TIMEOUT)  # the other thread left first
+            if first:
+                left.set()
+            restored[name] = (jaxgraph.current_stream(0), previous)
+        return body
+
+    run_threads(run("a", 0xA, True), run("b", 0xB, False))
+    for thread, (now, previous) in restored.items():
+        assert now is previous, f"thread {thread} got {now!r} back instead of its own {previous!r}"
+
+
 def test_exiting_a_stream_not_entered_in_this_thread_says_so(monkeypatch):
     s = fake_stream(0x5001)
     monkeypatch.setattr(_stream._local, "streams", {0: fake_stream(0xC)})
