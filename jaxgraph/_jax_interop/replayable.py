@@ -9,7 +9,7 @@ A graph captured on static device arrays becomes a function of JAX arrays::
     jax.jit(lambda x: step(x) * 2)(x)            # one FFI call replays the whole graph
 
 ``via="ffi"`` (default): one XLA FFI custom call, ``jaxgraph_replay``
-(``_jax_interop/replay_native.py`` <-> ``ffi/replay.cc``), replays the graph on XLA's stream
+(``_jax_interop/replay_boundary.py`` <-> ``ffi/replay/replay.cc``), replays the graph on XLA's stream
 in order with the XLA operations around it, its kernels pointed at XLA's own
 operand and result buffers (no copies; see :attr:`Replayable.bindings`). When
 XLA records its own command buffer, the graph's nodes are spliced into it, so a
@@ -33,17 +33,17 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Sequence
 
-from .._cuda.checks import VIA_CHOICES, check_choice, device_arrays, fmt_all
-from .._graphs.capture import Graph
+from .._cuda.checks import check_choice, device_arrays, fmt_all
+from .._graphs.capture_contexts import Graph
 from .._graphs.cuda_graph import CUDAGraph
 from .._graphs.replay_source import ReplaySource
-from . import replay_native as _replay_native
+from . import replay_boundary as _replay_boundary
 from .host_callback import HostReplay, callback_replay
-from .replay_native import ReplayState
-from .replay_spec import (BufferBinding, ReplayPath, ReplaySpec, alias_pairs, check_arguments, check_devices,
-                          check_graph_type, check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
+from .replay_boundary import BufferBinding, ReplayPath, ReplayState
+from .replay_contract import (VIA_CHOICES, ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type,
+                              check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
 
-__all__ = ["Replayable", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
+__all__ = ["Replayable", "release", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
 
 def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
                     backward: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -52,7 +52,7 @@ def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None,
         state.check_alive()
         return host(*args)
 
-    ffi_replay = _replay_native.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
+    ffi_replay = _replay_boundary.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
 
     def primal(*args: Any) -> Any:
         if ffi_replay is not None:
@@ -135,7 +135,9 @@ class Replayable:
        current keeps replaying the graph as captured, instead of raising.
        That never touches freed memory: this object keeps the graph, the
        static arrays, the graph's memory pools, its capture inputs and the
-       :class:`~jaxgraph.Kernel` objects it launched alive. Build a new replayable
+       :class:`~jaxgraph.Kernel` objects it launched alive, and once it is
+       closed or collected, what such a recording uses is kept until the
+       process exits (:meth:`close`). Build a new replayable
        and a new jitted function after a reset; with command buffers off
        (``--xla_gpu_enable_command_buffer=``), the old function raises.
     """
@@ -169,7 +171,9 @@ class Replayable:
         # replayable (and its graph id) goes as soon as the last reference does.
         self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
-        self._finalizer = weakref.finalize(self, self._state.retire)
+        # The finalizer holds the state, the list of what is kept and the host replay, never self
+        # (close() runs it too).
+        self._finalizer = weakref.finalize(self, release, self._state, self._keep, host)
         if source is not None:
             self._attach(source, *statics)
             if borrowed_exec and source.lend_exec is not None:
@@ -213,7 +217,7 @@ class Replayable:
         """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
         if self._via != "ffi":
             return {}
-        return {d: _replay_native.describe_bindings(self.graph_id, d) for d in self._state.live_devices}
+        return {d: _replay_boundary.describe_bindings(self.graph_id, d) for d in self._state.live_devices}
 
     @property
     def replay_paths(self) -> tuple[ReplayPath, ...]:
@@ -228,7 +232,7 @@ class Replayable:
         if self._via != "ffi":
             return (ReplayPath.HOST_CALLBACK,)
         live = self._state.live_devices
-        return _replay_native.describe_graph(self.graph_id, live[0]).paths if live else ()
+        return _replay_boundary.describe_graph(self.graph_id, live[0]).paths if live else ()
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "retired"
@@ -285,7 +289,7 @@ class Replayable:
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         check_devices(source.device, inputs, outputs)
-        info = _replay_native.register(source, inputs, outputs, self.graph_id,
+        info = _replay_boundary.register(source, inputs, outputs, self.graph_id,
                                     distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
                                     trust_foreign=self._trust_foreign).info
         if info.conditionals and not self._spec.uncaptured:
@@ -297,7 +301,23 @@ class Replayable:
         self._attach(source, inputs, outputs)
 
     def close(self) -> None:
-        """Retire the graph id now (idempotent); calls afterwards raise ``RuntimeError``."""
+        """Retire the graph id and let go of the device memory it holds, now (idempotent).
+
+        What goes: the native table's entries (clone, executables), and this
+        object's hold on the graphs, static arrays, graph memory pools and
+        kernels, so their memory is freed unless something else still holds
+        it (the caller's own references to the static arrays, say). A static
+        array is freed only after the replays already queued on XLA's stream.
+        Collecting the replayable does the same.
+
+        Afterwards, calling it (or :meth:`add_device`) raises ``RuntimeError``,
+        and so does a compiled function that calls it, each time jaxgraph's
+        handler runs. One exception: where XLA recorded the replay into its
+        own command buffer, XLA replays that recording without asking
+        jaxgraph (until its buffers move): its kernels, static arrays and pool
+        memory are then kept until the process exits instead of freed, so the
+        recording never touches freed memory or unloaded code.
+        """
         self._finalizer()
 
     def _attach(self, source: ReplaySource, inputs: tuple, outputs: tuple) -> None:
@@ -314,6 +334,48 @@ class Replayable:
         # graph must keep working, so only an explicit reset() retires it, and
         # everything goes when this object does.
         self._keep.append((source.graph, inputs, outputs, handle, source.owners))
+
+
+# What replayables that XLA recorded into a command buffer held, kept until exit: the recording
+# launches the graph's nodes (its kernels, static arrays, pool memory) without asking jaxgraph.
+_KEPT_FOR_RECORDINGS: list = []
+
+
+def release(state: ReplayState, keep: list, host: Any = None) -> None:
+    """Retire ``state``'s graph id everywhere and let go of ``keep`` (a replayable's finalizer; never raises).
+
+    Kept until exit where a stream capture recorded the graph (see
+    :meth:`Replayable.close`); otherwise each static array jaxgraph
+    allocated is freed only after the work queued by then on every stream
+    its replays launched on (XLA's), not just its own stream's. ``host``
+    (``via="callback"``, whose replays finish before they return) lets go
+    of its graph and arrays too.
+    """
+    state.retire()
+    if host is not None and hasattr(host, "close"):
+        host.close()
+    held, keep[:] = list(keep), []
+    if state.recorded:
+        _KEPT_FOR_RECORDINGS.append(held)
+        return
+    try:
+        _order_frees_after_replays(state, held)
+    except Exception:  # finalizers never raise
+        pass
+
+
+def _order_frees_after_replays(state: ReplayState, held: list) -> None:
+    """``record_stream`` each static array of ``held`` on the streams its device's replays used."""
+    from .._cuda.memory import Allocation
+    from .._cuda.stream import Stream
+
+    for _graph, inputs, outputs, _handle, _owners in held:
+        for array in (*inputs, *outputs):
+            _, streams = state.uses.get(array.device, (False, ()))
+            if not isinstance(array.owner, Allocation):
+                continue  # memory another library owns and frees
+            for handle in streams:
+                array.record_stream(Stream.from_handle(handle, device=array.device))
 
 
 def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any], *,
@@ -430,13 +492,15 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
                                                trust_foreign_kernels=trust_foreign_kernels)
     source = source_of(graph)  # the graph's state, after every argument error
     check_devices(source.device, inputs, outputs)
-    if via != "ffi":
+    if via == "ffi":
+        distinct = distinct_aliases(aliases, inputs, outputs)
+        graph_id, kept, info = _replay_boundary.register(source, inputs, outputs, 0, distinct, bind == "auto",
+                                                         trust_foreign=trust_foreign_kernels,
+                                                         drop_unreferenced=drop_unreferenced)
+    else:
         spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
         return Replayable._create(spec, via=via, host=HostReplay(graph, inputs, outputs), backward=backward,
                                   source=source, statics=(inputs, outputs)), (True,) * len(inputs)
-    graph_id, kept, info = _replay_native.register(source, inputs, outputs, 0, distinct_aliases(aliases, inputs, outputs),
-                                                bind == "auto", trust_foreign=trust_foreign_kernels,
-                                                drop_unreferenced=drop_unreferenced)
     try:  # until the replayable holds the id, a failure must not leave it registered
         if not all(kept):
             inputs = tuple(a for a, k in zip(inputs, kept) if k)
@@ -447,5 +511,5 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
                                   trust_foreign=trust_foreign_kernels, source=source, statics=(inputs, outputs),
                                   borrowed_exec=info.borrowed_exec), kept
     except BaseException:
-        _replay_native.retire(graph_id)  # detaches and unregisters the id on every device
+        _replay_boundary.retire(graph_id)  # detaches and unregisters the id on every device
         raise

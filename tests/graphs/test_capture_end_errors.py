@@ -13,8 +13,8 @@ The CPU test runs the real context managers and capture bookkeeping with the
 driver stood in for (its calls recorded); the GPU test does it for real.
 
 Tests internals (listed in tests/README.md): ``_cuda.driver.driver`` and ``ensure_context`` (stood in),
-``_cuda.stream._local`` (the thread's current streams), ``_graphs.capture.quiet`` (stood in),
-``_cuda.captures.any_underway``, ``_cuda.memory._frees_held`` and ``_deferred_frees``,
+``_cuda.stream._local`` (the thread's current streams), ``_graphs.capture_contexts.quiet`` (stood in),
+``_cuda.capture_registry.any_underway``, ``_cuda.memory._frees_held`` and ``_deferred_frees``,
 ``_graphs.cuda_graph.handles_of``, ``Stream._setup``; whether a stream still captures, and what
 is deferred, have no public face without a GPU.
 """
@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._cuda import captures as _captures
+from jaxgraph._cuda import capture_registry as _captures
 from jaxgraph._cuda import driver as _driver
 from jaxgraph._cuda import memory as _memory
 from jaxgraph._cuda import stream as _stream
 from jaxgraph._cuda.stream import Stream
-from jaxgraph._graphs import capture as _capture
+from jaxgraph._graphs import capture_contexts as _capture
 from jaxgraph._graphs.cuda_graph import handles_of
 from support.graph_helpers import BLOCK, N, blocks, load_kernels, random_floats
 

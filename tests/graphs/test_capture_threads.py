@@ -12,8 +12,8 @@ in for; the GPU test runs two threads whose capture bodies meet at a barrier
 (both captures open at once) and replays both graphs against numpy.
 
 Tests internals (listed in tests/README.md): ``Stream._setup``, ``_cuda.stream._local`` (a thread's
-current streams), ``_cuda.stream.synchronize`` (recorded), ``_cuda.captures._by_stream`` (a capture
-faked), ``_graphs.capture._side_stream``, ``quiet``, ``Stream`` (a stand-in), ``_ThreadSideStreams`` and
+current streams), ``_cuda.stream.synchronize`` (recorded), ``_cuda.capture_registry._by_stream`` (a capture
+faked), ``_graphs.capture_contexts._side_stream``, ``quiet``, ``Stream`` (a stand-in), ``_ThreadSideStreams`` and
 ``_idle_side_streams``; which stream a thread restores or captures on, and what entry synchronizes,
 have no public face without a GPU.
 """
@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._cuda import captures as _captures
+from jaxgraph._cuda import capture_registry as _captures
 from jaxgraph._cuda import stream as _stream
 from jaxgraph._cuda.stream import Stream
-from jaxgraph._graphs import capture as _capture
+from jaxgraph._graphs import capture_contexts as _capture
 from support.graph_helpers import BLOCK, N, blocks, load_kernels, random_floats
 
 TIMEOUT = 60  # seconds a thread waits for the other at a barrier before the test fails

@@ -39,7 +39,7 @@
 namespace jaxgraph {
 
 // The ways one call of the handler replays a graph. The codes cross to
-// Python (jaxgraph._jax_interop.replay_native.ReplayPath); each path has its own counter.
+// Python (jaxgraph._jax_interop.replay_boundary.ReplayPath); each path has its own counter.
 enum class ReplayPath : int {
   kLaunch = 0,            // cudaGraphLaunch on XLA's stream
   kSpliceNodes = 1,       // its nodes added one by one to XLA's command-buffer capture
@@ -152,6 +152,7 @@ struct DeviceGraph {
   double slot_life = -1;           // launches an executable served before it was replaced (average; -1: none yet)
   double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
   int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
+  std::vector<uint64_t> streams;   // the streams its calls launched on (not recordings): a free waits for them
   bool device_launchable = false;  // executables instantiated launchable from the device (see Instantiate)
   std::string launch_note;         // why they are not, when the graph is large enough to want it
   std::mutex mutex;                // one call at a time rebinds and launches
@@ -165,6 +166,9 @@ struct DeviceGraph {
     ring.Release(device);
   }
 };
+
+// Whether `g`'s buffers are copied by nodes of its executables (from registration on; copy_nodes.h adds them).
+inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
 
 // What the top level of a graph holds that decides how it can be replayed.
 struct Survey {
