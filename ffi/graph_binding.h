@@ -12,7 +12,8 @@
 //
 // A buffer is copied instead (the old way) where rebinding could be wrong:
 // its address sits inside a struct argument or a kernel passes `extra`
-// arguments, a memcpy/memset/child-graph node uses it, a kernel jaxgraph did
+// arguments, a memcpy/memset/child-graph node uses it (any byte of it: a 3-D
+// copy's offsets, srcXInBytes, dstY, ..., count, see CopiedRange), a kernel jaxgraph did
 // not launch receives it (such a kernel may also reach it through memory
 // jaxgraph cannot see: a pointer table, a field of a struct it reads; unless
 // the caller trusts foreign kernels, ScanOptions::trust_foreign), or (for an
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,6 +67,39 @@ enum class BindMode : int {
   kUnused = 2,  // no node jaxgraph can read refers to it: copied in case the graph reaches it otherwise
   kCopiedByCost = 3,  // could be bound, but copying costs less (bind_policy.h)
 };
+
+// The bytes [begin, end) one side of a copy touches; empty (begin == end) for none.
+struct ByteRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// The bytes one side of a 3-D copy touches: from its address moved by the
+// side's offsets (`x_bytes` into a row, `y` rows, `z` slices of `height` rows
+// of `pitch` bytes) through the last byte of its last row (`depth` slices of
+// `rows` rows of `width` bytes). A 1-D copy may leave the pitch and the
+// height 0: a row is then `width` bytes, a slice `rows` rows. Only device (or
+// unified) memory can be a static buffer: host memory and CUDA arrays touch
+// none. Sums past 2^64 saturate, so a range never wraps below its start.
+inline ByteRange CopiedRange(CUmemorytype type, uint64_t address, uint64_t x_bytes, uint64_t y, uint64_t z,
+                             uint64_t pitch, uint64_t height, uint64_t width, uint64_t rows, uint64_t depth) {
+  if ((type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED) || width == 0) return {};
+  using Wide = unsigned __int128;
+  const Wide row = pitch > 0 ? pitch : width;
+  const Wide slice = row * (height > 0 ? height : (rows > 0 ? rows : 1));
+  const Wide begin = Wide(address) + x_bytes + Wide(y) * row + Wide(z) * slice;
+  const Wide end = begin + Wide(depth > 0 ? depth - 1 : 0) * slice + Wide(rows > 0 ? rows - 1 : 0) * row + width;
+  const Wide most = ~uint64_t{0};
+  return {static_cast<uint64_t>(begin < most ? begin : most), static_cast<uint64_t>(end < most ? end : most)};
+}
+
+// The bytes a memcpy node reads (`first`) and writes (`second`), offsets included.
+inline std::pair<ByteRange, ByteRange> MemcpyRanges(const CUDA_MEMCPY3D& m) {
+  return {CopiedRange(m.srcMemoryType, m.srcDevice, m.srcXInBytes, m.srcY, m.srcZ, m.srcPitch, m.srcHeight,
+                      m.WidthInBytes, m.Height, m.Depth),
+          CopiedRange(m.dstMemoryType, m.dstDevice, m.dstXInBytes, m.dstY, m.dstZ, m.dstPitch, m.dstHeight,
+                      m.WidthInBytes, m.Height, m.Depth)};
+}
 
 struct Binding {
   uint64_t base = 0;       // the static buffer's address
@@ -267,10 +302,11 @@ class GraphScan {
       case CU_GRAPH_NODE_TYPE_MEMCPY: {
         CUDA_MEMCPY3D m{};
         CheckDriver(d_.memcpy_params(node, &m), "cuGraphMemcpyNodeGetParams");
-        MarkRange(m.srcMemoryType, m.srcDevice, m.srcPitch, m.srcHeight, m.WidthInBytes, m.Height,
-                  m.Depth, "a memcpy node reads it");
-        MarkRange(m.dstMemoryType, m.dstDevice, m.dstPitch, m.dstHeight, m.WidthInBytes, m.Height,
-                  m.Depth, "a memcpy node writes it");
+        // Every byte each side touches, its offsets included: a copy based at one buffer may
+        // reach into another (srcXInBytes, dstY, ...), which must be copied then too.
+        auto [read, written] = MemcpyRanges(m);
+        MarkOverlap(read.begin, read.end, "a memcpy node reads it");
+        MarkOverlap(written.begin, written.end, "a memcpy node writes it");
         break;
       }
       case CU_GRAPH_NODE_TYPE_MEMSET: {
@@ -322,18 +358,8 @@ class GraphScan {
     }
   }
 
-  void MarkRange(CUmemorytype type, CUdeviceptr base, size_t pitch, size_t height, size_t width,
-                 size_t rows, size_t depth, const std::string& why) {
-    if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED) return;
-    rows = rows > 0 ? rows : 1;
-    depth = depth > 0 ? depth : 1;
-    size_t row_pitch = pitch > 0 ? pitch : width;
-    size_t slice = row_pitch * (height > 0 ? height : rows);
-    uint64_t end = base + (depth - 1) * slice + (rows - 1) * row_pitch + width;
-    MarkOverlap(base, end, why);
-  }
-
   void MarkOverlap(uint64_t begin, uint64_t end, const std::string& why) {
+    if (begin >= end) return;  // touches nothing
     for (auto& b : *buffers_) {
       if (b.bytes > 0 && begin < b.base + b.bytes && b.base < end) b.Copy(why);
     }

@@ -106,6 +106,11 @@ def policy_copy_host_ns() -> float:
 def policy_fresh_pays(fresh_ns: float, rewrite_ns: float, kernels: int, launches: float) -> bool:
     """Whether a fresh executable beats rewriting in place (exec_cache.h)."""
 
+def memcpy_ranges(fields: dict[str, int]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The bytes [begin, end) a memcpy node with these CUDA_MEMCPY3D fields (by name; the rest 0; memory types as
+    CUmemorytype codes) reads and writes, as binding counts them: (read, written), None for a side that touches
+    no device memory. For tests."""
+
 def codes() -> dict:
     """The codes describe_bindings and describe_graph use, by name."""
 

@@ -53,6 +53,7 @@ __all__ = [
     "order_after",
     "pool_for",
     "streams_capturing",
+    "underway_on",
 ]
 
 # ----------------------------------------------------------------------------
@@ -351,6 +352,16 @@ def _unregister(capture: Capture) -> None:
 def any_underway() -> bool:
     """Whether any jaxgraph capture is underway (no driver call: the eager fast path)."""
     return bool(_by_stream)
+
+
+def underway_on(device: int) -> bool:
+    """Whether a jaxgraph capture is underway on ``device``, in any thread (no driver call).
+
+    A device-wide synchronize (``cuCtxSynchronize``) from any thread
+    invalidates a capture underway on the device, whatever its mode.
+    """
+    with _lock:
+        return any(key[1] == device for key in _by_stream)
 
 
 def capture_on(stream: Any) -> Capture | None:

@@ -2,7 +2,9 @@
 
 Each thread has a current stream per device, the legacy default stream unless
 changed with ``with jaxgraph.stream(s):`` or ``with s:``. Kernel launches,
-copies and allocations go to the current stream, as in PyTorch.
+copies and allocations go to the current stream, as in PyTorch. What ``with s:``
+restores on exit is kept per thread too, so threads may enter the same stream
+at once.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class Stream:
     ``Stream()`` creates a new non-blocking stream owned by this object.
     :meth:`from_handle` wraps a stream created elsewhere (by XLA, PyTorch,
     CuPy or a C++ library) without taking ownership. A stream is a context
-    manager that makes itself current: ``with s: ...``.
+    manager that makes itself current: ``with s: ...``; each thread restores
+    its own previous stream on exit, so several threads may use one stream
+    object as a context at once.
 
     Parameters
     ----------
@@ -38,7 +42,7 @@ class Stream:
         Stream priority; lower numbers are higher priority. Default 0.
     """
 
-    __slots__ = ("_h_stream", "_device", "_owner", "_owned", "_handle_int", "_saved", "__weakref__")
+    __slots__ = ("_h_stream", "_device", "_owner", "_owned", "_handle_int", "__weakref__")
 
     def __init__(self, device: int | None = None, *, priority: int = 0):
         device = _driver.ensure_context(device)
@@ -72,7 +76,6 @@ class Stream:
         self._device = device
         self._owner = owner
         self._owned = owned
-        self._saved = []
 
     @property
     def handle(self) -> Any:
@@ -158,11 +161,11 @@ class Stream:
             self.close()
 
     def __enter__(self) -> "Stream":
-        self._saved.append(set_current(self))
+        _push_previous(self, set_current(self))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        set_current(self._saved.pop(), self._device)
+        set_current(_pop_previous(self), self._device)
 
 
 # ----------------------------------------------------------------------------
@@ -226,6 +229,7 @@ class _ThreadStreams(threading.local):
 
     def __init__(self) -> None:  # runs once in each thread that looks
         self.streams: dict[int, Stream] = {}  # device -> the thread's current stream
+        self.saved: dict[int, list[Stream]] = {}  # id(stream) -> what `with stream:` restores, innermost last
 
 
 _local = _ThreadStreams()
@@ -269,6 +273,7 @@ class stream:
     """Context manager making ``s`` the current stream of its device for this thread.
 
     ``None`` is accepted and does nothing, as in ``torch.cuda.stream``.
+    What it restores on exit is kept per thread, as for ``with s:``.
 
     Examples
     --------
@@ -281,16 +286,34 @@ class stream:
         if s is not None and not isinstance(s, Stream):
             raise TypeError(f"stream() expects a jaxgraph.Stream or None, got {type(s).__name__}")
         self._stream = s
-        self._previous: Stream | None = None
 
     def __enter__(self) -> Stream | None:
         if self._stream is not None:
-            self._previous = set_current(self._stream)
+            _push_previous(self, set_current(self._stream))
         return self._stream
 
     def __exit__(self, *exc: Any) -> None:
         if self._stream is not None:
-            set_current(self._previous, self._stream.device)
+            set_current(_pop_previous(self), self._stream.device)
+
+
+def _push_previous(context: Any, previous: Stream) -> None:
+    """Remember, for this thread, the stream ``context`` (a Stream or a ``stream``) made current replaced.
+
+    Kept per thread: another thread entering the same object keeps its own.
+    """
+    _local.saved.setdefault(id(context), []).append(previous)
+
+
+def _pop_previous(context: Any) -> Stream:
+    """The stream to restore as ``context`` exits in this thread (the last one it replaced here)."""
+    saved = _local.saved.get(id(context))  # alive while entered (the with statement holds it): the id is its own
+    if not saved:
+        raise RuntimeError(f"{context!r}.__exit__ without a matching __enter__ in this thread")
+    previous = saved.pop()
+    if not saved:
+        del _local.saved[id(context)]
+    return previous
 
 
 def synchronize(device: int | None = None) -> None:

@@ -11,8 +11,13 @@
     with s, g:
         kernel[grid, block](y, x, n)
 
-Both discard the capture cleanly when the body raises, leaving the graph
-ready to capture again.
+Both discard the capture cleanly when the body raises, or when the capture
+cannot end (the body left another stream current), leaving the graph ready to
+capture again.
+
+Several threads may capture at once, each into its own graph, with
+``capture_error_mode="thread_local"``: ``graph`` gives each thread its own side
+stream, and a stream's ``with s:`` restores each thread's own previous stream.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .._cuda import capture_registry as _captures, driver as _driver, memory as 
 from .._cuda.driver import check
 from .._cuda.checks import CAPTURE_MODES, capture_mode
 from .cuda_graph import CUDAGraph, handles_of
+from .handles import CaptureState
 from .hooks import RemovableHandle
 from .._cuda.memory import PoolHandle
 from .._cuda.stream import Stream, current_stream
@@ -43,7 +49,15 @@ class graph:
     (after waiting for the previously current stream) and begins capture; on
     exit it ends the capture and restores the previous stream. If the body
     raises, the capture is discarded, the previous stream restored and the
-    graph left recapturable, and the exception propagates.
+    graph left recapturable, and the exception propagates. If the capture
+    cannot end (the body made another stream current and left it so), it is
+    discarded the same way (no stream left capturing, deferred frees run and
+    Python's garbage collector back on) and a ``RuntimeError`` says why.
+
+    While another jaxgraph capture is underway on the device (another
+    thread's), entry does not synchronize the device, which would invalidate
+    that capture (CUDA does, from any thread, in any mode): it waits for this
+    thread's current stream only.
 
     Parameters
     ----------
@@ -55,12 +69,16 @@ class graph:
         that pool. Graphs sharing a pool must be replayed in capture order.
     stream : Stream, optional
         If given, the stream made current and captured on. If not, a side
-        stream of the device, made once and shared by such captures. A stream
+        stream of the device, made once per thread and shared by that
+        thread's captures (a thread's side streams serve later threads once
+        it ends), so threads capturing at once never share one. A stream
         of another device than the current one makes that device current for
         the body (as ``torch.cuda.stream`` does), so the capture and the
         kernels launched in it run there.
     capture_error_mode : {"global", "thread_local", "relaxed"}
         The ``cudaStreamCaptureMode``; see :meth:`CUDAGraph.capture_begin`.
+        Threads capturing at once need ``"thread_local"`` (or ``"relaxed"``):
+        under ``"global"``, one thread's unsafe call invalidates the other's capture.
 
     Notes
     -----
@@ -98,26 +116,26 @@ class graph:
         if device != self._previous_device:
             _driver.set_device(device)
         try:
-            # Start from a quiet device, as PyTorch does, so no earlier work races the capture.
-            _stream.synchronize(device)
             capture_stream = self.capture_stream if self.capture_stream is not None else _side_stream(device)
-            capture_stream.wait_stream(current_stream(device))
-            self._stream_ctx = _stream.stream(capture_stream)
-            self._stream_ctx.__enter__()
+            # One thread at a time from the quiet-device check to capture_begin: another thread's
+            # device-wide synchronize must not land in this capture, nor this one's in another's.
+            with _entering:
+                quiet(device, capture_stream)
+                self._stream_ctx = _stream.stream(capture_stream)
+                self._stream_ctx.__enter__()
+                try:
+                    self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+                except BaseException:
+                    self._stream_ctx.__exit__(None, None, None)
+                    raise
         except BaseException:
-            self._restore_device()
-            raise
-        try:
-            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
-        except BaseException:
-            self._stream_ctx.__exit__(None, None, None)
             self._restore_device()
             raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             if exc_type is None:
-                self.cuda_graph.capture_end()
+                end_or_abandon(self.cuda_graph)
             else:
                 handles_of(self.cuda_graph).abandon_capture()
         finally:
@@ -141,6 +159,8 @@ class Graph:
     Use it as a context manager together with a stream, ``with s, g: ...``:
     the work queued on ``s`` inside is captured, and ``g.replay()`` runs it
     again. Unlike :class:`graph` it does not synchronize or switch streams.
+    As :class:`graph`, it discards a capture that cannot end (another stream
+    left current in the body) and raises ``RuntimeError`` saying why.
 
     Parameters
     ----------
@@ -228,7 +248,7 @@ class Graph:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.capture_end()
+            end_or_abandon(self._cuda_graph)  # a capture that cannot end is discarded, never left open
         else:
             handles_of(self._cuda_graph).abandon_capture()
 
@@ -273,14 +293,86 @@ def is_current_stream_capturing() -> bool:
 # Helpers
 # ----------------------------------------------------------------------------
 
-_side_streams: dict[int, Stream] = {}
-_side_streams_lock = threading.Lock()
+
+def end_or_abandon(cuda_graph: CUDAGraph) -> None:
+    """``capture_end()``; where the capture cannot end (it is still underway), abandon it, then raise why.
+
+    An abandoned capture leaves no stream capturing, its deferred frees run
+    and Python's collector is back on (``_cuda/memory.py``); the graph can
+    capture again. A capture CUDA refused to end is reset by ``capture_end``.
+    """
+    try:
+        cuda_graph.capture_end()
+    except BaseException as exc:
+        h = handles_of(cuda_graph)
+        if h.state is not CaptureState.CAPTURING:
+            raise  # ended (or reset by capture_end): nothing is left open
+        h.abandon_capture()
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt and the like, after abandoning
+        raise RuntimeError(f"the capture could not end at the end of its `with` block ({exc}), so it was discarded "
+                           "and the graph can capture again; end the block with the capture stream current (exit "
+                           "every `with s:` or jaxgraph.stream(s) opened inside it)") from exc
+
+
+def quiet(device: int, capture_stream: Stream) -> None:
+    """Order ``capture_stream`` after this thread's current stream on ``device``, with earlier work done.
+
+    As PyTorch, the whole device is synchronized so no earlier work races the
+    capture, unless a capture is underway on the device (another thread's):
+    a device-wide synchronize would invalidate it, so only this thread's
+    current stream (through ``capture_stream``, which waits for it) is waited for.
+    """
+    previous = current_stream(device)
+    if _captures.underway_on(device):
+        capture_stream.wait_stream(previous)
+        capture_stream.synchronize()
+    else:
+        _stream.synchronize(device)
+        capture_stream.wait_stream(previous)
+
+
+_entering = threading.Lock()  # graph.__enter__: the quiet-device check and capture_begin, one thread at a time
+
+
+class _SideStreams(dict):
+    """One thread's side streams, by device; when the thread ends, they serve the threads that capture later."""
+
+    def __del__(self) -> None:
+        try:
+            with _side_streams_lock:
+                for device, s in self.items():
+                    _idle_side_streams.setdefault(device, []).append(s)
+        except Exception:  # at interpreter exit
+            pass
+
+
+class _ThreadSideStreams(threading.local):
+    def __init__(self) -> None:  # runs once in each thread that looks
+        self.streams = _SideStreams()
+
+
+_thread_side_streams = _ThreadSideStreams()
+_idle_side_streams: dict[int, list[Stream]] = {}  # device -> side streams of threads that ended
+_side_streams_lock = threading.RLock()  # re-entrant: a thread's streams may come back (__del__) while it is held
 
 
 def _side_stream(device: int) -> Stream:
-    """The side stream :class:`graph` captures on by default, one per device."""
-    with _side_streams_lock:
-        s = _side_streams.get(device)
-        if s is None:
-            s = _side_streams[device] = Stream(device)
-        return s
+    """The side stream :class:`graph` captures on by default: one per thread and device.
+
+    Threads capturing at once each need their own stream (one stream cannot
+    capture into two graphs); a thread's streams are reused by later threads
+    once it ends, so a program that starts threads again and again makes no
+    more streams than it ever ran capturing threads at once.
+    """
+    mine = _thread_side_streams.streams
+    s = mine.get(device)
+    if s is None:
+        with _side_streams_lock:
+            idle = _idle_side_streams.get(device, [])
+            while idle and s is None:
+                s = idle.pop()
+                if (int(s), device) in _captures.streams_capturing:  # its thread ended mid-capture
+                    s = None
+        s = mine[device] = s if s is not None else Stream(device)
+    return s

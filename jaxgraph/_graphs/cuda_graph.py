@@ -144,6 +144,12 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         is ``False``, and :meth:`capture_end_post`. Then :meth:`replay` may be
         called. Raises :class:`~jaxgraph.CudaError` if the capture was
         invalidated; the graph is then reset and can capture again.
+
+        Raises ``RuntimeError``, leaving the capture underway, when called on
+        another stream than the capture's or (unless ``"relaxed"``) from
+        another thread: make the capture stream current and call it again,
+        or :meth:`reset` to discard the capture. :class:`~jaxgraph.graph`
+        and :class:`~jaxgraph.Graph` discard it themselves.
         """
         require_capturing(self._handles.state, "capture_end")
         self._handles.end_capture()

@@ -106,9 +106,11 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
             ping_pong, mode, kind = f"copy: {why}", 1, "copy"
             copies = [(x.ptr, y.ptr, x.nbytes) for x, y in pairs]
     own_count = count is None and fixed < 0
+    # The counters live on the step's device, whichever device is current (the loop's kernels read them there).
+    on_step = current_stream(device)
     if own_count:
-        count = zeros((1,), np.int32)
-    remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
+        count = zeros((1,), np.int32, stream=on_step)
+    remaining, done = zeros((1,), np.int32, stream=on_step), zeros((1,), np.int32, stream=on_step)
     functions = [node_handles(kernels[name], device)[-1] for name in _KERNEL_NAMES]
     watch = table = snapshot = None
     spec = (0, 0, 0, 0)
@@ -379,7 +381,8 @@ def _control_kernels(device: int) -> dict[str, Kernel]:
     with _kernels_lock:
         ks = _kernels.get(device)
         if ks is None:
-            ks = _kernels[device] = control_kernels()
+            major, minor = _driver.compute_capability(device)  # the step's device, not the current one
+            ks = _kernels[device] = control_kernels(f"sm_{major}{minor}")
             for k in ks.values():
                 k.handle  # load now, in this device's context
         return ks

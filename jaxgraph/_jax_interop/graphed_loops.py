@@ -102,6 +102,8 @@ class GraphedLoop:
         output) holds the state after the last step.
     steps_run : DeviceArray
         One int32: the steps the last launch ran (R, or fewer when ``until`` stopped it).
+        Like every counter the loop allocates, it lives on the step's device,
+        whichever device is current when the loop is built.
     count : DeviceArray or None
         One int32 the graph reads R from at each launch (``steps`` given as an
         array, or ``None`` then filled by ``replay(steps=n)``); ``None`` for a fixed R.

@@ -122,7 +122,9 @@ class KernelLaunching(KernelLoading):
             ``shared_mem`` of the wrong type, or a ``stream`` that is not a
             :class:`~jaxgraph.Stream`.
         ValueError
-            A dimension below 1, a negative ``shared_mem``, or a value over 32 bits.
+            A dimension below 1, a negative ``shared_mem``, a value over 32 bits,
+            or an array on another device than ``stream`` (default: the current
+            device); the message names both devices.
         jaxgraph.CudaError
             The driver refused the launch.
         """
@@ -302,7 +304,7 @@ def _prepared(kernel: KernelLaunching, stream: Stream, config: list) -> tuple:
     _, geo, shared_mem, _ = config
     grid, block, _ = unpack_geometry(geo)
     kernel._check_limits(device, grid, block)  # the device's and the kernel's own, named before CUDA refuses
-    if shared_mem > kernel._shared_limit:
+    if shared_mem > kernel._shared_limit(device):  # raised per device: each device keeps its own
         kernel._raise_shared_limit(shared_mem, device)
     context = _driver.context_address(device)
     ready = (weakref.ref(stream), address, context, kernel._function_address, kernel._native_launch, geo)

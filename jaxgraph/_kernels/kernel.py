@@ -19,7 +19,6 @@ from typing import Any, Sequence
 from .compile import CompiledKernel, compile_kernel
 from .cubin import check_param_sizes, param_sizes
 from .eager_launch import KernelLaunching
-from .load import DEFAULT_SHARED_LIMIT
 from .packer import ArgumentPacker
 from .signature import Param, access_flags, check_against_source, find_signature, parse_signature
 
@@ -88,7 +87,12 @@ class Kernel(KernelLaunching):
     that device's limits and the kernel's own most threads per block
     (registers or ``__launch_bounds__`` can lower it), and dynamic shared
     memory against the device's opt-in limit: a ``ValueError`` names the
-    limit and the value before the driver sees the launch.
+    limit and the value before the driver sees the launch. Every array
+    argument must be on the launch's device (its stream's, or the current
+    device for the current stream): an array of another device is a
+    ``ValueError`` naming both devices, raised before the launch. A dynamic
+    shared-memory size over the default 48 KiB is raised for the kernel on
+    each device as a launch there first asks for it.
     """
 
     def __init__(self, source: str, name: str, options: Any = None, *, signature: str | None = None,
@@ -120,7 +124,7 @@ class Kernel(KernelLaunching):
         self._h_kernel = None         # CUkernel, as a CUfunction for cuLaunchKernel
         self._function_address = 0    # int(self._h_kernel)
         self._native_launch = None    # jaxgraph._launch.launch, bound at load
-        self._shared_limit = DEFAULT_SHARED_LIMIT
+        self._shared_limits: dict[int, int] = {}  # device -> dynamic shared memory raised to (default: 48 KiB)
         self._functions: dict[int, int] = {}  # device -> CUfunction of the loaded kernel
         self._thread_limits: dict[int, int] = {}  # device -> most threads per block (registers, launch bounds)
         self._limits_checked: set = set()  # (device, grid, block) checked against the device's limits

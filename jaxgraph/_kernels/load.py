@@ -5,7 +5,9 @@ the driver about the loaded code rather than about a launch: it loads the cubin
 once per process (through cuda.core's ``ObjectCode``), checks the parameter
 sizes the driver reports, names the handles a graph node launching the kernel
 may carry, and raises the kernel's dynamic shared-memory limit when a launch
-asks for more than the default 48 KiB. :func:`node_handles` and
+asks for more than the default 48 KiB. That limit is an attribute of the
+kernel *on one device* (``cuKernelSetAttribute`` takes the device), so it is
+tracked per device: raising it on device 0 leaves device 1 at 48 KiB. :func:`node_handles` and
 :func:`reserve_shared_memory` give the rest of jaxgraph (graphed loops,
 conditional nodes, ``jax_call``) what it needs of a loaded kernel.
 """
@@ -46,7 +48,7 @@ class KernelLoading:
     _h_kernel: Any
     _function_address: int
     _native_launch: Callable[..., int] | None
-    _shared_limit: int
+    _shared_limits: dict[int, int]
     _functions: dict[int, int]
     _thread_limits: dict[int, int]
     _limits_checked: set
@@ -112,7 +114,12 @@ class KernelLoading:
             self._limits_checked.clear()
         self._limits_checked.add(key)
 
+    def _shared_limit(self, device: int) -> int:
+        """The dynamic shared memory a launch of this kernel on ``device`` may use now, in bytes."""
+        return self._shared_limits.get(device, DEFAULT_SHARED_LIMIT)
+
     def _raise_shared_limit(self, shared_mem: int, device: int) -> None:
+        """Let launches on ``device`` take ``shared_mem`` bytes (``ValueError`` over the device's opt-in limit)."""
         optin = device_limits(device)[1]
         static = self._function_attribute("shared_size_bytes", device)
         if shared_mem + static > optin:  # the driver would say only CUDA_ERROR_INVALID_VALUE
@@ -126,7 +133,7 @@ class KernelLoading:
         dev = check(drv.cuDeviceGet(device), "cuDeviceGet")
         check(drv.cuKernelSetAttribute(attr, shared_mem, drv.CUkernel(int(self._h_kernel)), dev),
               "cuKernelSetAttribute")
-        self._shared_limit = shared_mem
+        self._shared_limits[device] = shared_mem  # this device only: another keeps its own limit
 
 
 # ----------------------------------------------------------------------------
@@ -147,6 +154,6 @@ def check_launch_limits(kernel: KernelLoading, grid: tuple, block: tuple) -> Non
 
 def reserve_shared_memory(kernel: KernelLoading, shared_mem: int) -> None:
     """Let ``kernel`` (loaded) take ``shared_mem`` bytes of dynamic shared memory on every device."""
-    if shared_mem > kernel._shared_limit:  # the Kernel tracks its limit for eager launches too
-        for device in range(_driver.device_count()):
+    for device in range(_driver.device_count()):
+        if shared_mem > kernel._shared_limit(device):  # per device, shared with eager launches
             kernel._raise_shared_limit(shared_mem, device)

@@ -22,6 +22,12 @@ message whichever path sees it. Foreign arrays (jax, CuPy, torch) are still
 wrapped on every launch, ordered after their producer's stream; a launch that
 a capture records needs them wrapped (:meth:`ArgumentPacker.pack_operands`).
 
+Every array must live on the launch's device (the stream's, or the current
+device for the current stream): a kernel given another device's memory would
+fault on the device, so both paths raise ``ValueError`` naming the two
+devices first. An array knows its device (``DeviceArray.device``, read once
+when a foreign array is wrapped), so the check is one comparison per pointer.
+
 The packed bytes are a fresh object per launch: the native launch points the
 driver at them, and ``cuLaunchKernel`` copies them before returning, so
 threads launching one kernel share nothing and need no lock.
@@ -36,11 +42,13 @@ from typing import Any, Callable
 import numpy as np
 
 from .._cuda.array import HOST_JAX_ARRAY_FIX, DeviceArray, asarray, is_host_jax_array
+from .._cuda.driver import thread_state
 from .launch_limits import check_geometry
 from .signature import (Param, check_count, check_pointer_dtype, dim3, not_an_array, pack_error,
                          scalar_value)
 
-__all__ = ["ArgumentPacker", "device_operand", "geometry", "plain_ints", "unpack_geometry"]
+__all__ = ["ArgumentPacker", "device_operand", "geometry", "launch_device", "plain_ints", "unpack_geometry",
+           "wrong_device"]
 
 _MAX_KINDS = 16  # specialized functions kept per kernel (tuples of argument types seen)
 _GEOMETRY = struct.Struct("<7I")  # grid x, y, z, block x, y, z, dynamic shared memory bytes
@@ -88,6 +96,9 @@ class ArgumentPacker:
             Wrong number of arguments, something other than a device array for
             a pointer, an array of the wrong dtype, a scalar that does not fit
             its C type.
+        ValueError
+            An array on another device than the launch (``stream``'s device,
+            or the current device when ``stream`` is ``None``).
         """
         kinds = tuple(map(type, args))
         specialized = self._by_kinds.get(kinds)
@@ -130,7 +141,9 @@ class ArgumentPacker:
                 values.append(a.ptr)
             else:
                 values.append(scalar_value(kernel, p, a))
-        return values, (args if wrapped is None else tuple(wrapped))
+        operands = args if wrapped is None else tuple(wrapped)
+        _device_error(kernel, params, operands, stream)  # after the types, as the specialized functions
+        return values, operands
 
     def pack_error(self, values: list, exc: Exception) -> TypeError:
         """The error for checked values that still do not pack (naming the first that fails)."""
@@ -191,6 +204,22 @@ def unpack_geometry(geo: bytes) -> tuple[tuple[int, int, int], tuple[int, int, i
     return dims[0:3], dims[3:6], dims[6]
 
 
+def launch_device(stream: Any) -> int:
+    """The device a launch on ``stream`` runs on: the stream's, or the thread's current device for ``None``."""
+    return thread_state.device if stream is None else stream._device
+
+
+def wrong_device(kernel: str, p: Param, array: DeviceArray, stream: Any) -> ValueError:
+    """The error for an array of another device than the launch's, naming both devices."""
+    device = launch_device(stream)
+    where = ("the current device, whose current stream it takes" if stream is None
+             else f"the device of its stream {stream!r}")
+    return ValueError(
+        f"kernel {kernel}: argument '{p.name}' ({p.ctype}) is on device {array.device}, but the launch runs on "
+        f"device {device} ({where}); a kernel cannot read another device's memory here. Copy the array to "
+        f"device {device} first, or launch on a stream of device {array.device}")
+
+
 def plain_ints(key: tuple) -> bool:
     """Whether ``key`` holds only plain ints (or tuples of them): a cache key no other value equals (``16.0 == 16``)."""
     for value in key:  # loops, not all(...): this runs on every kernel[grid, block]
@@ -234,6 +263,14 @@ def _first_pack_error(kernel: str, params: tuple[Param, ...], values: list, exc:
     return TypeError(f"kernel {kernel}: could not pack arguments: {exc}")
 
 
+def _device_error(kernel: str, params: tuple[Param, ...], operands: tuple, stream: Any) -> None:
+    """Raise :func:`wrong_device` for the first array of ``operands`` (wrapped) off the launch's device."""
+    device = launch_device(stream)
+    for p, a in zip(params, operands):
+        if p.is_pointer and a.device != device:
+            raise wrong_device(kernel, p, a, stream)
+
+
 def _no_kinds_yet(args: tuple, stream: Any) -> None:
     """The specialized function before any launch: every call takes :meth:`ArgumentPacker.pack`."""
     return None
@@ -250,25 +287,30 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
             if type(a0) is not K0 or type(a1) is not K1 or type(a2) is not K2: return None
             if a0.dtype is not D0 and a0.dtype != D0: check_pointer_dtype(NAME, P0, a0.dtype)
             if a1.dtype is not D1 and a1.dtype != D1: check_pointer_dtype(NAME, P1, a1.dtype)
+            device = THREAD.device if stream is None else stream._device
+            if a0.device != device or a1.device != device: device_error((a0, a1, a2), stream)
             try: data = STRUCT_PACK(a0.ptr, a1.ptr, a2)
             except (StructError, OverflowError) as exc: raise PACK_ERROR([a0.ptr, a1.ptr, a2], exc) from None
             return data
 
     Each check calls the helper the reference path calls, so it raises the same
     error; an int out of range is refused by ``struct`` (its C type's range),
-    and ``PACK_ERROR`` gives the reference check's message for it.
+    and ``PACK_ERROR`` gives the reference check's message for it. The device
+    check costs a comparison per pointer; ``device_error`` (the reference
+    checks, on a mismatch) names the argument.
     """
     names = [f"a{i}" for i in range(len(kinds))]
     env: dict[str, Any] = {
         "NAME": packer.kernel, "STRUCT_PACK": packer._struct.pack, "StructError": struct.error,
         "PACK_ERROR": functools.partial(_first_pack_error, packer.kernel, packer.params),
         "check_pointer_dtype": check_pointer_dtype, "scalar_value": scalar_value, "device_operand": device_operand,
+        "THREAD": thread_state, "device_error": functools.partial(_device_error, packer.kernel, packer.params),
     }
     body = [f"if len(args) != {len(kinds)}: return None"]
     if kinds:
         body.append(f"{', '.join(names)}, = args")
         body.append("if " + " or ".join(f"type({a}) is not K{i}" for i, a in enumerate(names)) + ": return None")
-    values, wrapped = [], False
+    values, wrapped, pointers = [], False, []
     for i, (p, kind, a) in enumerate(zip(packer.params, kinds, names)):
         env[f"K{i}"], env[f"P{i}"], env[f"D{i}"] = kind, p, p.dtype
         if p.is_pointer:
@@ -279,6 +321,7 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
                 body.append(f"if {a}.dtype is not D{i} and {a}.dtype != D{i}: "
                             f"check_pointer_dtype(NAME, P{i}, {a}.dtype)")
             values.append(f"{a}.ptr")
+            pointers.append(a)
         elif kind is int and p.dtype.kind in "iu":
             values.append(a)  # struct refuses a value out of the C type's range (a pack error: the range message)
         elif kind is float and p.dtype.kind == "f":
@@ -286,6 +329,10 @@ def _specialize(packer: ArgumentPacker, kinds: tuple[type, ...]) -> Callable:
         else:
             body.append(f"v{i} = scalar_value(NAME, P{i}, {a})")
             values.append(f"v{i}")
+    if pointers:  # every array on the launch's device (the stream's, or the thread's current one)
+        body.append("device = THREAD.device if stream is None else stream._device")
+        body.append("if " + " or ".join(f"{a}.device != device" for a in pointers) +
+                    f": device_error(({', '.join(names)},), stream)")
     joined = ", ".join(values)
     body.append(f"try: data = STRUCT_PACK({joined})")
     body.append(f"except (StructError, OverflowError) as exc: raise PACK_ERROR([{joined}], exc) from None")

@@ -23,8 +23,9 @@ from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
 
 def native_replay():
     """The native replay extension (``ffi/replay/replay.cc``): its code tables, the bind-or-copy and
-    executable-cache policies' decisions on given figures (``policy_*``), and
-    ``set_max_executables`` (a graph's cache held small, for tests of a full cache)."""
+    executable-cache policies' decisions on given figures (``policy_*``), the bytes binding counts as
+    touched by a memcpy node (``memcpy_ranges``), and ``set_max_executables`` (a graph's cache held
+    small, for tests of a full cache)."""
     return native_module("replay")
 
 

@@ -18,6 +18,7 @@
 #include "replay/copy_ring.h"
 #include "replay/device_graph.h"
 #include "replay/exec_cache.h"
+#include "graph_binding.h"
 #include "replay/graph_table.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/vector.h"
@@ -76,6 +77,38 @@ inline void DefineKnobs(nanobind::module_& m) {
         "the mean of its copies so far.");
   m.def("policy_fresh_pays", &FreshPays, nb::arg("fresh_ns"), nb::arg("rewrite_ns"), nb::arg("kernels"),
         nb::arg("launches"), "Whether a fresh executable beats rewriting in place (exec_cache.h).");
+  // What binding counts as touched by a memcpy node (graph_binding.h), on given parameters.
+  m.def("memcpy_ranges", [](const nb::dict& fields) {
+    CUDA_MEMCPY3D p{};
+    const std::pair<const char*, size_t*> sizes[] = {
+        {"srcXInBytes", &p.srcXInBytes}, {"srcY", &p.srcY}, {"srcZ", &p.srcZ}, {"srcPitch", &p.srcPitch},
+        {"srcHeight", &p.srcHeight}, {"dstXInBytes", &p.dstXInBytes}, {"dstY", &p.dstY}, {"dstZ", &p.dstZ},
+        {"dstPitch", &p.dstPitch}, {"dstHeight", &p.dstHeight}, {"WidthInBytes", &p.WidthInBytes},
+        {"Height", &p.Height}, {"Depth", &p.Depth}};
+    for (auto [key, value] : fields) {
+      std::string name = nb::cast<std::string>(key);
+      uint64_t v = nb::cast<uint64_t>(value);
+      bool known = true;
+      if (name == "srcMemoryType") p.srcMemoryType = static_cast<CUmemorytype>(v);
+      else if (name == "dstMemoryType") p.dstMemoryType = static_cast<CUmemorytype>(v);
+      else if (name == "srcDevice") p.srcDevice = v;
+      else if (name == "dstDevice") p.dstDevice = v;
+      else known = false;
+      for (const auto& [field, slot] : sizes) {
+        if (name == field) *slot = v, known = true;
+      }
+      if (!known) throw std::invalid_argument("memcpy_ranges: CUDA_MEMCPY3D has no field '" + name + "' here");
+    }
+    auto [read, written] = MemcpyRanges(p);
+    auto range = [](const ByteRange& r) -> nb::object {
+      if (r.begin >= r.end) return nb::none();
+      return nb::make_tuple(r.begin, r.end);
+    };
+    return nb::make_tuple(range(read), range(written));
+  }, nb::arg("fields"),
+     "The bytes [begin, end) a memcpy node with these CUDA_MEMCPY3D fields (by name; the rest 0; memory "
+     "types as CUmemorytype codes) reads and writes, as binding counts them: (read, written), None for a side "
+     "that touches no device memory. For tests.");
 }
 
 }  // namespace jaxgraph
