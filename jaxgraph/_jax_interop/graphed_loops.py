@@ -41,6 +41,7 @@ from .._graphs import loop_build as _loop_build
 from .._cuda.array import DeviceArray, asarray
 from .._cuda.checks import device_arrays
 from .graphed_callables import GraphedCallable, flat_statics
+from . import loop_grad as _loop_grad
 from .._graphs.cuda_graph import CUDAGraph
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
@@ -105,6 +106,18 @@ class GraphedLoop:
     def summary(self) -> str:
         """One line per node of the loop graph (see :meth:`CUDAGraph.summary`)."""
         return self.graph.summary()
+
+    def checkpoint_memory(self, steps: int | None = None) -> dict:
+        """What ``jax.grad`` of this loop holds on the device (``docs/guide/gradients.md``).
+
+        Returns ``{"checkpoint_every": C, "slots": S, "ring": C, "state_bytes": ...,
+        "device_bytes": (S + C) * state_bytes, "residual_bytes": S * state_bytes}``:
+        the loop keeps S checkpoint slots (``S = ceil(R / C)``, R = ``steps`` or
+        the loop's ``max_steps``) and a ring of C states for the recomputation;
+        XLA keeps the S checkpoints once more as the residual between the
+        forward and the backward.
+        """
+        return _loop_grad.checkpoint_memory(self, steps)
 
     # -- eager --------------------------------------------------------------------
 
@@ -177,7 +190,9 @@ class GraphedLoop:
                 # Copied, not bound: the fed buffers sit in the step's child graphs, which
                 # binding cannot reach (so they are copied either way), and the rest is 4-byte
                 # counters. This is the path checked on the H100 (command buffers off/on/defaults).
-                self._fn = replayable(self.graph, inputs=ins, outputs=outs, bind="copy")
+                # jax.grad runs the checkpointed loops of _jax_interop/loop_grad.py.
+                self._fn = _loop_grad.differentiable(self, replayable(self.graph, inputs=ins, outputs=outs,
+                                                                      bind="copy"))
             return self._fn
 
 
@@ -185,7 +200,8 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
                  feed: Mapping[int, int] | None = None, unroll: int | None = None,
                  until: DeviceArray | None = None, check_every: int = 1,
                  inputs: Sequence[DeviceArray] | None = None, outputs: Sequence[DeviceArray] | None = None,
-                 ping_pong: str = "auto") -> GraphedLoop:
+                 ping_pong: str = "auto", checkpoint_every: int | None = None,
+                 max_steps: int | None = None) -> GraphedLoop:
     """Build one CUDA graph that runs ``step`` R times in a single launch.
 
     Parameters
@@ -238,6 +254,15 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         struct argument, a memcpy node on the buffer), then as ``"copy"``:
         a device copy output -> input after every step.
         :attr:`GraphedLoop.ping_pong` says which ran and why.
+    checkpoint_every : int, optional
+        For ``jax.grad`` of the loop (a step captured with ``backward=``): C,
+        the steps between two checkpoints of the fed state (1 to 256).
+        Default: about sqrt(R). The gradient holds ``ceil(R / C) + C`` states
+        (:meth:`GraphedLoop.checkpoint_memory`; ``docs/guide/gradients.md``).
+    max_steps : int, optional
+        For ``jax.grad`` of a loop whose count is chosen per launch: the most
+        steps a differentiated launch runs (it sizes the checkpoint slots);
+        a launch asked for more returns NaN outputs and gradients.
 
     Returns
     -------
@@ -296,8 +321,9 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     even = bool(pairs) and ping_pong == "auto"
     k = None if unroll is None else _check_unroll(unroll, even and until is None)  # until: check_every's rule
     every = _check_every(check_every, until, k, even)
+    grad_options = _loop_grad.check_checkpoint_options(checkpoint_every, max_steps, fixed)
     return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, every or k, dict(feed or {}),
-                  ping_pong == "auto", every)
+                  ping_pong == "auto", every, grad_options)
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
@@ -435,7 +461,8 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
-           feed: dict, swap_allowed: bool, every: int | None = None) -> GraphedLoop:
+           feed: dict, swap_allowed: bool, every: int | None = None,
+           grad_options: tuple = (None, None)) -> GraphedLoop:
     if k is None:
         k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
     built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed)
@@ -447,5 +474,6 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
     self._until, self._remaining, self._step, self._pdl = until, built.remaining, owner, built.pdl
     self._fn, self._lock = None, threading.Lock()
+    self._checkpoint_every, self._max_steps = grad_options
     self.__name__ = "graphed_loop"  # how jax.jit names the function
     return self

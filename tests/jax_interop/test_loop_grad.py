@@ -1,0 +1,245 @@
+"""jax.grad through graphed loops, on the CPU: the checkpoint layout, the forward and backward programs run
+on a numpy machine against jax.grad of the jnp loop (float64), the control kernels compiled for sm_90,
+and the errors raised at trace time before any launch. The device runs are in test_loop_grad_gpu.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgraph
+from conftest import enable_x64
+from jaxgraph._graphs import checkpoint_loop as ck
+from jaxgraph._jax_interop import loop_grad
+from jaxgraph._jax_interop.graphed_callables import GraphedCallable
+from jaxgraph._jax_interop.graphed_loops import GraphedLoop
+
+from loop_grad_support import loop_ref, machine_gradient
+
+
+# ----------------------------------------------------------------------------
+# Layout
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("r,every", [(1, 1), (7, 3), (100, 7), (1000, 31), (32, 32), (5, 8), (64, 8)])
+def test_segments_cover_every_step_once_partial_first(r, every):
+    segs = ck.segments(r, every)
+    steps = [s for _, first, n in segs for s in range(first, first + n)]
+    assert steps == list(range(r))
+    assert [slot for slot, _, _ in segs] == list(range(len(segs)))
+    assert all(n == every for _, _, n in segs[1:])
+    assert len(segs) <= ck.checkpoint_layout(r, r, every).slots
+
+
+@pytest.mark.parametrize("r,want", [(1000, 25), (100, 10), (7, 3), (1, 1), (97, 10), (10**6, 256)])
+def test_default_checkpoint_every_is_about_sqrt_r(r, want):
+    layout = ck.checkpoint_layout(r, r, None)
+    assert layout.every == want
+    assert layout.slots == -(-r // want)
+    assert layout.states == layout.slots + layout.every
+
+
+def test_layout_for_a_count_read_on_the_device():
+    layout = ck.checkpoint_layout(-1, 1000, None)
+    assert (layout.every, layout.slots, layout.fixed) == (32, 32, -1)
+    layout = ck.checkpoint_layout(-1, 1000, 7)
+    assert (layout.every, layout.slots) == (7, 143)
+
+
+# ----------------------------------------------------------------------------
+# The programs on the numpy machine vs jax.grad of the jnp loop
+# ----------------------------------------------------------------------------
+
+
+def _reference(x0, a, m, ct_y, ct_z, steps):
+    with enable_x64(True):
+        def loss(x, a):
+            y, z = loop_ref(x, a, m, steps)
+            return jnp.vdot(y, ct_y) + jnp.vdot(z, ct_z)
+
+        y, z = loop_ref(x0, a, m, steps)
+        gx, ga = jax.grad(loss, argnums=(0, 1))(x0, a)
+        return np.asarray(y), np.asarray(z), np.asarray(gx), np.asarray(ga)
+
+
+@pytest.mark.parametrize("steps,every", [(1, 1), (1, 3), (7, 3), (7, 7), (7, 1), (100, 7), (100, None),
+                                         (60, 8), (33, 32), (1000, 31)])
+@pytest.mark.parametrize("fixed", [True, False])
+def test_programs_match_jax_grad(rng, steps, every, fixed):
+    n = 5
+    x0 = rng.standard_normal(n)
+    a = rng.standard_normal(n) * 0.3
+    m = rng.integers(0, 3, n).astype(np.float64)
+    ct_y, ct_z = rng.standard_normal(n), rng.standard_normal(n)
+    y, z, gx, ga = machine_gradient(x0, a, m, ct_y, ct_z, steps, every, fixed=fixed, max_steps=steps + 13)
+    ry, rz, rgx, rga = _reference(x0, a, m, ct_y, ct_z, steps)
+    np.testing.assert_allclose(y, ry, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(z, rz, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gx, rgx, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ga, rga, rtol=1e-10, atol=1e-12)
+
+
+def test_program_with_rerun_forward_and_float32(rng):
+    n = 4
+    x0 = rng.standard_normal(n).astype(np.float32)
+    a = (rng.standard_normal(n) * 0.3).astype(np.float32)
+    m = np.ones(n, np.float32)
+    ct_y, ct_z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    trace = []
+    y, z, gx, ga = machine_gradient(x0, a, m, ct_y, ct_z, 23, 5, rerun=True, trace=trace)
+    ry, rz, rgx, rga = _reference(x0.astype(np.float64), a.astype(np.float64), m.astype(np.float64),
+                                  ct_y.astype(np.float64), ct_z.astype(np.float64), 23)
+    np.testing.assert_allclose(gx, rgx, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(ga, rga, rtol=2e-5, atol=2e-5)
+    # 23 forward steps, 23 - 5 recomputed (one fewer per segment), 23 again before each backward, 23 backward.
+    assert trace.count("backward") == 23
+    assert trace.count("step") == 23 + (23 - 5) + 23
+
+
+def test_program_with_zero_steps_on_the_device_returns_the_cotangents(rng):
+    n = 3
+    x0, a, m = rng.standard_normal(n), rng.standard_normal(n), np.ones(n)
+    ct_y, ct_z = rng.standard_normal(n), rng.standard_normal(n)
+    y, z, gx, ga = machine_gradient(x0, a, m, ct_y, ct_z, 0, 4, fixed=False, max_steps=10)
+    np.testing.assert_array_equal(y, x0)
+    np.testing.assert_array_equal(gx, ct_y)
+    np.testing.assert_array_equal(ga, np.zeros(n))
+
+
+def test_program_beyond_max_steps_gives_nan(rng):
+    n = 3
+    x0, a, m = rng.standard_normal(n), rng.standard_normal(n), np.ones(n)
+    y, z, gx, ga = machine_gradient(x0, a, m, x0, x0, 11, 4, fixed=False, max_steps=10)
+    assert np.isnan(y).all() and np.isnan(z).all() and np.isnan(gx).all() and np.isnan(ga).all()
+
+
+def test_one_forward_per_step_and_recomputation_per_segment(rng):
+    n = 2
+    x = rng.standard_normal(n)
+    trace = []
+    machine_gradient(x, x, np.ones(n), x, x, 100, 7, trace=trace)
+    # forward 100, recompute 100 - 15 segments (ceil(100/7)), backward 100.
+    assert trace.count("step") == 100 + 100 - 15
+    assert trace.count("backward") == 100
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+
+def test_grad_kernels_compile_for_sm90_without_a_device():
+    ks = ck.grad_kernels(arch="sm_90")
+    assert set(ks) == {"jaxgraph_grad_ctl", "jaxgraph_grad_ops"}
+    for k in ks.values():
+        assert len(k.cubin) > 0
+
+
+# ----------------------------------------------------------------------------
+# Errors at trace time (no device: a loop object with the attributes the checks read)
+# ----------------------------------------------------------------------------
+
+
+class _FakeGraph:
+    _generators = ()
+
+    def summary(self):
+        return "kernel node jaxgraph_something"
+
+
+def _fake_loop(backward=True, until=None, feed=None, steps=10, max_steps=None, step="callable", draws=False):
+    import threading
+
+    if step == "callable":
+        s = object.__new__(GraphedCallable)
+        s.__name__ = "advance"
+        s.graph = _FakeGraph()
+        s.backward_graph = _FakeGraph() if backward else None
+        s._backward_parts = ((), (), (), ()) if backward else None
+        if draws:
+            s.graph._generators = (object(),)
+    else:
+        s = object()
+    loop = object.__new__(GraphedLoop)
+    loop._step, loop._until, loop.feed = s, until, {0: 0} if feed is None else feed
+    loop.steps, loop._max_steps, loop._checkpoint_every = steps, max_steps, None
+    loop._lock, loop._count_is_own, loop.inputs = threading.Lock(), steps is None, ()
+    return loop
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(backward=False), TypeError, r"needs its step to have a backward: capture it with "
+                                      r"make_graphed_callables\(advance, sample_args, backward=bwd\)"),
+    (dict(step="graph"), TypeError, "step is a CUDAGraph, which has no backward"),
+    (dict(until=object()), NotImplementedError, "with until= is not supported yet"),
+    (dict(feed={}), ValueError, "needs feed="),
+    (dict(draws=True), NotImplementedError, "draws random numbers"),
+    (dict(steps=None), ValueError, r"build it with graphed_loop\(..., max_steps=M\)"),
+])
+def test_refused_at_trace_time_before_any_launch(kw, exc, match):
+    launched = []
+
+    def primal(x):
+        launched.append(1)
+        return x
+
+    fn = loop_grad.differentiable(_fake_loop(**kw), primal)
+    with pytest.raises(exc, match=match):
+        jax.grad(lambda x: fn(x).sum())(jnp.ones(3))
+    with pytest.raises(exc, match=match):
+        jax.jit(jax.grad(lambda x: fn(x).sum())).trace(jnp.ones(3))
+    assert not launched or kw == {}  # the primal runs only under jax.grad's eager trace, never the device
+
+
+def test_forward_mode_is_refused_when_traced():
+    class Stub:  # a built gradient (the checks passed): JAX itself refuses the custom_vjp under jvp
+        def forward(self, primal, args):
+            return primal(*args), ()
+
+    loop = _fake_loop()
+    loop._gradient = Stub()
+    fn = loop_grad.differentiable(loop, lambda x: x * 2)
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jit(lambda x, t: jax.jvp(fn, (x,), (t,))).trace(jnp.ones(3), jnp.ones(3)).lower()
+
+
+def test_no_gradient_machinery_without_grad():
+    calls = []
+    fn = loop_grad.differentiable(_fake_loop(backward=False), lambda x: calls.append(1) or x + 1)
+    np.testing.assert_array_equal(jax.jit(fn)(jnp.ones(2)), 2 * np.ones(2))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(checkpoint_every=0), ValueError, r"checkpoint_every must be in \[1, 256\], got 0"),
+    (dict(checkpoint_every=1.5), TypeError, "checkpoint_every must be an int, got float"),
+    (dict(max_steps=-1), ValueError, "max_steps must be in"),
+    (dict(max_steps=5, fixed=10), ValueError, "runs a fixed 10 steps: leave max_steps out"),
+])
+def test_checkpoint_options_checked(kw, exc, match):
+    fixed = kw.pop("fixed", -1)
+    with pytest.raises(exc, match=match):
+        loop_grad.check_checkpoint_options(kw.get("checkpoint_every"), kw.get("max_steps"), fixed)
+
+
+def test_checkpoint_memory_reports_slots_plus_ring():
+    loop = _fake_loop(steps=1000)
+
+    class A:
+        nbytes = 4096
+
+    loop.inputs = (A(),)
+    m = loop.checkpoint_memory()
+    assert (m["checkpoint_every"], m["slots"], m["ring"]) == (25, 40, 25)
+    assert m["device_bytes"] == (40 + 25) * 4096 and m["residual_bytes"] == 40 * 4096
+    loop = _fake_loop(steps=None, max_steps=100)
+    loop.inputs = (A(),)
+    assert loop.checkpoint_memory()["slots"] == 10
+    assert loop.checkpoint_memory(steps=30)["slots"] == 6
+    with pytest.raises(ValueError, match="fixed 1000 steps"):
+        _fake_loop(steps=1000).checkpoint_memory(steps=3)
+
+
+def test_graphed_loop_checks_checkpoint_options_before_device_work():
+    with pytest.raises(TypeError, match="checkpoint_every must be an int"):
+        jaxgraph.graphed_loop(jaxgraph.CUDAGraph(), 10, checkpoint_every="x")
