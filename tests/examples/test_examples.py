@@ -28,6 +28,7 @@ SMALL = {
     "gray_scott": ["--quick"],
     "poisson_solver": ["--quick"],
     "adaptive_ode": ["--quick"],
+    "inverse_diffusion": ["--quick"],
     "compare_command_buffers": ["--ns", "10", "--repeats", "1", "--target-ms", "1", "--settings", "off,on"],
 }
 # What else a GPU run must print (beyond "matches").
@@ -40,6 +41,7 @@ PRINTS = {
                        "jaxgraph: CG device loop, exact stop, in jax.jit",
                        "jaxgraph: single block, exact stop, in jax.jit",
                        "jaxgraph: single-block CG, every-4 stop, eager"],
+    "inverse_diffusion": ["the device gradient matches jax.grad and finite differences", "gradient descent"],
     "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "speedup (jit)"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
