@@ -20,7 +20,7 @@ written by hand: for a cotangent c of u_{t+1},
 `jax.grad` of a loss of it runs the checkpointed forward and the backward
 as two device loops (docs/guide/gradients.md).
 
-What it checks (and prints "matches" for): the device gradient against
+What it checks: the device gradient against
 jax.grad of the same model in jax.numpy (float32), and against central
 finite differences of the device loss in float64 on a small grid; then the
 descent must lower the loss. Without a GPU the example says so and exits 0.
