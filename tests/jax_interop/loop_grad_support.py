@@ -4,6 +4,9 @@ programs (``_graphs/checkpoint_loop.py``) node by node, and a small differentiab
 The machine does what the device does with a program: ``ops`` rows over byte views of named buffers
 (slots, counters from ``plan``), the step and backward step as numpy functions over the same buffers,
 ``control_reference`` for the control kernel, and a WHILE node that tests its predicate before every trip.
+
+Tests internals: ``_graphs.checkpoint_loop``'s programs, ``Parts`` and ``control_reference`` (the device
+runs them as graphs; here they run on numpy without a GPU).
 """
 
 import numpy as np

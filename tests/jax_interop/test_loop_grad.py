@@ -1,6 +1,9 @@
 """jax.grad through graphed loops, on the CPU: the checkpoint layout, the forward and backward programs run
 on a numpy machine against jax.grad of the jnp loop (float64), the control kernels compiled for sm_90,
-and the errors raised at trace time before any launch. The device runs are in test_loop_grad_gpu.py."""
+and the errors raised at trace time before any launch. The device runs are in test_loop_grad_gpu.py.
+Tests internals: ``_graphs.checkpoint_loop`` (layout, programs, kernels) and ``_jax_interop.loop_grad``
+(its custom_vjp and checks, on a loop object made without a GPU), since the public path needs a device.
+"""
 
 import jax
 import jax.numpy as jnp
