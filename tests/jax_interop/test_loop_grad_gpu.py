@@ -101,8 +101,7 @@ def inputs(rng):
     return x, a, m, wy, wz
 
 
-@pytest.mark.parametrize("steps,every", [(0, None), (1, None), (1, 3), (7, 3), (7, None), (100, 7), (100, None),
-                                         (1000, 7), (1000, None), (1000, 33)])
+@pytest.mark.parametrize("steps,every", [(0, None), (1, None), (1, 3), (7, 3), (100, 7), (1000, 7), (1000, None)])
 @pytest.mark.parametrize("jit", [False, True])
 def test_grad_fixed_count_matches_jax_grad(kernels, rng, steps, every, jit):
     step = make_step(kernels, rng)
