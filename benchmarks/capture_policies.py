@@ -29,9 +29,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, graph_modes, harness, jax_modes, stats  # noqa: E402
-from benchmarks.report import fmt  # noqa: E402
-from benchmarks.workload import SOURCE, Chain  # noqa: E402
+from benchmarks.harness import config, graph_modes, jax_modes, stats, timing  # noqa: E402
+from benchmarks.reports.run_report import fmt  # noqa: E402
+from benchmarks.harness.workload import SOURCE, Chain  # noqa: E402
 
 CYCLE = 32  # inputs jit_cycle rotates over: more address sets than XLA keeps recordings for
 POLICIES = ("bind", "copy", "whole", "auto")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("jit_changing", functools.partial(jax_modes.jit_changing, fresh(), n, rng)),
                              ("jit_cycle", functools.partial(_cycle, fresh(), n, rng)),
                              ("mixed", functools.partial(jax_modes.mixed, fresh(), n, rng))]
-                records = harness.measure_group(f"[{policy}] N={n}", factories, args.repeats,
+                records = timing.measure_group(f"[{policy}] N={n}", factories, args.repeats,
                                                 args.target_ms / 1e3, 20_000, print, _replay_spec.counters)
             finally:
                 _replay_spec.set_capture_policy(previous)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cycle(step, n: int, rng: np.random.Generator) -> harness.Mode:
+def _cycle(step, n: int, rng: np.random.Generator) -> timing.Mode:
     """``jax.jit(step)`` rotating over ``CYCLE`` inputs, the previous output held."""
     import jax
 

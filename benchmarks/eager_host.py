@@ -34,7 +34,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, SOURCE  # noqa: E402
 
 
 def stubbed_kernel() -> tuple[Any, Any, Any, Any]:

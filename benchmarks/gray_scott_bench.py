@@ -31,14 +31,14 @@ The step is the one ``examples/gray_scott.py`` had before it fused its substeps
   FFI call for all the steps: not a fori_loop, shown for scale.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
-``benchmarks/config.py``, and ``defaults_min1``: JAX's default command-buffer
+``benchmarks/harness/config.py``, and ``defaults_min1``: JAX's default command-buffer
 types at ``--xla_gpu_graph_min_graph_size=1``), each with ``XLA_FLAGS``
 exactly the setting's. The replay counters say whether XLA recorded a
 command buffer for the loop's body: its handler then runs only while XLA
 records, not on every trip.
 In each, every mode's result (u, v and the totals) is checked against numpy
 first, then the modes are sampled in interleaved rounds
-(``harness.measure_group``): a sample is the host wall time of several
+(``timing.measure_group``): a sample is the host wall time of several
 back-to-back calls, the last waited for with ``jax.block_until_ready``, per
 step. Each process also records, per mode, the replay counters per step
 once warm (over 4 calls, after 7: ``jaxgraph._jax_interop.replay_spec.counters``, the
@@ -68,12 +68,13 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, example_module, harness, stats, targets  # noqa: E402
-from benchmarks.gray_scott_report import MODES, markdown, summarize  # noqa: E402
-from benchmarks.gray_scott_split import GrayScott  # noqa: E402
+from benchmarks.harness import config, example_loader, stats, timing  # noqa: E402
+from benchmarks.reports import targets  # noqa: E402
+from benchmarks.reports.gray_scott_report import MODES, markdown, summarize  # noqa: E402
+from benchmarks.harness.gray_scott_split import GrayScott  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# benchmarks/config.py's settings, and JAX's default command-buffer types at min size 1: with the
+# benchmarks/harness/config.py's settings, and JAX's default command-buffer types at min size 1: with the
 # in-place step a fori_loop body holds 3 commands (the replay, the store of the total, the trip
 # counter), under the default min size of 5, so XLA records no command buffer for it by default.
 FLAGS = {**{k: config.SETTINGS[k].xla_flags for k in ("off", "on", "defaults", "while")},
@@ -180,7 +181,7 @@ def _fori(jax: Any, step: Callable, steps: int, options: dict | None = None) -> 
                    compiler_options=options)
 
 
-def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayable: Any = None) -> harness.Mode:
+def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayable: Any = None) -> timing.Mode:
     """Compile, check against numpy, note counters and bindings; a Mode timing ``fn(*args)`` per step."""
     import jax
 
@@ -218,7 +219,7 @@ def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayab
         jax.block_until_ready(out)
         return time.perf_counter() - start
 
-    return harness.Mode(key, run, per_call=steps, unit="us_per_call", clock="wall",
+    return timing.Mode(key, run, per_call=steps, unit="us_per_call", clock="wall",
                         check=f"u, v and {got[2].size} totals match numpy ({steps} steps)", info=info)
 
 
@@ -229,7 +230,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     import jaxgraph
 
-    gs = example_module.load("gray_scott")
+    gs = example_loader.load("gray_scott")
     nx, steps, substeps = args.grid, args.steps, args.substeps
     rng = np.random.default_rng()
     u0, v0 = gs.initial_state(nx, rng)
@@ -250,7 +251,7 @@ def worker(args: argparse.Namespace) -> dict:
                                                             want, steps, g.replayable)))
     loop = jaxgraph.graphed_loop(graphed["graphed_fori"], steps, feed={0: 0, 1: 1})
     factories.append(("loop_jit", lambda: _mode("loop_jit", jax.jit(loop), (u, v), want, steps)))
-    records = harness.measure_group(f"[{args.worker}]", factories, args.repeats, args.target_ms / 1e3, 10_000)
+    records = timing.measure_group(f"[{args.worker}]", factories, args.repeats, args.target_ms / 1e3, 10_000)
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "modes": records,
             "device": {"name": jax.devices()[0].device_kind},
             "summary": graphed["graphed_fori"].summary(), "loop": repr(loop)}
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(text + "\n")
     print(f"\nwrote {args.out / stem}.json and .md in {results['wall_s']:.0f} s\n\n{text}")
-    if not args.quick:  # the targets file judges the full gray_scott run (benchmarks/targets.py)
+    if not args.quick:  # the targets file judges the full gray_scott run (benchmarks/reports/targets.py)
         print(f"wrote {targets.write(args.out, stats.device_slug(device))}")
     failed = any(p.get("failed") or any("error" in r for r in p.get("modes", {}).values())
                  for p in processes.values())

@@ -3,7 +3,7 @@
     python benchmarks/run.py            # full run: N = 1, 10, 100, 1000, 7 interleaved repeats
     python benchmarks/run.py --quick    # smoke run: N = 1, 100, 3 repeats, every mode checked once
     python benchmarks/run.py --loops    # only the loop modes (loop_modes.py), N = 1, 10, 100, < 4 minutes
-    python benchmarks/run.py --scale    # graphs of 10k and 100k kernels (scale.py), < 3 minutes
+    python benchmarks/run.py --scale    # graphs of 10k and 100k kernels (large_graphs.py), < 3 minutes
     python benchmarks/run.py --runs 3   # the full run three times back to back (also with --quick, --loops)
 
 One worker process per setting (``nojax``, then XLA command buffers ``off``,
@@ -11,14 +11,14 @@ One worker process per setting (``nojax``, then XLA command buffers ``off``,
 environment and ``XLA_PYTHON_CLIENT_PREALLOCATE=false``; each measures the
 raw ``cuGraphLaunch`` floor itself. Their JSON is merged into
 ``benchmarks/results/<device>.json`` (``<device>-quick.*`` with ``--quick``),
-rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/plot.py
+rendered as ``<device>.md`` and ``<device>.png`` (``python benchmarks/reports/plot.py
 <json>`` renders the PNG elsewhere), and the markdown is printed last. Every
 run (full, ``--loops``, ``--quick``, ``--scale``) also regenerates
 ``<device>-targets.md`` from the results JSON in ``--out`` (``targets.py``).
 ``--runs K`` repeats the whole run K times, each with fresh workers, and
 writes each as ``<stem>-run1.*`` ... ``<stem>-runK.*``, the last again under
 the plain name, and ``<stem>-runs.md``, the headline figures side by side
-(``runs.py``). Exit status 1 when a worker or a mode failed (the outputs are still written).
+(``consecutive_runs.py``). Exit status 1 when a worker or a mode failed (the outputs are still written).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, provenance, report, runs, stats, targets, verdicts  # noqa: E402
+from benchmarks.harness import config, provenance, stats  # noqa: E402
+from benchmarks.reports import consecutive_runs, run_report, targets, verdicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loops", action="store_true",
                    help="only the loop modes (device loops, fori_loops) in every setting, 'while' included")
     p.add_argument("--scale", action="store_true",
-                   help="only the scale run (benchmarks/scale.py: N = 10k and 100k kernels, two buffer "
+                   help="only the scale run (benchmarks/large_graphs.py: N = 10k and 100k kernels, two buffer "
                    "patterns); writes <device>-scale.{json,md}")
     p.add_argument("--settings", type=_settings, default=None,
                    help="comma-separated subset of " + ",".join(config.SETTINGS)
@@ -82,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.scale and args.runs > 1:
         p.error("--scale is one run; run it again for another")
     if args.scale and (args.loops or args.quick):
-        p.error("--scale is its own run; benchmarks/scale.py takes --points, --repeats and --target-ms")
+        p.error("--scale is its own run; benchmarks/large_graphs.py takes --points, --repeats and --target-ms")
     if args.loops and args.quick:
         p.error("--loops and --quick are separate runs; narrow --loops with --ns, --repeats, --target-ms")
     if args.repeats is not None and args.repeats < 1:
@@ -113,7 +114,7 @@ def worker_env(setting: config.Setting, base: dict[str, str]) -> dict[str, str]:
 
 
 def worker_command(setting: str, json_path: Path, cfg: config.RunConfig) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.worker", "--setting", setting, "--json", str(json_path),
+    return [sys.executable, "-m", "benchmarks.harness.worker", "--setting", setting, "--json", str(json_path),
             "--config", json.dumps(cfg.to_json())]
 
 
@@ -122,7 +123,7 @@ def run_worker(setting: config.Setting, cfg: config.RunConfig | None, tmp: Path,
     """Run one worker, echoing its output; return its record, or ``{"failed": why}``.
 
     ``command``: another worker program (as ``benchmarks/vs_idiomatic.py`` runs), given
-    ``--json <path>`` after its own arguments, instead of ``benchmarks.worker`` with ``cfg``.
+    ``--json <path>`` after its own arguments, instead of ``benchmarks.harness.worker`` with ``cfg``.
     """
     json_path = tmp / f"{setting.key}.json"
     print(f"[{setting.key}] starting: {setting.label}; XLA_FLAGS={setting.xla_flags!r}", flush=True)
@@ -193,15 +194,15 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True, stem: str | N
     stem = stem or output_stem(results)
     json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
     json_path.write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
-    md_path.write_text(report.markdown(results))
+    md_path.write_text(run_report.markdown(results))
     written = [json_path, md_path]
     if plot:
         try:
-            from benchmarks import plot as plotting
+            from benchmarks.reports import plot as plotting
 
             written.append(plotting.render(results, out_dir / f"{stem}.png"))
         except ImportError as exc:
-            print(f"no PNG: {exc}; render it elsewhere with python benchmarks/plot.py {json_path}")
+            print(f"no PNG: {exc}; render it elsewhere with python benchmarks/reports/plot.py {json_path}")
         except Exception:  # a plotting bug must not cost the measured numbers
             traceback.print_exc()
     return written
@@ -225,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.scale:
-        from benchmarks import scale
+        from benchmarks import large_graphs
 
-        return scale.main(["--out", str(args.out)])  # it regenerates the targets file too
+        return large_graphs.main(["--out", str(args.out)])  # it regenerates the targets file too
     cfg = build_config(args)
     done: list[dict] = []
     written: list[Path] = []
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs > 1:  # the group is named by its first run: its start and its files' stem
             group, stem = (done[0]["runs"]["group"], done[0]["runs"]["stem"]) if done else (results["date"],
                                                                                             output_stem(results))
-            results["runs"] = runs.record(index, args.runs, group, stem)
+            results["runs"] = consecutive_runs.record(index, args.runs, group, stem)
             written += write_outputs(results, args.out, plot=False, stem=f"{stem}-run{index}")
             print(f"run {index} of {args.runs}: {results['wall_s']:.0f} s", flush=True)
         done.append(results)
@@ -247,15 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs > 1:
         stem = results["runs"]["stem"]
         written.append(args.out / f"{stem}-runs.md")
-        written[-1].write_text(runs.markdown(done, runs.file_names(stem, args.runs)))
+        written[-1].write_text(consecutive_runs.markdown(done, consecutive_runs.file_names(stem, args.runs)))
     # Issue 8's targets are judged on the full and loop runs, issue 19's on the quick run too.
     targets_path = targets.write(args.out, results["device"]["slug"])
     written += [targets_path] if targets_path else []
     walls = ", ".join(f"{r['wall_s']:.0f} s" for r in done)
     print("\nwrote " + ", ".join(str(p) for p in written) + f"; wall time per run: {walls}\n")
-    print(report.markdown(results))
+    print(run_report.markdown(results))
     if args.runs > 1:
-        print(runs.markdown(done, runs.file_names(results["runs"]["stem"], args.runs)))
+        print(consecutive_runs.markdown(done, consecutive_runs.file_names(results["runs"]["stem"], args.runs)))
     failed = [i for i, r in enumerate(done, 1)
               if r["failures"] or any(p.get("errors") for p in r["processes"].values())]
     if failed and args.runs > 1:

@@ -5,7 +5,7 @@
     python benchmarks/scaling_processes.py --cpu --quick           # JAX on the CPU (gloo): the whole path, no GPU
     srun python benchmarks/scaling_processes.py --worker           # on a cluster: see "Several hosts" in README.md
 
-The workload is per process (weak scaling), as in benchmarks/scaling.py: a
+The workload is per process (weak scaling), as in benchmarks/scaling_gpus.py: a
 chain of ``--kernels`` dependent ``add_one`` kernels over ``--elements``
 float32, captured on each process's GPU with ``jaxgraph.capture_per_device``.
 A step is one call of a jitted ``shard_map`` over the global mesh (one GPU per
@@ -45,9 +45,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import launch, provenance, stats  # noqa: E402
-from benchmarks.report import fmt  # noqa: E402
-from benchmarks.workload import BLOCK, SOURCE, check_result  # noqa: E402
+from benchmarks.harness import process_launcher, provenance, stats  # noqa: E402
+from benchmarks.reports.run_report import fmt  # noqa: E402
+from benchmarks.harness.workload import BLOCK, SOURCE, check_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.9  # throughput on 2 GPUs over 1 (issue 18)
@@ -92,7 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> dict:
     """Join the group, build and check both modes, time them; return this process's record."""
-    rank, world = launch.initialize()
+    rank, world = process_launcher.initialize()
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -173,7 +173,7 @@ def _publish_seed(client: Any) -> int:
 
 
 def _device_name() -> str:
-    from benchmarks.worker import device_info
+    from benchmarks.harness.worker import device_info
 
     return device_info()["name"]
 
@@ -267,9 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = [str(Path(__file__).resolve()), "--worker", *argv]
     groups = {}
     for world in (1, n):
-        results = launch.launch(command, world, timeout_s=args.timeout, platform=platform,
+        results = process_launcher.launch(command, world, timeout_s=args.timeout, platform=platform,
                                 share_gpu=args.share_gpu and world > 1, cwd=str(ROOT))
-        text = launch.report(results)
+        text = process_launcher.report(results)
         if any(r.returncode != 0 for r in results):
             print(text)
             raise SystemExit(f"the group of {world} process(es) failed (outputs above)")
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _result(r: launch.ProcessResult, text: str) -> dict:
+def _result(r: process_launcher.ProcessResult, text: str) -> dict:
     lines = [line for line in r.output.splitlines() if line.startswith("RESULT ")]
     if len(lines) != 1:
         raise SystemExit(f"process {r.rank} printed no result:\n{text}")

@@ -18,11 +18,11 @@ fresh random initial state for every mode of a size. Modes, per size N:
   what fusing the step into one kernel of one block saves.
 
 One process per XLA setting (``off``, ``on``, ``defaults`` of
-``benchmarks/config.py``), each with exactly its ``XLA_FLAGS``. In each,
+``benchmarks/harness/config.py``), each with exactly its ``XLA_FLAGS``. In each,
 every mode is checked first (t_end reached exactly, jit and eager the same
 bit for bit, step counts equal to diffrax's up to a decision flipped by
 rounding), then the modes are sampled in interleaved rounds
-(``harness.measure_group``: a sample is the host wall time of enough solves
+(``timing.measure_group``: a sample is the host wall time of enough solves
 to last ``--target-ms``, divided by their count). The report gives each
 mode's median and the range over the rounds, and jaxgraph's speedup over
 diffrax at diffrax's best setting (the lowest median).
@@ -48,7 +48,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, example_module, harness, stats  # noqa: E402
+from benchmarks.harness import config, example_loader, stats, timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("off", "on", "defaults")
@@ -89,7 +89,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------
 
 
-def _mode(key: str, solve: Callable[[], tuple], info: dict) -> harness.Mode:
+def _mode(key: str, solve: Callable[[], tuple], info: dict) -> timing.Mode:
     def run(calls: int) -> float:
         start = time.perf_counter()
         for _ in range(calls):
@@ -97,7 +97,7 @@ def _mode(key: str, solve: Callable[[], tuple], info: dict) -> harness.Mode:
         _block(out)
         return time.perf_counter() - start
 
-    return harness.Mode(key, run, per_call=1, unit="us_per_call", clock="wall", check=info["check"], info=info)
+    return timing.Mode(key, run, per_call=1, unit="us_per_call", clock="wall", check=info["check"], info=info)
 
 
 def _block(out: Any) -> None:
@@ -145,21 +145,21 @@ def worker(args: argparse.Namespace) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    ao = example_module.load("adaptive_ode")
+    ao = example_loader.load("adaptive_ode")
     rng = np.random.default_rng(args.seed)  # the driver passes one seed: every process solves the same problems
     by_n = {}
     for n in args.sizes:
         holder: dict = {}
 
-        def built(key: str, n: int = n) -> harness.Mode:
+        def built(key: str, n: int = n) -> timing.Mode:
             if not holder:  # the first factory builds and checks all three for this N
                 holder["parts"] = _check_size(ao, n, args.t_end, args.fused, rng)
             facts, *solves = holder["parts"]
             if solves[MODES.index(key)] is None:
-                raise harness.Skip(f"N = {n}: the step is six kernels already (fused only up to N = 4096)")
+                raise timing.Skip(f"N = {n}: the step is six kernels already (fused only up to N = 4096)")
             return _mode(key, solves[MODES.index(key)], dict(facts))
 
-        records = harness.measure_group(f"[{args.worker}] N={n}", [(k, lambda k=k: built(k)) for k in MODES],
+        records = timing.measure_group(f"[{args.worker}] N={n}", [(k, lambda k=k: built(k)) for k in MODES],
                                         args.repeats, args.target_ms / 1e3, 10_000)
         by_n[str(n)] = records
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "by_n": by_n,

@@ -33,8 +33,8 @@ checked against numpy/scipy before it is timed:
   tolerance after each, the device loop relaunching it until the flag.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
-``benchmarks/config.py``), started by ``run.run_worker``; in each, a case's
-modes are sampled in interleaved rounds (``harness.measure_group``): a
+``benchmarks/harness/config.py``), started by ``run.run_worker``; in each, a case's
+modes are sampled in interleaved rounds (``timing.measure_group``): a
 sample is the wall time of back-to-back calls, the last waited for, per
 call (CUDA events for the eager replay). The report (``vs_idiomatic_report.py``)
 takes each mode at its best setting and compares it with the idiomatic
@@ -59,8 +59,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import config, example_module, harness, stats  # noqa: E402
-from benchmarks.vs_idiomatic_report import markdown, render, summarize  # noqa: E402
+from benchmarks.harness import config, example_loader, stats, timing  # noqa: E402
+from benchmarks.reports.vs_idiomatic_report import markdown, render, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("off", "on", "defaults", "while")
@@ -144,23 +144,23 @@ def _ints(p: argparse.ArgumentParser, text: str, flag: str) -> tuple:
 # ----------------------------------------------------------------------------
 
 
-def _jit_mode(key: str, fn: Callable, args: tuple, check: Callable[[Any], tuple]) -> harness.Mode:
+def _jit_mode(key: str, fn: Callable, args: tuple, check: Callable[[Any], tuple]) -> timing.Mode:
     """Compile ``fn(*args)``, check its result (``check`` raises, or says what it verified and the
     steps, sweeps or iterations it took), then time back-to-back calls."""
     import jax
 
-    from benchmarks.jax_modes import timed_calls
+    from benchmarks.harness.jax_modes import timed_calls
 
     what, steps = check(jax.block_until_ready(fn(*args)))
-    return harness.Mode(key, timed_calls(lambda a: fn(*a), [args]), per_call=1, unit="us_per_call",
+    return timing.Mode(key, timed_calls(lambda a: fn(*a), [args]), per_call=1, unit="us_per_call",
                         clock="wall", check=what, info={"steps": steps})
 
 
-def _eager_mode(key: str, run: Callable[[], Any], check: Callable[[Any], tuple]) -> harness.Mode:
+def _eager_mode(key: str, run: Callable[[], Any], check: Callable[[Any], tuple]) -> timing.Mode:
     """An eager device-loop replay, timed by CUDA events on the current stream."""
     import jaxgraph
 
-    from benchmarks.graph_modes import event_timer
+    from benchmarks.harness.graph_modes import event_timer
 
     what, steps = check(run())
 
@@ -168,7 +168,7 @@ def _eager_mode(key: str, run: Callable[[], Any], check: Callable[[Any], tuple])
         for _ in range(calls):
             run()
 
-    return harness.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
+    return timing.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
                         clock="cuda_event", check=what, info={"steps": steps})
 
 
@@ -199,7 +199,7 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
     """The gray_scott modes at grid ``nx``: each checks u, v and the totals against numpy."""
     import jax.numpy as jnp
 
-    gs = example_module.load("gray_scott")
+    gs = example_loader.load("gray_scott")
     steps, substeps = args.steps, args.substeps
     u0, v0 = gs.initial_state(nx, np.random.default_rng(args.seed))
     u, v = jnp.asarray(u0), jnp.asarray(v0)
@@ -225,12 +225,12 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
             return f"{model.name}: {what}", n
         return run
 
-    def loop_jit(key: str, make: Callable) -> harness.Mode:
+    def loop_jit(key: str, make: Callable) -> timing.Mode:
         model = make()
         _, loop = model.device_loop()
         return _jit_mode(key, gs.loop_in_jit(loop), (u, v), named(key, model))
 
-    def loop_eager(key: str, make: Callable) -> harness.Mode:
+    def loop_eager(key: str, make: Callable) -> timing.Mode:
         model = make()
         graphed, loop = model.device_loop()
         return _eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), named(key, model))
@@ -246,10 +246,10 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
     """The poisson modes (``method`` "jacobi" or "cg") at n x n: each checked against scipy/numpy."""
     import jax.numpy as jnp
 
-    ps = example_module.load("poisson_solver")
+    ps = example_loader.load("poisson_solver")
     prob = ps.Problem(n, args.rtol, np.random.default_rng(args.seed))
     checker = ps.Checker(prob)
-    pb = example_module.load("poisson_block")
+    pb = example_loader.load("poisson_block")
     max_sweeps, max_iter = 50 * n * n + 1000, 20 * n + 1000
     every = (args.check_every if method == "jacobi" else args.cg_check_every) if ps.has_check_every() else None
     f, b = jnp.asarray(prob.f), jnp.asarray(prob.b)
@@ -278,7 +278,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
                     f"{err:.1e} of max{same}"), its
         return run
 
-    def loop(key: str, per_step: int, check_every: int, eager: bool = False) -> harness.Mode:
+    def loop(key: str, per_step: int, check_every: int, eager: bool = False) -> timing.Mode:
         kernels = ps.Kernels(prob, per_step)
         if method == "jacobi":
             graphed, lp = kernels.jacobi_loop(max_sweeps, check_every)
@@ -290,7 +290,7 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
             return _eager_mode(key, ps.cg_eager(graphed, lp, prob, ps.numpy_operator), check(key))
         return _jit_mode(key, ps.cg_in_jit(lp, ps.jnp_operator), (b,), check(key))
 
-    def block(key: str, check_every: int, eager: bool = False) -> harness.Mode:
+    def block(key: str, check_every: int, eager: bool = False) -> timing.Mode:
         kernels = pb.BlockKernels(prob, args.block_per_launch)
         if method == "jacobi":
             graphed, lp = kernels.jacobi_loop(max_sweeps, check_every)
@@ -341,7 +341,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     def measure(key: str, factories: list, repeats: int = args.repeats) -> None:
         start = time.perf_counter()
-        groups[key] = {"modes": harness.measure_group(f"[{args.worker} {key}]", factories, repeats, target_s,
+        groups[key] = {"modes": timing.measure_group(f"[{args.worker} {key}]", factories, repeats, target_s,
                                                       10_000)}
         groups[key]["wall_s"] = round(time.perf_counter() - start, 1)
 
@@ -356,7 +356,7 @@ def worker(args: argparse.Namespace) -> dict:
         for n in args.poisson_grids:  # last: seconds a solve
             if n > 64 and args.worker in args.jacobi_big_settings:
                 measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"), min(3, args.repeats))
-    ps = example_module.load("poisson_solver")
+    ps = example_loader.load("poisson_solver")
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
             "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
 

@@ -35,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks/ package of this checkout
 
-from benchmarks import config, report, run, stats  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
+from benchmarks.reports import run_report  # noqa: E402
 
 COLUMNS = {
     "jax_calls": "XLA: N jax_calls in one jit",
@@ -50,7 +52,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ns", type=run._ints, default=(10, 100), help="chain lengths (default 10,100)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per N (default 3)")
-    # As long as the harness's samples: shorter ones read XLA's modes slower (benchmarks/config.py, QUICK).
+    # As long as the harness's samples: shorter ones read XLA's modes slower (benchmarks/harness/config.py, QUICK).
     p.add_argument("--target-ms", type=float, default=25.0, help="wall time per sample (default 25)")
     p.add_argument("--settings", default=",".join(JAX_SETTINGS),
                    help="comma-separated subset of " + ",".join(JAX_SETTINGS))
@@ -77,10 +79,10 @@ def table(results, ns):
                 if "stats" not in entry:
                     row.append(entry.get("skipped") or entry.get("error") or "–")
                 elif mode == config.FLOOR:
-                    row.append(report.fmt(entry["stats"]["median"]))
+                    row.append(run_report.fmt(entry["stats"]["median"]))
                 else:  # replay in jit: also its streaming calls, without the burst's start and end
                     steady = entry.get("steady_ratio")
-                    row.append(f"{report.fmt(entry['stats']['median'])} ({entry['ratio']:.2f}x"
+                    row.append(f"{run_report.fmt(entry['stats']['median'])} ({entry['ratio']:.2f}x"
                                + (f"; streaming {steady:.2f}x)" if steady is not None else ")"))
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -30,11 +30,11 @@ else:
 
 
 def example(name: str):
-    """``examples/<name>.py`` as a module, loaded as the benchmarks load it (``benchmarks/example_module.py``)."""
+    """``examples/<name>.py`` as a module, loaded as the benchmarks load it (``benchmarks/harness/example_loader.py``)."""
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.insert(0, root)  # `benchmarks` is a package at the repository root
-    from benchmarks.example_module import load
+    from benchmarks.harness.example_loader import load
 
     return load(name)
 

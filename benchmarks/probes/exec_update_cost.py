@@ -8,7 +8,7 @@ old one in place, because kernels of an executable updated in place
 (``cuGraphExecUpdate``) ran slower on every later launch. This measures it.
 
 Two captures of the same chain of N dependent ``add_one`` kernels
-(``benchmarks/workload.py``), on buffers A and B. Modes, each launched
+(``benchmarks/harness/workload.py``), on buffers A and B. Modes, each launched
 ``--launches`` times per sample on one stream, timed with CUDA events, in
 interleaved rounds:
 
@@ -41,9 +41,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import stats  # noqa: E402
+from benchmarks.harness import stats  # noqa: E402
 from benchmarks.probes.micro import ROOT, run_meta, write_report  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
 __all__ = ["MODES", "capture_chain", "main", "markdown", "measure"]
 

@@ -3,7 +3,7 @@
 Run:  python benchmarks/probes/floor_probe.py [--n 100 1000] [--rounds 7] [--launches 20]
 
 In one process, interleaved rounds, CUDA events, us per kernel of a chain of
-N ``add_one`` kernels (``benchmarks/workload.py``):
+N ``add_one`` kernels (``benchmarks/harness/workload.py``):
 
 - ``graph_exec``: the CUDAGraph's own executable, as ``raw`` launches it;
 - ``fresh``: a new ``cuGraphInstantiate`` of the same template;
@@ -36,7 +36,7 @@ if __package__ in (None, ""):
 
 from benchmarks.probes.exec_update_cost import capture_chain  # noqa: E402
 from benchmarks.probes.probe_kit import driver_call as call, kit  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
 def clocks() -> str:

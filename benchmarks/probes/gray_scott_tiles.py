@@ -13,7 +13,7 @@ column). Small tiles recompute more halo; large ones put few blocks on the
 GPU and leave each a long sequence of substeps. Each candidate runs the example's eager device loop
 (100 steps of 10 substeps), is checked against numpy (64 and 256) or
 against the jnp program (1024), and is timed by CUDA events in interleaved
-rounds (``harness.measure_group``); the fastest per grid is what
+rounds (``timing.measure_group``); the fastest per grid is what
 ``gray_scott.default_blocking`` should return. ``--baseline FILE`` also times
 each candidate compiled from another version of ``gray_scott.cu`` (``git show
 COMMIT:examples/gray_scott.cu``), in the same rounds; ``--without-record``
@@ -34,8 +34,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import example_module, harness, provenance, stats  # noqa: E402
-from benchmarks.graph_modes import event_timer  # noqa: E402
+from benchmarks.harness import example_loader, provenance, stats, timing  # noqa: E402
+from benchmarks.harness.graph_modes import event_timer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # (substeps a launch, tile side, threads): a number is the blocked kernel on that many threads a side
@@ -72,7 +72,7 @@ def factories(gs, nx: int, steps: int, substeps: int, candidates: list, sources:
         want = tuple(np.asarray(a) for a in gs.jnp_simulation(steps, substeps)(jnp.asarray(u0), jnp.asarray(v0)))
 
     def make(key: str, per_launch: int, tile: int, threads: int, source: str):
-        def build() -> harness.Mode:
+        def build() -> timing.Mode:
             model = gs.CudaGrayScott(nx, substeps, per_launch, steps, tile, *layout(threads), cuda_source=source)
             graphed, loop = model.device_loop()
             run = gs.loop_eager(graphed, loop, u0, v0)
@@ -85,7 +85,7 @@ def factories(gs, nx: int, steps: int, substeps: int, candidates: list, sources:
                 for _ in range(calls):
                     run()
 
-            return harness.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
+            return timing.Mode(key, event_timer(jaxgraph.current_stream(), body), per_call=1, unit="us_per_call",
                                 clock="cuda_event", check=f"matches (v within {worst:.1e})")
         return build
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import datetime
 
-    gs = example_module.load("gray_scott")
+    gs = example_loader.load("gray_scott")
     sources = variants(gs, args.baseline, args.without_record)
     device = (provenance.nvidia_smi() or "unknown GPU").split(",")[0]
     doc = {"question": "gray_scott's temporally blocked kernels: kernel, substeps a launch, tile, threads or warps",
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.substeps} substeps, CUDA events, median (min-max) of {args.repeats} interleaved rounds", ""]
     best: dict[int, str] = {}  # grid -> "per_launch/tile/threads" of its fastest candidate
     for nx in (int(g) for g in args.grids.split(",")):
-        records = harness.measure_group(f"grid {nx}", factories(gs, nx, args.steps, args.substeps, candidates, sources),
+        records = timing.measure_group(f"grid {nx}", factories(gs, nx, args.steps, args.substeps, candidates, sources),
                                         args.repeats, 0.02, 10_000)
         doc["grids"][nx] = records
         lines += [f"## grid {nx}", "", "| substeps a launch, tile, threads | us per step | check |", "| --- | ---: | --- |"]

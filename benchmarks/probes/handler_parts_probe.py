@@ -1,6 +1,6 @@
 """Probe: what the replay handler's per-call steps cost on the host, at 100k kernels.
 
-At 100k kernels the handler's host time per call (``benchmarks/scale.py``) is
+At 100k kernels the handler's host time per call (``benchmarks/large_graphs.py``) is
 30-44 us: ``cudaGraphLaunch`` ~10 us, the two buffer copies 13-26 us, the
 rest ~6 us. This times each step alone, on a stream with graphs in flight (as
 XLA's stream is when the host runs ahead), for a chain of N ``add_one`` kernels

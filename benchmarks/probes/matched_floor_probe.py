@@ -37,7 +37,7 @@ if __package__ in (None, ""):
 from benchmarks.probes.exec_update_cost import capture_chain  # noqa: E402
 from benchmarks.probes.placement_probe import RawBuffer  # noqa: E402
 from benchmarks.probes.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
-from benchmarks.workload import ELEMENTS, Chain, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import ELEMENTS, Chain, check_result, random_input  # noqa: E402
 
 
 def main() -> int:

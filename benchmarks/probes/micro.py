@@ -12,7 +12,7 @@ import datetime
 import json
 from pathlib import Path
 
-from .. import provenance, stats
+from ..harness import provenance, stats
 
 __all__ = ["ROOT", "run_meta", "write_report"]
 

@@ -5,7 +5,7 @@ Run:  python benchmarks/probes/placement_probe.py [--n 100] [--buffers 32] [--ro
 The harness's floor (``raw``) has run at ~1.03 us per kernel in some processes
 and ~1.21 in others, with the GPU's clocks unchanged (``floor_probe.py``). This
 captures the workload's chain (N in-place ``add_one`` kernels on 4096 floats,
-``benchmarks/workload.py``) once per buffer, on many buffers spread through
+``benchmarks/harness/workload.py``) once per buffer, on many buffers spread through
 device memory by pads of random size between them, and times each executable
 with CUDA events in interleaved rounds. Controls: three captures on one buffer
 (the executable, not the memory) and a buffer captured again after the rest.
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.probes.probe_kit import driver_call as call, kit, timed_launches  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 
 class RawBuffer:

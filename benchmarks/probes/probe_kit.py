@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from ..workload import SOURCE
+from ..harness.workload import SOURCE
 
 __all__ = ["Kit", "driver_call", "kit", "timed_launches"]
 

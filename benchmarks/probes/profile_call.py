@@ -34,8 +34,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import config, run, stats  # noqa: E402
-from benchmarks.workload import SOURCE, Chain, check_result, random_input  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
+from benchmarks.harness.workload import SOURCE, Chain, check_result, random_input  # noqa: E402
 
 FORI_TRIPS = 1000
 

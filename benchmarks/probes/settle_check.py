@@ -4,7 +4,7 @@
 
 The lead's diagnostic for issue 19, run on the H100 at 17:35 UTC on 2026-11-23
 (commit 4224a42) as it stands here: for the N = 100 and 1000 chains
-(benchmarks/workload.py), a jitted replayable on one fixed input and on 8
+(benchmarks/harness/workload.py), a jitted replayable on one fixed input and on 8
 rotating inputs, 200 warm-up calls then phases of 1000-2000 calls, each phase's
 host time per call over ``g.replay()``'s and the replay counters per call; then
 3 replays between XLA ops. It showed that after warm-up XLA does not call the
@@ -31,7 +31,7 @@ def child(setting):
     import jax.numpy as jnp
 
     import jaxgraph
-    from benchmarks.workload import SOURCE, Chain, check_result, random_input
+    from benchmarks.harness.workload import SOURCE, Chain, check_result, random_input
     from jaxgraph._jax_interop import replay_spec as _replay_spec
 
     print("jax", jax.__version__, "XLA_FLAGS", os.environ.get("XLA_FLAGS"), flush=True)

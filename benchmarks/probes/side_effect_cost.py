@@ -5,7 +5,7 @@ Run:  python benchmarks/probes/side_effect_cost.py [--repeats 7] [--calls 2000] 
 Why: a replayable's FFI call is not side-effecting unless asked
 (``replayable(..., side_effects=True)``), because on the H100
 ``has_side_effect`` made the call cost more host time (``jaxgraph/_jax_interop/replay_native.py``).
-This measures it on a graph of one ``add_one`` kernel (``benchmarks/workload.py``):
+This measures it on a graph of one ``add_one`` kernel (``benchmarks/harness/workload.py``):
 
 - ``trivial_jit``: ``jax.jit(lambda x: x + 1)``, JAX's own per-call cost;
 - ``replay``: ``jax.jit(replayable(g, [x], [y]))``;
@@ -29,9 +29,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import stats  # noqa: E402
+from benchmarks.harness import stats  # noqa: E402
 from benchmarks.probes.micro import ROOT, run_meta, write_report  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, SOURCE, check_result, random_input  # noqa: E402
 
 __all__ = ["MODES", "main", "markdown"]
 

@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/probes/stamp_probe.py [--n 100 1000] [--calls 200] [--rounds 3]
 
-The workload's chain (``benchmarks/workload.py``) with its first and last
+The workload's chain (``benchmarks/harness/workload.py``) with its first and last
 kernel swapped for ``stamp_add_one``: the same ``y = x + 1``, and thread 0
 also writes the GPU's ``%globaltimer`` (ns) to a log in device memory: the
 first kernel when the call's graph starts, the last one when its last kernel
@@ -34,7 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.probes.probe_kit import driver_call as call  # noqa: E402
-from benchmarks.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, check_result, random_input  # noqa: E402
 
 CAP = 4096
 STAMP_SOURCE = r"""

@@ -38,7 +38,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.workload import SOURCE, Chain, check_result, random_input  # noqa: E402
+from benchmarks.harness.workload import SOURCE, Chain, check_result, random_input  # noqa: E402
 
 
 def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:

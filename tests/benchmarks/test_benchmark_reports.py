@@ -1,9 +1,9 @@
 """Reports generated from results JSON (CPU): the targets file and the micro-benchmarks' tables.
 
-The targets file is generated (``benchmarks/targets.py``, issue 19's section
-by ``benchmarks/targets_over_runs.py``), never written by hand: checked here on
+The targets file is generated (``benchmarks/reports/targets.py``, issue 19's section
+by ``benchmarks/reports/targets_over_runs.py``), never written by hand: checked here on
 synthetic results shaped as ``stats.merge``, ``gray_scott_report.summarize``
-and ``scale.py`` write them (each target met, missed and not measured),
+and ``large_graphs.py`` write them (each target met, missed and not measured),
 through ``run.main`` with stand-in workers, and against the committed JSON
 (the committed file must be exactly what the committed JSON gives).
 """
@@ -17,9 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import gray_scott_report, report, run, stats, targets, targets_over_runs  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import stats  # noqa: E402
+from benchmarks.reports import gray_scott_report, run_report, targets, targets_over_runs  # noqa: E402
 from benchmarks.probes import exec_update_cost, side_effect_cost  # noqa: E402
-from benchmark_records import record, synthetic_quick, table  # noqa: E402
+from support.benchmark_records import record, synthetic_quick, table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SLUG = "nvidia-h100-80gb-hbm3"
@@ -92,7 +94,7 @@ def test_the_committed_targets_file_is_what_the_committed_json_gives(tmp_path):
     committed = (RESULTS / f"{SLUG}-targets.md").read_text()
     for path in RESULTS.glob(f"{SLUG}*.json"):  # the sources and any group of runs (run.py --runs K)
         (tmp_path / path.name).write_bytes(path.read_bytes())
-    assert targets.write(tmp_path, SLUG).read_text() == committed, "rerun: python benchmarks/targets.py"
+    assert targets.write(tmp_path, SLUG).read_text() == committed, "rerun: python benchmarks/reports/targets.py"
 
 
 def test_a_full_run_regenerates_the_targets_file(tmp_path, monkeypatch):
@@ -133,13 +135,13 @@ def test_the_loop_report_gives_what_a_while_trip_costs():
     nojax["modes"]["loop_k2"]["by_n"]["2"]["unroll"] = 4
     nojax["modes"]["loop_k8"]["by_n"]["2"]["unroll"] = 8
     results = stats.merge({"config": {"loops": True, "repeats": 2}, "device": {}}, {"nojax": nojax})
-    text = report.markdown(results)
+    text = run_report.markdown(results)
     assert "### A WHILE trip over the unrolled floor (nojax, us per trip)" in text
     assert "| 2 | 4.000 (K=4) | 4.000 (K=8) |" in text
 
 
 # ----------------------------------------------------------------------------
-# Issue 19's section (benchmarks/targets_over_runs.py)
+# Issue 19's section (benchmarks/reports/targets_over_runs.py)
 # ----------------------------------------------------------------------------
 
 
@@ -170,7 +172,7 @@ def scale_point(pattern, rotating_ratio, handler_us, grown_mb, n=100_000):
 
 
 def synthetic_scale(points):
-    return {"date": "2026-11-23T14:00:00+00:00", "git": "s123456", "command": "python benchmarks/scale.py",
+    return {"date": "2026-11-23T14:00:00+00:00", "git": "s123456", "command": "python benchmarks/large_graphs.py",
             "device": {"name": "NVIDIA H100 80GB HBM3"}, "points": points}
 
 
@@ -252,7 +254,7 @@ def test_replay_against_the_floor_is_judged_on_streaming_calls_where_the_run_has
     assert rows[targets_over_runs.TARGETS[0], label][1] == "missed at on jit_loop N=100 (1.060x); met at the other 5"
     figures = targets_over_runs.harness_figures(quick)[targets_over_runs.TARGETS[0]]
     assert figures.label == targets_over_runs.STEADY_LABEL
-    assert "| 100 | 1.000 | 1.040 (1.04x, streaming 1.01x) | 1.030 (1.03x, streaming 1.01x) |" in report.markdown(quick)
+    assert "| 100 | 1.000 | 1.040 (1.04x, streaming 1.01x) | 1.030 (1.03x, streaming 1.01x) |" in run_report.markdown(quick)
 
 
 def test_issue_19_targets_met_where_every_figure_is_in_range():
@@ -293,7 +295,7 @@ def test_write_finds_any_one_results_file(tmp_path):
 
 
 def test_the_gray_scott_and_scale_runs_regenerate_the_targets_file(tmp_path, monkeypatch):
-    from benchmarks import gray_scott_bench, scale
+    from benchmarks import gray_scott_bench, large_graphs
 
     gray = synthetic_gray_scott()["processes"]["off"]
     monkeypatch.setattr(gray_scott_bench, "_run_setting",
@@ -305,8 +307,8 @@ def test_the_gray_scott_and_scale_runs_regenerate_the_targets_file(tmp_path, mon
     def child(n, pattern, args):
         return {**scale_point(pattern, 1.0, 10.0, 2.0, n), "device": {"name": "NVIDIA H100 80GB HBM3"}}
 
-    monkeypatch.setattr(scale, "_child", child)
-    assert scale.main(["--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(large_graphs, "_child", child)
+    assert large_graphs.main(["--out", str(tmp_path)]) == 0
     rows = table((tmp_path / f"{SLUG}-targets.md").read_text(), "## Issue 19")
     assert [v for (target, _), (_, v) in rows.items() if target in targets_over_runs.TARGETS[5:]] == ["met"] * 3
     assert [v for (target, _), (_, v) in rows.items() if target == targets_over_runs.TARGETS[3]] == ["met"]  # still there

@@ -1,4 +1,4 @@
-"""Consecutive harness runs (CPU): ``run.py --runs K``, ``benchmarks/runs.py`` and issue 19's verdicts over them.
+"""Consecutive harness runs (CPU): ``run.py --runs K``, ``benchmarks/reports/consecutive_runs.py`` and issue 19's verdicts over them.
 
 ``run.main`` runs with stand-in workers whose figures change from one run to
 the next (a target that holds in 2 of 3 runs must be called missed, naming
@@ -16,8 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, report, run, runs, targets, targets_over_runs  # noqa: E402
-from benchmark_records import synthetic_quick, table  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config  # noqa: E402
+from benchmarks.reports import consecutive_runs, run_report, targets, targets_over_runs  # noqa: E402
+from support.benchmark_records import synthetic_quick, table  # noqa: E402
 
 SLUG = "nvidia-h100-80gb-hbm3"
 T = targets_over_runs.TARGETS
@@ -53,7 +55,7 @@ def three_runs(tmp_path, monkeypatch):
 def test_each_run_is_written_with_its_provenance_and_the_last_under_the_plain_name(three_runs):
     stem = f"{SLUG}-quick"
     names = [f"{stem}-run{i}.json" for i in (1, 2, 3)]
-    assert runs.file_names(stem, 3) == names and runs.file_names(stem, 1) == [f"{stem}.json"]
+    assert consecutive_runs.file_names(stem, 3) == names and consecutive_runs.file_names(stem, 1) == [f"{stem}.json"]
     docs = [json.loads((three_runs / n).read_text()) for n in names]
     group = docs[0]["runs"]["group"]
     for i, doc in enumerate(docs, 1):
@@ -64,7 +66,7 @@ def test_each_run_is_written_with_its_provenance_and_the_last_under_the_plain_na
         assert doc["xla_flags_by_setting"] == {k: config.SETTINGS[k].xla_flags for k in ("nojax", "off", "on", "defaults")}
         assert doc["processes"]["on"]["xla_flags"] == config.SETTINGS["on"].xla_flags
         md = (three_runs / f"{stem}-run{i}.md").read_text()
-        assert md == report.markdown(doc) and f"run {i} of 3 (`{stem}-runs.md`)" in md
+        assert md == run_report.markdown(doc) and f"run {i} of 3 (`{stem}-runs.md`)" in md
     assert docs[1]["processes"]["on"]["modes"]["jit_loop"]["by_n"]["100"]["ratio"] == pytest.approx(1.07)
     assert (three_runs / f"{stem}.json").read_text() == (three_runs / names[2]).read_text()
     assert not (three_runs / f"{stem}-run1.png").exists()
@@ -79,7 +81,7 @@ def test_the_runs_table_puts_each_figure_side_by_side(three_runs):
     assert "| off N=10 fixed | 1.50x | 1.50x | 1.50x | 3 of 3 |" in text
     assert "| `kernel.launch(...)` | +1.50 us | +1.50 us | +1.50 us | 0 of 3 (missed in runs 1, 2 and 3) |" in text
     (three_runs / f"{SLUG}-quick-runs.md").unlink()
-    assert runs.main(["--out", str(three_runs), "--stem", f"{SLUG}-quick"]) == 0  # again from the JSON
+    assert consecutive_runs.main(["--out", str(three_runs), "--stem", f"{SLUG}-quick"]) == 0  # again from the JSON
     assert (three_runs / f"{SLUG}-quick-runs.md").read_text() == text
 
 
@@ -109,7 +111,7 @@ def test_a_missing_or_foreign_run_is_not_measured(three_runs):
     other["runs"]["group"] = "another invocation"
     (three_runs / f"{stem}-run1.json").write_text(json.dumps(other))
     (three_runs / f"{stem}-run2.json").unlink()
-    found, names = runs.load(three_runs, f"{stem}.json")
+    found, names = consecutive_runs.load(three_runs, f"{stem}.json")
     assert names == [f"{stem}-run{i}.json" for i in (1, 2, 3)] and found[:2] == [None, None] and found[2]["runs"]["index"] == 3
     text = targets.write(three_runs, SLUG).read_text()
     assert f"- quick run 2 of 3: `{stem}-run2.json` not found" in text
@@ -119,7 +121,7 @@ def test_a_missing_or_foreign_run_is_not_measured(three_runs):
                           + "; ".join(f"{k} N={n} {i} –, –, 1.50x" for k in ("off", "on", "defaults")
                                       for n in ("10", "100") for i in ("fixed", "rotating")),
                           "met in run 3; not measured in runs 1 and 2")
-    assert runs.load(three_runs, "nowhere.json") == (None, "nowhere.json")
+    assert consecutive_runs.load(three_runs, "nowhere.json") == (None, "nowhere.json")
 
 
 def test_a_single_run_is_judged_alone_and_never_joins_an_old_group(three_runs, monkeypatch):
@@ -127,11 +129,11 @@ def test_a_single_run_is_judged_alone_and_never_joins_an_old_group(three_runs, m
     assert run.main(["--quick", "--out", str(three_runs), "--no-plot", "--settings", "nojax,off,on,defaults"]) == 0
     single = json.loads((three_runs / f"{SLUG}-quick.json").read_text())
     assert "runs" not in single and (three_runs / f"{SLUG}-quick-run1.json").exists()  # left over, not judged
-    assert runs.load(three_runs, f"{SLUG}-quick.json") == (single, f"{SLUG}-quick.json")
+    assert consecutive_runs.load(three_runs, f"{SLUG}-quick.json") == (single, f"{SLUG}-quick.json")
     rows = table((three_runs / f"{SLUG}-targets.md").read_text(), "## Issue 19")
     assert rows[T[0], "quick run at r123456, 3 rounds of 25 ms samples"][1] == \
         "missed at on jit_loop N=100 (1.070x); met at the other 5"
-    assert runs.main(["--out", str(three_runs), "--stem", f"{SLUG}-quick"]) == 1  # no group to put side by side
+    assert consecutive_runs.main(["--out", str(three_runs), "--stem", f"{SLUG}-quick"]) == 1  # no group to put side by side
 
 
 def test_a_group_of_full_runs_judges_issue_8_on_the_last():

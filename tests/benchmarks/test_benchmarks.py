@@ -18,9 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, run, stats  # noqa: E402
-from benchmarks.workload import check_result  # noqa: E402
-from benchmark_records import synthetic_results, worker_record  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
+from benchmarks.harness.workload import check_result  # noqa: E402
+from support.benchmark_records import synthetic_results, worker_record  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -84,7 +85,7 @@ def test_worker_environment_sets_the_flags_explicitly():
 def test_worker_command_round_trips_the_config(tmp_path):
     cfg = run.build_config(run.parse_args(["--quick", "--ns", "1,10"]))
     cmd = run.worker_command("on", tmp_path / "on.json", cfg)
-    assert cmd[:3] == [sys.executable, "-m", "benchmarks.worker"]
+    assert cmd[:3] == [sys.executable, "-m", "benchmarks.harness.worker"]
     assert cmd[cmd.index("--setting") + 1] == "on"
     assert config.RunConfig.from_json(json.loads(cmd[cmd.index("--config") + 1])) == cfg
 

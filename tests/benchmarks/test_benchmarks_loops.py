@@ -10,8 +10,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, report, run, stats  # noqa: E402
-from benchmark_records import worker_record  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
+from benchmarks.reports import run_report  # noqa: E402
+from support.benchmark_records import worker_record  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -35,7 +37,7 @@ def test_driver_loops_runs_only_the_loop_modes_in_every_setting():
 
 
 def test_xla_fori_mode_checks_and_times_on_cpu():
-    from benchmarks import loop_modes
+    from benchmarks.harness import loop_modes
 
     mode = loop_modes.xla_fori(lambda x: x + np.float32(1), 3, np.random.default_rng())
     assert mode.per_call == 3 * config.fori_trips(3) and mode.info["steps"] == config.fori_trips(3)
@@ -47,7 +49,7 @@ def test_xla_fori_mode_checks_and_times_on_cpu():
 
 @pytest.mark.parametrize("factory", ["jnp_fori", "jnp_while"])
 def test_idiomatic_loop_modes_check_and_time_on_cpu(factory):
-    from benchmarks import loop_modes
+    from benchmarks.harness import loop_modes
 
     mode = getattr(loop_modes, factory)(3, np.random.default_rng())
     assert mode.per_call == 3 * config.fori_trips(3) and mode.info["steps"] == config.fori_trips(3)
@@ -63,7 +65,7 @@ def test_loop_markdown_puts_idiomatic_jax_first_and_the_stops_over_the_floor():
                                    "loop_jit_until_k8": 1.5, "xla_fori": 4.8}, ns=("1",))
     meta = {"schema": 1, "date": "2026-11-27T10:00:00+00:00", "quick": False, "device": {},
             "config": {"repeats": 3, "loops": True}, "versions": {}}
-    text = report.markdown(stats.merge(meta, {"nojax": nojax, "on": on}))
+    text = run_report.markdown(stats.merge(meta, {"nojax": nojax, "on": on}))
     assert "| N | raw | jnp_fori | jnp_while | loop_jit | loop_jit_until | loop_jit_until_k8 | xla_fori |" in text
     assert text.index("| on | 1 | jnp_fori / loop_jit | 2.50x |") < text.index("| on | 1 | xla_fori / loop_jit |")
     assert "| on | 1 | jnp_while / loop_jit_until | 2.50x |" in text
@@ -80,7 +82,7 @@ def test_loop_markdown_per_step_and_same_process_ratios(tmp_path):
     meta = {"schema": 1, "date": "2026-11-23T10:00:00+00:00", "quick": False, "device": {},
             "config": {"repeats": 3, "loops": True}, "versions": {}}
     results = stats.merge(meta, {"nojax": nojax, "on": on})
-    text = report.markdown(results)
+    text = run_report.markdown(results)
     assert "## Loops: us per step" in text
     assert "| N | raw | loop_k8 | loop_until | loop_unrolled |" in text
     assert "| 1 | 1.000 | 1.050 K=8 (1.05x) | 4.000 (4.00x) | 1.000 (1.00x) |" in text

@@ -15,8 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, report, run, stats  # noqa: E402
-from benchmark_records import synthetic_results, worker_record  # noqa: E402
+from benchmarks import run  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
+from benchmarks.reports import run_report  # noqa: E402
+from support.benchmark_records import synthetic_results, worker_record  # noqa: E402
 
 HAS_GPU = __import__("jaxgraph").device_count() > 0
 
@@ -27,7 +29,7 @@ HAS_GPU = __import__("jaxgraph").device_count() > 0
 
 
 def test_markdown_tables_from_synthetic_results():
-    text = report.markdown(synthetic_results())
+    text = run_report.markdown(synthetic_results())
     assert text.startswith("# jaxgraph benchmark: NVIDIA H100 80GB HBM3")
     assert "| N | raw | replay | torch_cupy | torch_add |" in text
     assert "| 1 | 1.000 | 1.000 (1.00x) | 1.200 (1.20x) | 1.150 (1.15x) |" in text
@@ -59,7 +61,7 @@ def test_markdown_mixed_headline_and_counters():
                                                settled=False, settle_runs=8)
     on["modes"]["raw"]["by_n"]["100"]["counters"] = {"handler_calls": 0.0}  # never listed
     meta = {"schema": 1, "date": "2026-11-23", "quick": True, "config": {"repeats": 3}, "versions": {}, "device": {}}
-    text = report.markdown(stats.merge(meta, {"on": on}))
+    text = run_report.markdown(stats.merge(meta, {"on": on}))
     assert "## Replays between XLA ops (3 stages of N kernels" in text
     # per call: 1.05 us x 300 kernels; ahead: 1.5 / 1.05
     assert "| on | 100 | 315.0 (1.05x) | 450.0 (1.50x) | 1.43x | 330.0 (1.10x) | 480.0 (1.60x) | 1.45x |" in text
@@ -74,7 +76,7 @@ def test_markdown_mixed_headline_and_counters():
 
 
 def test_fmt_keeps_significant_digits_without_exponents():
-    assert [report.fmt(v) for v in (1.0234, 36.44, 123.46, 20480.4, None)] == ["1.023", "36.44", "123.5",
+    assert [run_report.fmt(v) for v in (1.0234, 36.44, 123.46, 20480.4, None)] == ["1.023", "36.44", "123.5",
                                                                               "20480", "–"]
 
 
@@ -85,11 +87,11 @@ def test_write_outputs_names_files_after_the_device(tmp_path):
     assert [p.name for p in written] == ["nvidia-h100-80gb-hbm3-quick.json", "nvidia-h100-80gb-hbm3-quick.md"]
     again = json.loads(written[0].read_text())
     assert again["processes"]["on"]["modes"]["jit_loop"]["by_n"]["1"]["ratio"] == pytest.approx(20.0)
-    assert written[1].read_text() == report.markdown(again)
+    assert written[1].read_text() == run_report.markdown(again)
 
 
 def test_plot_series_and_png_from_json(tmp_path):
-    from benchmarks import plot
+    from benchmarks.reports import plot
 
     results = synthetic_results()
     lines = plot.series(results)
@@ -126,7 +128,7 @@ def test_worker_without_a_gpu_writes_its_failure(tmp_path):
 def test_markdown_of_a_run_that_measured_nothing():
     processes = {key: {"setting": key, "modes": {}, "scalars": {}, "errors": ["process: RuntimeError: no CUDA device"]}
                  for key in ("nojax", "on")}
-    text = report.markdown(stats.merge({"quick": True, "config": {"repeats": 3}}, processes))
+    text = run_report.markdown(stats.merge({"quick": True, "config": {"repeats": 3}}, processes))
     assert text.startswith("# jaxgraph benchmark: unknown device")
     assert text.count("Nothing measured") == 2 and "## Per call" not in text
     assert "- on: process: RuntimeError: no CUDA device" in text

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from internals import Replayable, ReplaySpec
+from support.internals import Replayable, ReplaySpec
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -1,4 +1,4 @@
-"""The scale harness (benchmarks/scale.py) on the CPU: its arguments, its report, and a point without a GPU.
+"""The scale harness (benchmarks/large_graphs.py) on the CPU: its arguments, its report, and a point without a GPU.
 
 The measurements themselves need the GPU (``python benchmarks/run.py --scale``).
 """
@@ -12,16 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import run, scale  # noqa: E402
+from benchmarks import large_graphs, run  # noqa: E402
 
 HAS_GPU = __import__("jaxgraph").device_count() > 0
 
 
 def test_points_parse_and_reject_bad_ones():
-    assert scale.parse_points("10000:in_place, 100000:one_site") == ((10000, "in_place"), (100000, "one_site"))
+    assert large_graphs.parse_points("10000:in_place, 100000:one_site") == ((10000, "in_place"), (100000, "one_site"))
     for bad in ("10000", "1:in_place", "10k:in_place", "100:ping_pong", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            scale.parse_points(bad)
+            large_graphs.parse_points(bad)
 
 
 def test_run_scale_is_its_own_run():
@@ -51,11 +51,11 @@ def point(n, pattern, eager, feedback, rotating):
 
 
 def test_markdown_reports_ratios_counters_and_memory():
-    results = {"date": "2026-11-23", "device": {"name": "Test GPU"}, "git": "abc", "xla_flags": scale.XLA_FLAGS,
+    results = {"date": "2026-11-23", "device": {"name": "Test GPU"}, "git": "abc", "xla_flags": large_graphs.XLA_FLAGS,
                "config": {"repeats": 3, "elements": 1024},
                "points": [point(10000, "in_place", 1.0, 1.03, 1.5),
                           {"n": 100000, "pattern": "one_site", "error": "timed out after 180 s"}]}
-    text = scale.markdown(results)
+    text = large_graphs.markdown(results)
     row = next(line for line in text.splitlines() if line.startswith("| 10000 | in_place | 1.010"))
     assert "1.030x" in row and "1.500x" in row and "7.500, 40.00" in row and "0.000, 0.250" in row
     assert "| 5.000, 30.00 |" in row  # the part inside cudaGraphLaunch
@@ -68,13 +68,13 @@ def test_markdown_reports_ratios_counters_and_memory():
         results["points"][0]["modes"][key]["burst"] = {
             "calls": 32, "first": {"handler_us": first}, "steady": {"handler_us": steady, "launch_us": 5.0,
                                                                     "prepare_us": 2.0}}
-    row = next(line for line in scale.markdown(results).splitlines() if line.startswith("| 10000 | in_place | 32 |"))
+    row = next(line for line in large_graphs.markdown(results).splitlines() if line.startswith("| 10000 | in_place | 32 |"))
     assert row == "| 10000 | in_place | 32 | 30.00, 35.00 | 9.000, 11.00 | 5.000, 5.000 | 2.000, 2.000 |"
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU failure path")
 def test_a_point_without_a_gpu_records_its_failure(tmp_path):
-    code = scale.main(["--points", "4:one_site", "--repeats", "1", "--out", str(tmp_path)])
+    code = large_graphs.main(["--points", "4:one_site", "--repeats", "1", "--out", str(tmp_path)])
     assert code == 1
     written = list(tmp_path.glob("*-scale.json"))
     assert len(written) == 1

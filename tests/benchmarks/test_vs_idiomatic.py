@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import vs_idiomatic as bench  # noqa: E402
-from benchmarks import vs_idiomatic_report as report  # noqa: E402
+from benchmarks.reports import vs_idiomatic_report as report  # noqa: E402
 
 
 def record(samples, steps=None, check="matches numpy"):

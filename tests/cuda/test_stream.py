@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from kernels import ADD_ONE, DELAYED_WRITE
+from support.kernel_sources import ADD_ONE, DELAYED_WRITE
 
 
 def test_stream_context_rejects_non_streams():

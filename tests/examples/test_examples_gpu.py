@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import example
-from poisson_support import float64_jacobi_stop
+from support.poisson_helpers import float64_jacobi_stop
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_block as pb  # noqa: E402  (the module poisson_solver imported)
-from poisson_support import Captured, float64_jacobi_stop  # noqa: E402
+from support.poisson_helpers import Captured, float64_jacobi_stop  # noqa: E402
 
 f32 = np.float32
 

@@ -19,7 +19,7 @@ from conftest import example
 
 ps = example("poisson_solver")  # it puts examples/ on the path for its siblings
 import poisson_kernels  # noqa: E402  (the module poisson_solver imported)
-from poisson_support import Captured  # noqa: E402
+from support.poisson_helpers import Captured  # noqa: E402
 
 f32 = np.float32
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from conditional_support import capture_api_kernels, device, set_value
-from graph_support import blocks, poison
+from support.conditional_helpers import capture_api_kernels, device, set_value
+from support.graph_helpers import blocks, poison
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphs import views as _views, predicates as _predicates
-from graph_support import null_array
+from support.graph_helpers import null_array
 
 
 def fake_array(shape=(1,), dtype=np.int32):

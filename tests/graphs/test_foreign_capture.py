@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import GRAPH_KERNELS, blocks, cupy_stream, poison
+from support.graph_helpers import GRAPH_KERNELS, blocks, cupy_stream, poison
 
 pytestmark = pytest.mark.gpu
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from kernels import MY_NOISE
-from graph_support import philox4x32_10, poison, ref_normal, ref_uniform
+from support.kernel_sources import MY_NOISE
+from support.graph_helpers import philox4x32_10, poison, ref_normal, ref_uniform
 
 N = 1001  # not a multiple of 4: the last Philox block is partly used
 

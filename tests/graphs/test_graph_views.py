@@ -15,8 +15,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphs import views as _views
-from kernels import AXPY
-from graph_support import BLOCK, blocks, load_kernels
+from support.kernel_sources import AXPY
+from support.graph_helpers import BLOCK, blocks, load_kernels
 
 
 def node(index, kind, name=None, grid=None, block=None):

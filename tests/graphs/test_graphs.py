@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, N, blocks, capture_scale, load_kernels, poison, random_floats, replay_and_check
-from internals import pool_of
+from support.graph_helpers import BLOCK, N, blocks, capture_scale, load_kernels, poison, random_floats, replay_and_check
+from support.internals import pool_of
 from jaxgraph._jax_interop.replay_spec import source_of
 
 

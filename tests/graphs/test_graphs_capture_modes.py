@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, N, blocks, driver_call, load_kernels, random_floats, replay_and_check
+from support.graph_helpers import BLOCK, N, blocks, driver_call, load_kernels, random_floats, replay_and_check
 from jaxgraph._cuda import captures as _captures
 from jaxgraph._jax_interop.replay_spec import source_of
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, blocks, load_kernels
+from support.graph_helpers import BLOCK, blocks, load_kernels
 from jaxgraph._cuda import captures as _captures, memory as _memory
 from jaxgraph._jax_interop.replay_spec import source_of
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, blocks, load_kernels, poison
+from support.graph_helpers import BLOCK, blocks, load_kernels, poison
 from jaxgraph._jax_interop.replay_spec import source_of
 
 N = 2048

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import BLOCK, blocks, load_kernels, poison
+from support.graph_helpers import BLOCK, blocks, load_kernels, poison
 
 N = 2048
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import (BLOCK, MiB, N, blocks, capture_scale, free_device_bytes, load_kernels, poison, random_floats,
+from support.graph_helpers import (BLOCK, MiB, N, blocks, capture_scale, free_device_bytes, load_kernels, poison, random_floats,
                            replay_and_check)
-from internals import pool_of
+from support.internals import pool_of
 from jaxgraph._cuda import memory as _memory
 
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
+from support.graph_helpers import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
                            replay_and_check)
 from jaxgraph._cuda import captures as _captures, memory as _memory
 from jaxgraph._cuda.array import _INTERNAL, DeviceArray
-from kernels import SPIN_COPY
+from support.kernel_sources import SPIN_COPY
 
 pytestmark = pytest.mark.gpu
 

@@ -25,9 +25,9 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
-from graph_support import alternate_calls  # noqa: E402
-from internals import counters, describe_graph, native_replay  # noqa: E402
-from kernels import ADD_ONE, INC  # noqa: E402
+from support.graph_helpers import alternate_calls  # noqa: E402
+from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from support.kernel_sources import ADD_ONE, INC  # noqa: E402
 
 N = 1024
 B = N // 256

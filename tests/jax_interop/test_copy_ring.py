@@ -23,9 +23,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from graph_support import assert_switched_and_copied_by_nodes  # noqa: E402
-from internals import counters, describe_graph, native_replay  # noqa: E402
-from kernels import ADD_ONE, SPIN_ADD_ONE  # noqa: E402
+from support.graph_helpers import assert_switched_and_copied_by_nodes  # noqa: E402
+from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from support.kernel_sources import ADD_ONE, SPIN_ADD_ONE  # noqa: E402
 
 N = 1024
 

@@ -24,9 +24,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from graph_support import assert_switched_and_copied_by_nodes  # noqa: E402
-from internals import counters, describe_graph, native_replay  # noqa: E402
-from kernels import ADD_ONE  # noqa: E402
+from support.graph_helpers import assert_switched_and_copied_by_nodes  # noqa: E402
+from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from support.kernel_sources import ADD_ONE  # noqa: E402
 
 N = 1024
 KERNELS = 40
@@ -105,7 +105,7 @@ import json, sys
 import numpy as np
 import jax, jax.numpy as jnp
 import jaxgraph
-from internals import counters, describe_graph, native_replay, set_capture_policy
+from support.internals import counters, describe_graph, native_replay, set_capture_policy
 
 from test_device_launchable import KERNELS, N, _chain  # this file's chain (its folder is on the path)
 
@@ -171,7 +171,7 @@ def test_copied_buffers_of_a_large_graph_are_copied_by_nodes_of_its_executable(t
     # copies are copy nodes of its executable (no cudaMemcpyAsync on a launch), which read each
     # call's buffers from the graph's address ring. Under XLA's recording (mode "on", the mixed function) they copy on the
     # stream as before, around the graph's nodes or a clone of it without the copy nodes (whole).
-    from graph_support import run_xla_worker
+    from support.graph_helpers import run_xla_worker
 
     _, report = run_xla_worker(COPY_WORKER, ADD_ONE, tmp_path, mode, int(rng.integers(2**31)),
                                paths=[os.path.dirname(__file__)])

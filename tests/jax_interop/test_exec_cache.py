@@ -31,9 +31,9 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
-from graph_support import launched, path_calls, run_xla_worker  # noqa: E402
-from internals import counters, describe_graph, native_replay  # noqa: E402
-from kernels import ADD_ONE, AXPB  # noqa: E402
+from support.graph_helpers import launched, path_calls, run_xla_worker  # noqa: E402
+from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from support.kernel_sources import ADD_ONE, AXPB  # noqa: E402
 
 N = 4096
 B = N // 256
@@ -84,7 +84,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    import internals
+    from support import internals
 
     src, seed, out_path = open(sys.argv[1]).read(), int(sys.argv[2]), sys.argv[3]
     n, kernels = 4096, KERNELS

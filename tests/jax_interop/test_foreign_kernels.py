@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
-from graph_support import cupy_stream  # noqa: E402
+from support.graph_helpers import cupy_stream  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

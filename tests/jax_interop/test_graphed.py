@@ -19,7 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._jax_interop.graphed_callables import GraphedCallable, _vjp_backward
-from internals import spec_replayable
+from support.internals import spec_replayable
 
 X = np.zeros(8, np.float32)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from kernels import ACCUMULATE, ADD, AXPB, COUNT_POSITIVE, MUL, SQUARE_MUL
+from support.kernel_sources import ACCUMULATE, ADD, AXPB, COUNT_POSITIVE, MUL, SQUARE_MUL
 
 
 # ---------------------------------------------------------------------------

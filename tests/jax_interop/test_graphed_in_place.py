@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from internals import counters
-from kernels import NEIGHBOUR_MIX, ZERO_THEN_TOTAL
+from support.internals import counters
+from support.kernel_sources import NEIGHBOUR_MIX, ZERO_THEN_TOTAL
 
 N, SUBSTEPS, TRIPS, A = 3000, 4, 7, np.float32(0.25)
 BLOCKS = (N + 255) // 256

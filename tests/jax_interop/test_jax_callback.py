@@ -18,8 +18,8 @@ import pytest
 
 import jaxgraph
 from jaxgraph._graphs.replay_source import ReplaySource
-from internals import spec_replayable
-from kernels import AXPB
+from support.internals import spec_replayable
+from support.kernel_sources import AXPB
 
 
 def sds(shape, dtype=np.float32):

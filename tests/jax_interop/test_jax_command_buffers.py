@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from graph_support import run_xla_worker
+from support.graph_helpers import run_xla_worker
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    import internals
+    from support import internals
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n, kernels = 4096, KERNELS

@@ -4,7 +4,7 @@ CUDA can neither clone such a graph nor put it in another graph, so the
 replayable launches the template's own executable on XLA's stream through
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 The graphs (IF/ELSE, WHILE, a WHILE holding an IF, SWITCH) are built by hand
-in ``conditional_support.py``; every call draws fresh inputs, so kernels
+in ``support/conditional_helpers.py``; every call draws fresh inputs, so kernels
 inside the bodies are rebound between calls, and every expected result comes
 from numpy. Static arrays are poisoned first: a bound buffer is never touched.
 
@@ -25,11 +25,11 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import conditional_support as cs  # noqa: E402
+from support import conditional_helpers as cs  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode, ReplayPath  # noqa: E402
-from internals import counters, describe_graph  # noqa: E402
-from graph_support import launched, path_calls  # noqa: E402
+from support.internals import counters, describe_graph  # noqa: E402
+from support.graph_helpers import launched, path_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -177,9 +177,9 @@ WORKER = r'''
 import json, sys
 import numpy as np
 import jax, jax.numpy as jnp
-import conditional_support as cs
+from support import conditional_helpers as cs
 import jaxgraph
-from internals import counters, spec_replayable
+from support.internals import counters, spec_replayable
 
 k = cs.load_kernels()
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from graph_support import JAX_SRC, jax_kernels, launched, path_calls, run_xla_worker  # noqa: E402
+from support.graph_helpers import JAX_SRC, jax_kernels, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -221,7 +221,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from internals import counters
+    from support.internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096

@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from conftest import enable_x64  # noqa: E402
-from graph_support import JAX_SRC, jax_kernels  # noqa: E402
+from support.graph_helpers import JAX_SRC, jax_kernels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,8 @@ import pytest
 import jaxgraph
 from jaxgraph._jax_interop import kernel_call as _kernel_call
 from jaxgraph._cuda import native as _native
-from internals import ReplaySpec, spec_replayable
-from kernels import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
+from support.internals import ReplaySpec, spec_replayable
+from support.kernel_sources import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
 from conftest import enable_x64
 
 ARCH = None if jaxgraph.device_count() else "sm_90"  # loading a kernel needs the device's arch

@@ -23,9 +23,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from internals import counters  # noqa: E402
-from kernels import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
-from graph_support import alternate_calls, cupy_stream, launched, path_calls, ref_uniform  # noqa: E402
+from support.internals import counters  # noqa: E402
+from support.kernel_sources import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
+from support.graph_helpers import alternate_calls, cupy_stream, launched, path_calls, ref_uniform  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -284,7 +284,7 @@ def test_a_graph_with_memory_nodes_is_refused_in_jit_and_replays_from_the_host(k
 
 
 def test_an_unreferenced_input_is_unused_and_can_be_left_out(k, rng):
-    from internals import replayable_of_referenced
+    from support.internals import replayable_of_referenced
 
     g, x_s, y_s = two_stage(k)
     spare = jaxgraph.empty(N)                       # no node refers to it

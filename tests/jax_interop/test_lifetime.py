@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import GRAPH_KERNELS, MiB, blocks, free_device_bytes, poison
+from support.graph_helpers import GRAPH_KERNELS, MiB, blocks, free_device_bytes, poison
 
 pytestmark = pytest.mark.gpu
 

@@ -17,7 +17,7 @@ from jaxgraph._jax_interop import loop_grad
 from jaxgraph._jax_interop.graphed_callables import GraphedCallable
 from jaxgraph._jax_interop.graphed_loops import GraphedLoop
 
-from loop_grad_support import loop_ref, machine_gradient
+from support.loop_grad_helpers import loop_ref, machine_gradient
 
 
 # ----------------------------------------------------------------------------

@@ -26,9 +26,9 @@ import jaxgraph
 from jaxgraph._cuda import driver as _driver
 from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
-from graph_support import XLA_MODES
-from kernels import LOOP_STEP
-from loop_support import ref, run_jit_worker
+from support.graph_helpers import XLA_MODES
+from support.kernel_sources import LOOP_STEP
+from support.loop_helpers import ref, run_jit_worker
 
 N = 1000
 BLOCK = 256
@@ -304,7 +304,7 @@ def test_loop_with_check_every_lowers_to_one_replay_call_returning_steps_run():
     import jax
     import jax.numpy as jnp
 
-    from internals import spec_replayable
+    from support.internals import spec_replayable
 
     f32 = jax.ShapeDtypeStruct((N,), jnp.float32)
     loop = object.__new__(_graphed_loops.GraphedLoop)

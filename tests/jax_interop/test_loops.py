@@ -16,8 +16,8 @@ import pytest
 import jaxgraph
 from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
-from kernels import LOOP_STEP
-from loop_support import ref, run_jit_worker
+from support.kernel_sources import LOOP_STEP
+from support.loop_helpers import ref, run_jit_worker
 
 N = 1000
 BLOCK = 256

@@ -1,7 +1,7 @@
 """jaxgraph under ``jax.distributed``: one process per GPU, as on a cluster, started by the test itself.
 
-Each test starts N processes of tests/jax_interop/multiprocess_scenarios.py with
-benchmarks/launch.py (torchrun's variables, a coordinator on 127.0.0.1 at a
+Each test starts N processes of tests/support/multiprocess_scenarios.py with
+benchmarks/harness/process_launcher.py (torchrun's variables, a coordinator on 127.0.0.1 at a
 free port, one timeout that kills them all and reports every process's
 output) and compares what the processes saw. On the CPU, JAX's CPU backend
 runs the multi-process program with gloo collectives: a real psum across
@@ -27,17 +27,17 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jaxgraph  # noqa: E402
-from graph_support import XLA_MODES  # noqa: E402
+from support.graph_helpers import XLA_MODES  # noqa: E402
 from jaxgraph._jax_interop import processes as _processes  # noqa: E402
 from jaxgraph._jax_interop.sharded import device_ordinals  # noqa: E402
-from internals import spec_replayable, spec_sharded  # noqa: E402
+from support.internals import spec_replayable, spec_sharded  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.launch import launch, report  # noqa: E402
+from benchmarks.harness.process_launcher import launch, report  # noqa: E402
 
-SCENARIOS = str(ROOT / "tests" / "jax_interop" / "multiprocess_scenarios.py")
+SCENARIOS = str(ROOT / "tests" / "support" / "multiprocess_scenarios.py")
 HAS_GPU = jaxgraph.device_count() > 0
 WORLD = 2
 F32 = jax.ShapeDtypeStruct((64,), np.float32)

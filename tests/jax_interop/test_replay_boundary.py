@@ -20,7 +20,7 @@ import pytest
 import jaxgraph
 from jaxgraph import BindingMode, BufferBinding, ReplayPath, Replayable
 from jaxgraph._cuda import native as _native
-from internals import ReplaySpec, spec_replayable
+from support.internals import ReplaySpec, spec_replayable
 
 
 def f32(*shape):
@@ -183,7 +183,7 @@ def test_stubs_declare_every_function_the_extension_exports(name):
 def test_conditional_test_kernels_compile_to_cubin_without_cuda_headers(tmp_path):
     """The kernels the GPU tests capture call cudaGraphSetConditional and need no header (the
     runtime wheel's cuda_device_runtime_api.h lacks its crt/ includes on the GPU machine)."""
-    import conditional_support as cs
+    from support import conditional_helpers as cs
 
     for name in cs.NAMES:
         kernel = jaxgraph.Kernel(cs.KERNELS, name, arch="sm_90", options={"include_path": []}, cache_dir=tmp_path)

@@ -19,7 +19,7 @@ import pytest
 import jaxgraph
 from jaxgraph._jax_interop import replay_native as _replay_native
 from jaxgraph._jax_interop.sharded import cuda_ordinal, device_ordinals
-from internals import ShardedGraph, spec_replayable, spec_sharded
+from support.internals import ShardedGraph, spec_replayable, spec_sharded
 
 HAS_GPU = jaxgraph.device_count() > 0
 

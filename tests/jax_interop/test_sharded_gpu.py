@@ -29,9 +29,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from jaxgraph._cuda import memory as _memory, native as _native  # noqa: E402
-from internals import counters  # noqa: E402
-from kernels import ADD, AXPB, INC  # noqa: E402
-from graph_support import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
+from support.internals import counters  # noqa: E402
+from support.kernel_sources import ADD, AXPB, INC  # noqa: E402
+from support.graph_helpers import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -324,7 +324,7 @@ WORKER = textwrap.dedent(r'''
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jaxgraph
-    from internals import counters
+    from support.internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096

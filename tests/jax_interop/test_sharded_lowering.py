@@ -23,7 +23,7 @@ SCENARIOS = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from internals import spec_replayable, spec_sharded
+    from support.internals import spec_replayable, spec_sharded
 
     N = 4096
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)

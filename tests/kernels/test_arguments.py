@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import null_array
-from kernels import AXPY
+from support.graph_helpers import null_array
+from support.kernel_sources import AXPY
 
 
 # Placeholders each path turns into its own kind of array.

@@ -9,7 +9,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._kernels.signature import find_signature, parse_signature
-from kernels import ADD_ONE, AXPY, SCALAR_TYPES
+from support.kernel_sources import ADD_ONE, AXPY, SCALAR_TYPES
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -136,7 +136,7 @@ def test_launch_config_is_checked(axpy_f32):
 
 def _DA():
     """A DeviceArray for the checker only: address 0, never launched."""
-    from graph_support import null_array
+    from support.graph_helpers import null_array
 
     return null_array((4,), np.float32)
 

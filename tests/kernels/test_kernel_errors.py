@@ -18,7 +18,7 @@ import jaxgraph
 from jaxgraph._kernels import compile as _compile
 from jaxgraph._cuda.array import HOST_JAX_ARRAY_FIX
 from jaxgraph._kernels.cubin import is_cubin, param_sizes
-from kernels import ADD_ONE, AXPY, SCALAR_TYPES
+from support.kernel_sources import ADD_ONE, AXPY, SCALAR_TYPES
 
 
 # ---------------------------------------------------------------------------

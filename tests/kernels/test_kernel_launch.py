@@ -27,8 +27,8 @@ from jaxgraph._cuda import captures as _captures, driver as _driver, stream as _
 from jaxgraph._kernels import eager_launch as _eager_launch
 from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from jaxgraph._cuda.stream import Stream
-from kernels import ADD_ONE, REVERSE_BLOCK
-from launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
+from support.kernel_sources import ADD_ONE, REVERSE_BLOCK
+from support.launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
 
 N = 3001
 

@@ -28,8 +28,8 @@ from jaxgraph._cuda.stream import Stream
 from jaxgraph._kernels import load as _kernel_load
 from jaxgraph._kernels.launch_limits import LaunchLimits
 from jaxgraph._kernels.packer import geometry
-from graph_support import null_array
-from launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
+from support.graph_helpers import null_array
+from support.launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
 
 # At most 128 threads per block: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK) says 128.
 BOUNDED = r"""

@@ -28,7 +28,7 @@ from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from jaxgraph._kernels.packer import ArgumentPacker, geometry
 from jaxgraph._kernels.signature import parse_signature
 from jaxgraph._cuda.stream import Stream
-from kernels import MIXED_PARAMS, REVERSE_BLOCK
+from support.kernel_sources import MIXED_PARAMS, REVERSE_BLOCK
 
 SIGNATURE = "float* y, const float* x, const double* w, float a, int n, long long shift, __half h, bool flag"
 

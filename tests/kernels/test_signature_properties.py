@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jaxgraph
 from jaxgraph._kernels.signature import find_signature, parse_signature
-from kernels import SAXPY
+from support.kernel_sources import SAXPY
 
 # Bounded sizes and a deadline per example: a parser that backtracks badly fails the deadline.
 FUZZ = settings(max_examples=int(os.environ.get("JAXGRAPH_FUZZ_EXAMPLES", "300")), deadline=1000, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from kernels import ADD_ONE, AXPY
+from support.kernel_sources import ADD_ONE, AXPY
 
 
 def test_template_named_without_arguments_says_to_instantiate_it(tmp_path):
@@ -71,7 +71,7 @@ def test_an_unwritable_cache_dir_warns_once_saying_where(tmp_path):
 
 
 def test_a_replayable_s_repr_says_when_no_path_is_known_yet():
-    from internals import spec_replayable
+    from support.internals import spec_replayable
 
     step = spec_replayable((jax.ShapeDtypeStruct((4,), jnp.float32),), (jax.ShapeDtypeStruct((4,), jnp.float32),), 7)
     text = repr(step)
@@ -80,7 +80,7 @@ def test_a_replayable_s_repr_says_when_no_path_is_known_yet():
 
 
 def test_a_replay_on_jax_s_cpu_suggests_via_callback_only_where_a_gpu_exists():
-    from internals import spec_replayable
+    from support.internals import spec_replayable
 
     step = spec_replayable((jax.ShapeDtypeStruct((4,), jnp.float32),), (jax.ShapeDtypeStruct((4,), jnp.float32),), 7)
     x = jax.device_put(np.zeros(4, np.float32), jax.devices("cpu")[0])
@@ -97,7 +97,7 @@ def test_a_replay_on_jax_s_cpu_suggests_via_callback_only_where_a_gpu_exists():
 
 
 def test_a_conditional_graph_s_instantiation_failure_says_what_cuda_said():
-    from internals import native_replay
+    from support.internals import native_replay
 
     failure = native_replay().conditional_instantiate_failure
     not_supported, invalid_value, out_of_memory = 801, 1, 2  # cudaError_t
@@ -146,7 +146,7 @@ def test_jax_call_compiled_for_the_cpu_says_jaxgraph_needs_cuda():
 
 
 def test_replayable_compiled_for_the_cpu_suggests_the_callback_path():
-    from internals import spec_replayable
+    from support.internals import spec_replayable
 
     sds = jax.ShapeDtypeStruct((8,), jnp.float32)
     step = spec_replayable((sds,), (sds,), graph_id=123456)

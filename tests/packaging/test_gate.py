@@ -15,7 +15,7 @@ import sys
 import jax
 import pytest
 
-from graph_support import jax_gpus
+from support.graph_helpers import jax_gpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROBE = "tests/graphs/test_graphs_api.py::test_removable_handle_removes_once_and_is_a_context_manager"

@@ -58,7 +58,7 @@ def test_every_public_function_class_method_and_property_has_a_docstring():
 
 
 # What counts as reaching into jaxgraph's internals from a test file.
-PRIVATE_USE = re.compile(r"jaxgraph\._[a-z]|from jaxgraph import [\w, ]*\b_[a-z]|from internals import|import internals\b"
+PRIVATE_USE = re.compile(r"jaxgraph\._[a-z]|from jaxgraph import [\w, ]*\b_[a-z]|from support\.internals import|from support import internals\b"
                          r"|\._create\(")
 
 
@@ -70,10 +70,10 @@ def test_tests_of_internals_are_listed():
     listed = set(re.findall(r"^\| `([\w./]+\.py)` \|", (tests / "README.md").read_text(), re.M))
     me = pathlib.Path(__file__).resolve().relative_to(tests).as_posix()
     users = {name for name, p in files.items() if PRIVATE_USE.search(p.read_text())} - {me}
-    assert "internals.py" in users and "jax_interop/test_jax_lowering.py" in users  # the pattern finds what it must
+    assert "support/internals.py" in users and "jax_interop/test_jax_lowering.py" in users  # the pattern finds what it must
     missing = sorted(users - listed)
     assert not missing, f"list these in tests/README.md's table of tests of internals: {missing}"
     assert listed <= set(files), "tests/README.md lists a file that is gone"
-    for name in sorted(users - {"internals.py"}):
+    for name in sorted(users - {"support/internals.py"}):
         doc = ast.get_docstring(ast.parse(files[name].read_text())) or ""
         assert "Tests internals" in doc, f"{name}: say in the module docstring which internals it tests and why"

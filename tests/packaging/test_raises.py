@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from graph_support import null_array
-from internals import spec_replayable, spec_sharded
-from kernels import SAXPY
+from support.graph_helpers import null_array
+from support.internals import spec_replayable, spec_sharded
+from support.kernel_sources import SAXPY
 
 
 def documented(fn) -> set[str]:

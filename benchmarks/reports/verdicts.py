@@ -2,7 +2,7 @@
 
 ``targets.py`` (issue 8) and ``targets_over_runs.py`` (issue 19) judge targets on the
 JSON that ``run.py`` (``stats.merge``), ``gray_scott_bench.py`` and
-``scale.py`` write. The readers here return ``None`` where the JSON lacks a
+``large_graphs.py`` write. The readers here return ``None`` where the JSON lacks a
 figure, so a target says *not measured* instead of failing; :func:`verdict`
 turns ``{where: met?}`` into the words of the targets table, :func:`over_runs`
 the same over a group of runs (``run.py --runs K``).

@@ -1,4 +1,4 @@
-"""The scale benchmark's modes (``benchmarks/scale.py``) and what the replay handler's counters say of them.
+"""The scale benchmark's modes (``benchmarks/large_graphs.py``) and what the replay handler's counters say of them.
 
 ``eager_mode`` replays the graph with ``g.replay()`` (the floor); ``feedback_mode`` and
 ``rotating_mode`` call a jitted replay (``x = f(x)``, or 8 inputs in turn), each adding the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from benchmarks import harness
+from benchmarks.harness import timing
 
 __all__ = ["BURST", "COUNTERS", "counted_delta", "eager_mode", "feedback_mode", "handler_burst", "per_call",
            "rotating_mode"]
@@ -21,7 +21,7 @@ COUNTERS = ("instantiate", "rebind", "copy", "node_copy", "to_copy", "handler_ca
             "copy_ns", "prepare_ns")
 
 
-def eager_mode(graph: Any, n: int) -> harness.Mode:
+def eager_mode(graph: Any, n: int) -> timing.Mode:
     """``g.replay()`` back to back, from an idle device to the last replay done: the floor."""
     import jaxgraph
 
@@ -33,10 +33,10 @@ def eager_mode(graph: Any, n: int) -> harness.Mode:
         jaxgraph.synchronize()
         return time.perf_counter() - start
 
-    return harness.Mode("eager", run, per_call=n)
+    return timing.Mode("eager", run, per_call=n)
 
 
-def feedback_mode(f: Any, x0: Any, n: int) -> harness.Mode:
+def feedback_mode(f: Any, x0: Any, n: int) -> timing.Mode:
     """``x = f(x)``: XLA's output buffer becomes the next input, so addresses alternate."""
     def calls_of(calls: int) -> Any:
         x = x0
@@ -47,7 +47,7 @@ def feedback_mode(f: Any, x0: Any, n: int) -> harness.Mode:
     return _counted_mode("jit_feedback", n, x0, calls_of)
 
 
-def rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
+def rotating_mode(f: Any, xs: list, n: int) -> timing.Mode:
     """``f(xs[i % 8])``, the last 8 results kept: a different input and output address on every call."""
     ys = [None] * len(xs)  # the last 8 results alive: each call's result lands at a new address too
     turn = [0]             # the rotation goes on across samples, whatever their calls
@@ -61,12 +61,12 @@ def rotating_mode(f: Any, xs: list, n: int) -> harness.Mode:
     return _counted_mode("jit_rotating", n, xs, calls_of)
 
 
-def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any]) -> harness.Mode:
+def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any]) -> timing.Mode:
     """A jit mode timing ``calls_of(calls)`` (it returns what to wait for), from ``inputs`` ready to
     its results ready; each run adds the native counters' change to ``mode.info`` (:func:`_accumulate`)."""
     import jax
 
-    mode = harness.Mode(key, lambda calls: 0.0, per_call=n)
+    mode = timing.Mode(key, lambda calls: 0.0, per_call=n)
 
     def run(calls: int) -> float:
         from jaxgraph._jax_interop.replay_spec import counters
@@ -84,7 +84,7 @@ def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any])
     return mode
 
 
-def handler_burst(mode: harness.Mode) -> dict:
+def handler_burst(mode: timing.Mode) -> dict:
     """The handler's counters on the first call after the device went idle, and per call over the next
     :data:`BURST` calls, queued while the earlier ones still run."""
     import jax
@@ -114,7 +114,7 @@ def _after_handler_calls(target: int, timeout_s: float = 30.0) -> dict:
     return now
 
 
-def _accumulate(mode: harness.Mode, before: dict, after: dict, calls: int) -> None:
+def _accumulate(mode: timing.Mode, before: dict, after: dict, calls: int) -> None:
     """Add the counters of a timed sample (not calibration runs) to ``mode.info``."""
     if "counters" not in mode.info:
         return

@@ -3,7 +3,7 @@
 Every factory takes ``step``, a JAX function computing ``x + N`` (on the GPU:
 ``jaxgraph.replayable(g, inputs=[x_s], outputs=[y_s])``), compiles its jitted
 function, checks one call against numpy on fresh random input and returns a
-:class:`~benchmarks.harness.Mode` timed by the host wall clock over many calls
+:class:`~benchmarks.harness.timing.Mode` timed by the host wall clock over many calls
 with one ``jax.block_until_ready`` at the end (jit modes are host-bound at
 small N, so device events would miss the dispatch they cost).
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .config import CHANGING_INPUTS, MIXED_REPLAYS, UNROLL, fori_trips
-from .harness import Mode, Skip
+from .timing import Mode, Skip
 from .workload import check_equal, check_result, random_input
 
 __all__ = ["jax_calls", "jit_changing", "jit_fori", "jit_loop", "jit_unrolled", "kernel_step", "mixed",

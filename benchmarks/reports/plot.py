@@ -1,6 +1,6 @@
 """The PNG plot of a results JSON: us per kernel vs N, log-log, one line per mode and setting.
 
-    python benchmarks/plot.py benchmarks/results/<device>.json [--out plot.png]
+    python benchmarks/reports/plot.py benchmarks/results/<device>.json [--out plot.png]
 
 Colour says the mode, line style and marker the process (XLA flag setting);
 the raw ``cuGraphLaunch`` floors are thick black lines. Error bars span the
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.config import FLOOR, JAX_MODES, NOJAX_MODES, SETTINGS  # noqa: E402
+from benchmarks.harness.config import FLOOR, JAX_MODES, NOJAX_MODES, SETTINGS  # noqa: E402
 
 STYLES = {"nojax": ("-", "o"), "off": (":", "v"), "on": ("-.", "^"), "defaults": ("--", "s")}
 

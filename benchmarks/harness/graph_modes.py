@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .harness import Mode, Skip
+from .timing import Mode, Skip
 from .workload import BLOCK, ELEMENTS, GRID, SOURCE, Chain, check_result, random_input
 
 __all__ = ["event_timer", "import_torch", "raw", "replay", "torch_add", "torch_cupy"]
@@ -125,7 +125,7 @@ def event_timer(stream: Any, body: Callable[[int], None]) -> Callable[[int], flo
 
 
 def import_torch() -> Any:
-    """``torch`` with CUDA, or :class:`~benchmarks.harness.Skip` saying why not."""
+    """``torch`` with CUDA, or :class:`~benchmarks.harness.timing.Skip` saying why not."""
     try:
         import torch
     except ImportError as exc:

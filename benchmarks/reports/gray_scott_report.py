@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks import stats
-from benchmarks.report import fmt
+from benchmarks.harness import stats
+from benchmarks.reports.run_report import fmt
 
 __all__ = ["MODES", "markdown", "summarize"]
 

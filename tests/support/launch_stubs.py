@@ -10,7 +10,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph._cuda import driver as _driver
-from kernels import ADD_ONE
+from support.kernel_sources import ADD_ONE
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Shared by the graphed-loop tests (no tests here): numpy's reference of ``kernels.LOOP_STEP``'s step, and
-a jit check run in a fresh process under one of ``graph_support.XLA_MODES`` (XLA reads XLA_FLAGS once)."""
+"""Shared by the graphed-loop tests (no tests here): numpy's reference of ``kernel_sources.LOOP_STEP``'s step, and
+a jit check run in a fresh process under one of ``graph_helpers.XLA_MODES`` (XLA reads XLA_FLAGS once)."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from graph_support import XLA_MODES
+from support.graph_helpers import XLA_MODES
 
 
 def ref(x, b, steps):
@@ -33,7 +33,7 @@ def run_jit_worker(module, check, kernels, mode):
     env.pop("XLA_FLAGS", None)
     if XLA_MODES[mode] is not None:
         env["XLA_FLAGS"] = XLA_MODES[mode]
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jax_interop")  # the test modules
     worker = _WORKER.format(module=module, check=check, kernels=kernels)
     return subprocess.run([sys.executable, "-c", worker, here, os.path.dirname(here)], env=env,
                           capture_output=True, text=True, timeout=300)

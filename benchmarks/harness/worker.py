@@ -3,7 +3,7 @@
 The driver (``run.py``) starts one worker per setting with ``XLA_FLAGS`` set
 in its environment, because XLA reads the flags once, when its backend starts::
 
-    python -m benchmarks.worker --setting on --json /tmp/on.json --config '{"ns": [1, 100], ...}'
+    python -m benchmarks.harness.worker --setting on --json /tmp/on.json --config '{"ns": [1, 100], ...}'
 
 Each worker measures the raw ``cuGraphLaunch`` floor next to its own modes,
 at each N, in interleaved rounds, so its ratios come from one process.
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import config, extras, graph_modes, harness, loop_modes, stats  # noqa: E402
-from benchmarks.workload import SOURCE, Chain  # noqa: E402
+from benchmarks.harness import config, extras, graph_modes, loop_modes, stats, timing  # noqa: E402
+from benchmarks.harness.workload import SOURCE, Chain  # noqa: E402
 
 ENV_KEYS = ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE", "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")
 
@@ -82,12 +82,12 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
         else:
             factories, step = _nojax_factories(chain, stream, rng), None
         if cfg.loops:
-            from benchmarks import jax_modes
+            from benchmarks.harness import jax_modes
 
             factories += (loop_modes.jax_factories(chain, jax_modes.kernel_step(kernel), rng) if setting.uses_jax
                           else loop_modes.nojax_factories(kernel, chain, stream, rng))
         factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
-        records = harness.measure_group(f"[{setting.key}] N={n}", factories, cfg.repeats,
+        records = timing.measure_group(f"[{setting.key}] N={n}", factories, cfg.repeats,
                                         cfg.target_ms / 1e3, cfg.max_calls, log, counters)
         _record(proc, n, records)
         setup = records.get("jax_calls", {}).get("setup_s")
@@ -99,7 +99,7 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
         factories = [("capture_1000", functools.partial(extras.capture, kernel, rng))]
         factories += extras.eager_factories(kernel, stream, rng)
         factories = [(key, factory) for key, factory in factories if cfg.runs(key)]
-        records = harness.measure_group(f"[{setting.key}] capture+eager", factories, cfg.repeats,
+        records = timing.measure_group(f"[{setting.key}] capture+eager", factories, cfg.repeats,
                                         cfg.target_ms / 1e3, cfg.max_calls, log) if factories else {}
         for key, record in records.items():
             proc["scalars"][key] = record
@@ -144,7 +144,7 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
                    previous: tuple | None) -> tuple[list, Any]:
     import jaxgraph
 
-    from benchmarks import jax_modes
+    from benchmarks.harness import jax_modes
 
     n = chain.n
     try:

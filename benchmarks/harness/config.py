@@ -1,7 +1,7 @@
 """What the benchmark runs: processes and their XLA flags, chain lengths, budgets, modes.
 
 Nothing here touches a GPU; the driver (``run.py``), the workers
-(``worker.py``) and the report (``report.py``) all read these tables.
+(``worker.py``) and the report (``run_report.py``) all read these tables.
 """
 
 from __future__ import annotations

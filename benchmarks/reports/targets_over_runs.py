@@ -1,13 +1,13 @@
 """Issue 19's targets against the committed results: the second section of ``<device>-targets.md``.
 
 Judged on four results files of one device (``targets.py`` reads them and
-writes the file; ``python benchmarks/targets.py`` regenerates it anywhere):
+writes the file; ``python benchmarks/reports/targets.py`` regenerates it anywhere):
 
 - ``<device>-quick.json`` (``run.py --quick``) and ``<device>.json`` (the full
   run): replay in jit against the floor, the mixed programs, eager launch.
   Each of these targets gets a row per kind of run, so a verdict always names
   the run it is judged on; a quick run's samples are short (its ``config``).
-  Where ``run.py --runs K`` made a group of runs (``runs.py``), the row judges
+  Where ``run.py --runs K`` made a group of runs (``consecutive_runs.py``), the row judges
   every run of it and names the runs that missed;
 - ``<device>-gray-scott.json`` (``gray_scott_bench.py``): the graphed step
   against XLA in a jitted ``fori_loop``, per XLA setting;
@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from typing import NamedTuple
 
-from benchmarks import verdicts
+from benchmarks.reports import verdicts
 
 __all__ = ["HARNESS_RUNS", "HARNESS_TARGETS", "KINDS", "PATTERNS", "SOURCES", "TARGETS", "Figures", "harness_figures",
            "rows", "section"]

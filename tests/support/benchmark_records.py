@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `benchmarks` is a package at the repository root
 
-from benchmarks import config, stats  # noqa: E402
+from benchmarks.harness import config, stats  # noqa: E402
 
 __all__ = ["record", "synthetic_quick", "synthetic_results", "table", "worker_record"]
 

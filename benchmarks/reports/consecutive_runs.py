@@ -19,7 +19,7 @@ what one run writes:
 record names that belong to the same invocation (``targets.py`` judges issue
 19's harness targets on all of them). With ``--runs 1`` (the default) nothing
 changes: one ``<stem>.json``, no ``runs`` record, judged alone. Pure apart
-from :func:`load` and :func:`main` (``python benchmarks/runs.py`` writes
+from :func:`load` and :func:`main` (``python benchmarks/reports/consecutive_runs.py`` writes
 ``<stem>-runs.md`` again from the JSON).
 """
 
@@ -31,9 +31,9 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks import targets_over_runs, verdicts  # noqa: E402
+from benchmarks.reports import targets_over_runs, verdicts  # noqa: E402
 
 __all__ = ["file_names", "load", "main", "markdown", "record"]
 
@@ -79,7 +79,7 @@ def markdown(runs: list[dict | None], names: list[str]) -> str:
     kind = "quick runs" if first.get("quick") else "loop runs" if first.get("config", {}).get("loops") else "full runs"
     lines = [f"# {device}: {len(runs)} consecutive {kind} side by side", "",
              f"Generated from the JSON by `{first.get('command', 'python benchmarks/run.py')}` "
-             "(again: `python benchmarks/runs.py`); every figure is the run's own (ratios to its own processes' "
+             "(again: `python benchmarks/reports/consecutive_runs.py`); every figure is the run's own (ratios to its own processes' "
              "floors), each place judged against issue 19's target in each run.", "",
              "| run | file | date | commit | wall s | failures and errors (the run's markdown) |", "| ---: | --- | --- | --- | ---: | --- |"]
     for i, (r, name) in enumerate(zip(runs, names), 1):
@@ -117,8 +117,8 @@ def markdown(runs: list[dict | None], names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/runs.py", description="<stem>-runs.md again from a group's JSON")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p = argparse.ArgumentParser(prog="benchmarks/reports/consecutive_runs.py", description="<stem>-runs.md again from a group's JSON")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     p.add_argument("--stem", default="nvidia-h100-80gb-hbm3",
                    help="the runs' file-name stem: <device>, <device>-quick or <device>-loops")
     args = p.parse_args(argv)

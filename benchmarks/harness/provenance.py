@@ -1,7 +1,7 @@
 """Where a result came from: the commit, the package versions, the device as nvidia-smi names it.
 
 Every results file records these; the harness (``run.py``), the benchmarks beside it
-(``scale.py``, ``scaling.py``, ``scaling_processes.py``, ``gray_scott_bench.py``) and
+(``large_graphs.py``, ``scaling_gpus.py``, ``scaling_processes.py``, ``gray_scott_bench.py``) and
 the probes (``probes/micro.py``) take them from here.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["DISTRIBUTIONS", "ROOT", "command_output", "git_commit", "git_from", "nvidia_smi", "versions"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "cuda-bindings", "cuda-core",
                  "nvidia-cuda-nvrtc", "torch", "cupy-cuda13x", "cupy-cuda12x", "numpy", "matplotlib", "jaxgraph")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks import stats
+from benchmarks.harness import stats
 
 __all__ = ["IDIOMATIC", "MODES", "TARGETS", "markdown", "render", "summarize"]
 

@@ -1,7 +1,7 @@
 """Scaling over GPUs: one jitted ``shard_map`` step of per-device graph replays, on 1 GPU and on several.
 
-    python benchmarks/scaling.py            # ~1 minute on 2 GPUs: writes results, prints the table and ratio
-    python benchmarks/scaling.py --quick    # smoke run: short samples, 3 rounds
+    python benchmarks/scaling_gpus.py            # ~1 minute on 2 GPUs: writes results, prints the table and ratio
+    python benchmarks/scaling_gpus.py --quick    # smoke run: short samples, 3 rounds
 
 The workload is per device (weak scaling): a chain of ``--kernels`` dependent
 ``add_one`` kernels over ``--elements`` float32, captured on every GPU with
@@ -14,7 +14,7 @@ every device, no JAX) give the hardware's own scaling next to it.
 
 Every mode is checked against numpy first (``x + kernels`` exactly, on fresh
 random integer-valued input, every shard), then the modes are sampled in
-interleaved rounds (``harness.measure_group``): each sample is the host wall
+interleaved rounds (``timing.measure_group``): each sample is the host wall
 time of many steps ending in ``jax.block_until_ready`` (or a synchronize of
 every device), per step. Writes ``<device>-scaling.json`` and ``.md`` into
 ``--out`` (``-scaling-quick`` with ``--quick``) and prints the markdown.
@@ -37,9 +37,9 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import harness, provenance, stats  # noqa: E402
-from benchmarks.report import fmt  # noqa: E402
-from benchmarks.workload import BLOCK, SOURCE, check_result  # noqa: E402
+from benchmarks.harness import provenance, stats, timing  # noqa: E402
+from benchmarks.reports.run_report import fmt  # noqa: E402
+from benchmarks.harness.workload import BLOCK, SOURCE, check_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.9  # throughput on 2 GPUs over 1, what issue 11 asks for
@@ -48,7 +48,7 @@ __all__ = ["TARGET", "jit_step_mode", "markdown", "parse_args", "replay_mode", "
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/scaling.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmarks/scaling_gpus.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of ~20 ms samples")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results directory")
     p.add_argument("--elements", type=int, default=1 << 22, help="float32 per device (default %(default)s)")
@@ -77,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def jit_step_mode(key: str, step: Callable, devices: Sequence[Any], elements: int, kernels: int,
-                  rng: np.random.Generator) -> harness.Mode:
+                  rng: np.random.Generator) -> timing.Mode:
     """``jax.jit(jax.shard_map(step))`` over ``devices`` (one shard of ``elements`` each), checked, timed.
 
     ``step`` adds ``kernels`` to its shard (a ShardedGraph on the GPU; any JAX
@@ -101,11 +101,11 @@ def jit_step_mode(key: str, step: Callable, devices: Sequence[Any], elements: in
         jax.block_until_ready(out)
         return time.perf_counter() - start
 
-    return harness.Mode(key, run, per_call=1, unit="us_per_call", clock="wall", check=check,
+    return timing.Mode(key, run, per_call=1, unit="us_per_call", clock="wall", check=check,
                         info={"devices": [str(d) for d in devices], "elements_per_device": elements})
 
 
-def replay_mode(key: str, sg: Any, ordinals: Sequence[int], kernels: int, rng: np.random.Generator) -> harness.Mode:
+def replay_mode(key: str, sg: Any, ordinals: Sequence[int], kernels: int, rng: np.random.Generator) -> timing.Mode:
     """``sg.replay(d)`` for every device of ``ordinals`` per step, from the host (no JAX): the floor."""
     import jaxgraph
 
@@ -128,7 +128,7 @@ def replay_mode(key: str, sg: Any, ordinals: Sequence[int], kernels: int, rng: n
             jaxgraph.synchronize(d)
         return time.perf_counter() - start
 
-    return harness.Mode(key, run, per_call=1, unit="us_per_call", clock="wall",
+    return timing.Mode(key, run, per_call=1, unit="us_per_call", clock="wall",
                         check=f"{check} (device(s) {', '.join(map(str, ordinals))})")
 
 
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
 
     import jaxgraph
-    from benchmarks import worker
+    from benchmarks.harness import worker
 
     gpus = _gpus(args.devices)
     n = len(gpus)
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  (f"jit_{n}gpus", lambda: jit_step_mode(f"jit_{n}gpus", sg, gpus, args.elements, args.kernels, rng)),
                  ("replay_1gpu", lambda: replay_mode("replay_1gpu", sg, ordinals[:1], args.kernels, rng)),
                  (f"replay_{n}gpus", lambda: replay_mode(f"replay_{n}gpus", sg, ordinals, args.kernels, rng))]
-    records = harness.measure_group("[scaling]", factories, args.repeats, args.target_ms / 1e3, 100_000)
+    records = timing.measure_group("[scaling]", factories, args.repeats, args.target_ms / 1e3, 100_000)
     for record in records.values():
         if record.get("samples"):
             record["stats"] = stats.summarize(record["samples"])
@@ -268,7 +268,7 @@ def _meta(argv: list, args: argparse.Namespace) -> dict:
     """Date, command, budgets, environment, package versions and git commit of this run."""
     return {"schema": 1, "benchmark": "scaling",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(["python", "benchmarks/scaling.py", *argv]), "quick": args.quick,
+            "command": " ".join(["python", "benchmarks/scaling_gpus.py", *argv]), "quick": args.quick,
             "config": {"elements": args.elements, "kernels": args.kernels, "repeats": args.repeats,
                        "target_ms": args.target_ms},
             "env": {k: os.environ.get(k) for k in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE",

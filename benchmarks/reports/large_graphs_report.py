@@ -1,4 +1,4 @@
-"""The markdown of a scale run (``benchmarks/scale.py``): per-kernel replay, the handler's work, phases, memory.
+"""The markdown of a scale run (``benchmarks/large_graphs.py``): per-kernel replay, the handler's work, phases, memory.
 
 Pure formatting of the JSON the scale run writes; ``tests/benchmarks/test_scale_benchmark.py``
 checks it on synthetic records.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import stats
-from benchmarks.report import fmt
+from benchmarks.harness import stats
+from benchmarks.reports.run_report import fmt
 
 __all__ = ["markdown"]
 

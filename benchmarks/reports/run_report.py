@@ -8,8 +8,8 @@ returns text, so it can be re-rendered from a committed JSON::
 
 from __future__ import annotations
 
-from .config import (COUNTERS, JAX_MODES, LOOP_JAX_MODES, LOOP_NOJAX_MODES, MIXED_MODES, MIXED_REPLAYS, MODE_INFO,
-                     NOJAX_MODES, SCALAR_INFO, SETTINGS)
+from ..harness.config import (COUNTERS, JAX_MODES, LOOP_JAX_MODES, LOOP_NOJAX_MODES, MIXED_MODES, MIXED_REPLAYS, MODE_INFO,
+                               NOJAX_MODES, SCALAR_INFO, SETTINGS)
 
 __all__ = ["fmt", "markdown"]
 

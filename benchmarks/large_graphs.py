@@ -1,7 +1,7 @@
 """Scale: graphs of 10k and 100k kernels, replayed eagerly and inside ``jax.jit``.
 
     python benchmarks/run.py --scale                 # N = 10k and 100k, both buffer patterns (~2 minutes)
-    python benchmarks/scale.py --points 10000:in_place --repeats 3   # one point
+    python benchmarks/large_graphs.py --points 10000:in_place --repeats 3   # one point
 
 The workload is N ``add_one`` kernels on 1024 float32, captured into one
 :class:`jaxgraph.CUDAGraph`, in two patterns of static buffers:
@@ -59,11 +59,12 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the harness as the package `benchmarks`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import harness, provenance, stats, targets  # noqa: E402
-from benchmarks.scale_modes import (COUNTERS, counted_delta, eager_mode, feedback_mode,  # noqa: E402
+from benchmarks.harness import provenance, stats, timing  # noqa: E402
+from benchmarks.reports import targets  # noqa: E402
+from benchmarks.harness.large_graph_modes import (COUNTERS, counted_delta, eager_mode, feedback_mode,  # noqa: E402
                                     handler_burst, per_call, rotating_mode)
-from benchmarks.scale_report import markdown  # noqa: E402
-from benchmarks.workload import BLOCK, SOURCE  # noqa: E402
+from benchmarks.reports.large_graphs_report import markdown  # noqa: E402
+from benchmarks.harness.workload import BLOCK, SOURCE  # noqa: E402
 
 __all__ = ["ELEMENTS", "PATTERNS", "main", "markdown", "measure", "parse_args", "parse_points"]
 
@@ -77,7 +78,7 @@ WARMUP = 2 * ROTATE  # untimed calls of each jit mode first (the policy judges a
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="benchmarks/scale.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="benchmarks/large_graphs.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="results directory")
     p.add_argument("--points", type=parse_points, default=DEFAULT_POINTS,
                    help="comma-separated N:pattern (default: 10000 and 100000, one_site and in_place)")
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     results = {"schema": 1, "benchmark": "scale",
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": " ".join(["python", "benchmarks/scale.py", *argv]), "xla_flags": XLA_FLAGS,
+               "command": " ".join(["python", "benchmarks/large_graphs.py", *argv]), "xla_flags": XLA_FLAGS,
                "config": {"repeats": args.repeats, "target_ms": args.target_ms, "elements": ELEMENTS},
                "git": provenance.git_commit(),
                "points": []}
@@ -129,14 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / f"{stem}.json").write_text(json.dumps(stats.json_ready(results), indent=1) + "\n")
         (args.out / f"{stem}.md").write_text(text)
     print(f"\nwrote {args.out / stem}.json and .md in {results['wall_s']:.0f} s\n\n{text}")
-    print(f"wrote {targets.write(args.out, stem[:-len('-scale')])}")  # benchmarks/targets.py
+    print(f"wrote {targets.write(args.out, stem[:-len('-scale')])}")  # benchmarks/reports/targets.py
     return 0 if all("error" not in p for p in results["points"]) else 1
 
 
 def _child(n: int, pattern: str, args: argparse.Namespace) -> dict:
     """Measure one point in its own process (memory figures are per process); never raises."""
     env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "benchmarks.scale", "--child", f"{n}:{pattern}", "--repeats", str(args.repeats),
+    cmd = [sys.executable, "-m", "benchmarks.large_graphs", "--child", f"{n}:{pattern}", "--repeats", str(args.repeats),
            "--target-ms", str(args.target_ms)]
     print(f"[{n}:{pattern}] starting", flush=True)
     try:
@@ -160,7 +161,7 @@ def _child(n: int, pattern: str, args: argparse.Namespace) -> dict:
 
 def measure(n: int, pattern: str, args: argparse.Namespace) -> dict:
     """Every figure of one point (see the module docstring); a failure is recorded, not raised."""
-    from benchmarks import worker
+    from benchmarks.harness import worker
 
     out: dict[str, Any] = {"n": n, "pattern": pattern, "phases_s": {}, "memory": {}, "modes": {}}
     try:
@@ -239,11 +240,11 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     for key in ("jit_feedback", "jit_rotating"):
         modes[key].run(WARMUP)  # the cache filled and the bind-or-copy policy settled before timing
     for mode in modes.values():
-        harness.calibrate(mode, args.target_ms / 1e3, max_calls=1000)
+        timing.calibrate(mode, args.target_ms / 1e3, max_calls=1000)
     for key in ("jit_feedback", "jit_rotating"):
         modes[key].info["counters"] = {c: 0 for c in COUNTERS}
         modes[key].info["calls_counted"] = 0
-    samples, errors = harness.sample_interleaved(list(modes.values()), args.repeats)
+    samples, errors = timing.sample_interleaved(list(modes.values()), args.repeats)
     for key, mode in modes.items():
         record = {"samples": samples[key], "calls": mode.calls, **({"error": errors[key]} if key in errors else {})}
         if samples[key]:
@@ -305,7 +306,7 @@ def _fresh(rng: np.random.Generator) -> np.ndarray:
 
 
 def _expect(got: np.ndarray, x: np.ndarray, steps: int) -> str:
-    from benchmarks.workload import check_result
+    from benchmarks.harness.workload import check_result
 
     return check_result(got, x, steps)
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from .config import LOOP_CHECK_EVERY, LOOP_UNROLLS, fori_trips
 from .graph_modes import event_timer
-from .harness import Mode
+from .timing import Mode
 from .jax_modes import _loop_mode
 from .workload import Chain, check_result, random_input
 

@@ -13,7 +13,7 @@ import types
 import numpy as np
 
 import jaxgraph
-from kernels import (ADD, AXPB, AXPY_OUT, BLOCK_SUM, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SCALE, SQUARE,
+from support.kernel_sources import (ADD, AXPB, AXPY_OUT, BLOCK_SUM, BLOCK_SUM_DYNAMIC, INC, SAXPY, SCALAR_TYPES, SCALE, SQUARE,
                      SUM_DIFF)
 
 BLOCK = 256
@@ -150,7 +150,7 @@ def alternate_calls(f, xj, calls=12, settle=6):
     """Call ``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (so result
     addresses alternate); return the last result, the result addresses seen and the counters'
     change over the calls after ``settle``."""
-    from internals import counters
+    from support.internals import counters
 
     out, seen, before = None, set(), None
     for i in range(calls):
@@ -167,7 +167,7 @@ def assert_switched_and_copied_by_nodes(step, device, call, calls=4):
     ``COPIED_BY_COST``, copied by the two copy nodes of its one executable, and each of ``calls``
     more calls (``call(i)`` returns the result and numpy's) is exact, launches, copies by those
     nodes alone and rewrites or makes nothing. Returns the counters before those calls."""
-    from internals import counters, describe_graph
+    from support.internals import counters, describe_graph
 
     rows = step.bindings[device]
     assert [r.mode for r in rows] == [jaxgraph.BindingMode.COPIED_BY_COST] * 2, rows
@@ -252,6 +252,9 @@ XLA_MODES = {
 }
 
 
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # on a worker's path: it imports support.*
+
+
 def run_xla_worker(worker, src, tmp_path, mode, seed, paths=()):
     """Run ``worker`` (a script taking ``src.cu seed out.npy``) with ``mode``'s XLA flags; return
     the array it saved and the JSON it printed after ``REPORT ``. ``tests/`` and ``paths`` are on
@@ -259,7 +262,7 @@ def run_xla_worker(worker, src, tmp_path, mode, seed, paths=()):
     (tmp_path / "src.cu").write_text(src)
     out = tmp_path / f"{mode}.npy"
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), *paths, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([TESTS, *paths, os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
     if XLA_MODES[mode] is not None:
         env["XLA_FLAGS"] = XLA_MODES[mode]

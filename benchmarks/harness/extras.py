@@ -20,7 +20,7 @@ import numpy as np
 
 from .config import CAPTURE_LAUNCHES
 from .graph_modes import import_torch
-from .harness import Mode
+from .timing import Mode
 from .workload import BLOCK, ELEMENTS, GRID, Chain, check_result, random_input
 
 __all__ = ["capture", "eager_factories"]
@@ -50,7 +50,7 @@ def capture(kernel: Any, rng: np.random.Generator, launches: int = CAPTURE_LAUNC
 
 
 def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[tuple[str, Callable[[], Mode]]]:
-    """The eager-launch ways, as (key, factory) pairs for :func:`~benchmarks.harness.measure_group`."""
+    """The eager-launch ways, as (key, factory) pairs for :func:`~benchmarks.harness.timing.measure_group`."""
     def jaxgraph_bound() -> Mode:
         bound = kernel[GRID, BLOCK, 0, stream]
         return _jaxgraph_mode("eager.jaxgraph_bound", lambda y, x: bound(y, x, ELEMENTS), stream, rng)

@@ -1,6 +1,6 @@
-"""One process of tests/jax_interop/test_multiprocess.py: run by benchmarks/launch.py, N at once.
+"""One process of tests/jax_interop/test_multiprocess.py: run by benchmarks/harness/process_launcher.py, N at once.
 
-    python tests/jax_interop/multiprocess_scenarios.py {cpu,gpu} SEED [--errors]
+    python tests/support/multiprocess_scenarios.py {cpu,gpu} SEED [--errors]
 
 Every process joins ``jax.distributed`` (torchrun's variables, set by the
 launcher), runs the scenarios in the same order, and prints one line
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-# the repository root (benchmarks.launch) and tests/ (the shared kernels)
+# the repository root (benchmarks.harness.process_launcher) and tests/ (the shared kernels)
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-from benchmarks.launch import initialize  # noqa: E402
+from benchmarks.harness.process_launcher import initialize  # noqa: E402
 
-from kernels import INC, SCALE  # noqa: E402
+from support.kernel_sources import INC, SCALE  # noqa: E402
 
 N = 4096  # floats per process (one shard)
 SOURCE = SCALE + INC
@@ -82,7 +82,7 @@ def cpu_scenarios(rank, world, seed):
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from internals import spec_replayable, spec_sharded
+    from support.internals import spec_replayable, spec_sharded
 
     f32 = jax.ShapeDtypeStruct
     mesh = Mesh(np.array(jax.devices()), ("x",))

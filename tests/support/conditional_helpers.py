@@ -22,13 +22,13 @@ from unittest import mock
 
 import numpy as np
 
-import graph_support
+from support import graph_helpers
 import jaxgraph
 import jaxgraph._jax_interop.replayable
 from jaxgraph._kernels.load import node_handles
 from jaxgraph._jax_interop.replay_spec import source_of
 from jaxgraph._kernels.signature import access_flags
-from kernels import ACCUMULATE, AXPB, CONDITIONAL, LOOP_FLAG, SET_CONDITIONAL
+from support.kernel_sources import ACCUMULATE, AXPB, CONDITIONAL, LOOP_FLAG, SET_CONDITIONAL
 
 N = 4096
 BLOCK = 256
@@ -56,9 +56,9 @@ def load_kernels():
 
 
 def capture_api_kernels():
-    """The graph kernels (``graph_support.load_kernels``) and ``kernels.CONDITIONAL``'s, loaded
+    """The graph kernels (``graph_helpers.load_kernels``) and ``kernel_sources.CONDITIONAL``'s, loaded
     before any capture: the kernels of test_conditional.py and test_conditional_loops.py."""
-    ks = graph_support.load_kernels()
+    ks = graph_helpers.load_kernels()
     for name in ("add_inplace", "count_down", "is_even", "store_row"):
         kernel = jaxgraph.Kernel(CONDITIONAL, name)
         kernel.handle  # noqa: B018 - load before any capture
@@ -305,10 +305,13 @@ def random_inputs(name, rng, trip):
     return [x, *control]
 
 
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # on a worker's path: it imports support.*
+
+
 def run_worker(script: str, mode: str, tmp_path) -> str:
     """Run ``script`` in a fresh process under ``mode``'s XLA flags; return its stdout."""
     env = dict(os.environ, XLA_FLAGS=XLA_MODES[mode], XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, f"worker ({mode}) failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
