@@ -17,7 +17,9 @@ Cotangents: a fed input gets the cotangent handed back through all R steps;
 an input that is not fed (a parameter) gets the sum over the steps of what
 the backward step returns for it; integer inputs (and the count) get none.
 The outputs that are not fed come from the last step only, so their
-cotangents enter the last step's backward only.
+cotangents enter the last step's backward only. With ``until=``, the loop runs
+as usual and the checkpointed forward then reruns the ``steps_run`` steps it
+ran: the gradient is that of what the loop returned.
 
 Memory: ``slots + C`` states on the device (``slots = ceil(R / C)``, C about
 sqrt(R) by default), plus the residual XLA keeps between forward and
@@ -129,13 +131,16 @@ class LoopGradient:
         self.loop = loop
         self.n_in = len(loop.inputs)
         self.own_count = bool(loop._count_is_own)
+        self.until = loop._until is not None
         fixed = loop.steps if loop.steps is not None else -1
         max_steps = fixed if fixed >= 0 else loop._max_steps
         if max_steps is None:
             raise ValueError("jax.grad of a graphed_loop whose count is chosen per launch needs a bound on the "
                              "count for its checkpoint slots: build it with graphed_loop(..., max_steps=M); a "
                              "launch with more than M steps returns NaN outputs and gradients")
-        self.layout = _ckpt.checkpoint_layout(fixed, max_steps, loop._checkpoint_every)
+        # With until=, the checkpointed forward reruns the steps_run steps the loop ran: a count read
+        # on the device, at most R.
+        self.layout = _ckpt.checkpoint_layout(-1 if self.until else fixed, max_steps, loop._checkpoint_every)
         static_ct, static_grad, grad_slots, used = step._backward_parts
         static_in, static_out = flat_statics(step)
         self.static_in, self.static_out, self.static_ct = static_in, static_out, static_ct
@@ -160,6 +165,9 @@ class LoopGradient:
             other_outputs=tuple((o, static_out[o].nbytes) for o in range(n_out) if o not in fed_outputs),
             outputs=tuple((o, static_out[o].dtype, static_out[o].nbytes) for o in range(n_out)),
             rerun_forward=any(used[self.n_in:self.n_in + n_out]))
+        # The backward's outputs: the fed float inputs' cotangents, then the parameters' sums.
+        self._lam_order = [i for o, i in fed if np.issubdtype(static_in[i].dtype, np.inexact)]
+        self._acc_order = [i for i, s, dt, n in self.parts.params]
         self._built = False
         self._lock = threading.Lock()
 
@@ -180,8 +188,7 @@ class LoopGradient:
             ck = {i: zeros((slots, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
             ring = {i: zeros((every, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
             acc = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i, s, dt, n in self.parts.params}
-            lam = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for o, i in self.fed
-                   if np.issubdtype(self.static_in[i].dtype, np.inexact)}
+            lam = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i in self._lam_order}
             _, static_grad, _, _ = step._backward_parts
             buffers = {**{f"x{i}": self.static_in[i] for o, i in self.fed},
                        **{f"y{o}": a for o, a in enumerate(self.static_out)},
@@ -194,7 +201,10 @@ class LoopGradient:
             plan = zeros((_ckpt.PLAN_WORDS,), np.int32)
             preds = {"full": zeros((1,), np.int32), "part": zeros((1,), np.int32)}
             r_out, r_in = zeros((1,), np.int32), zeros((1,), np.int32)
-            count = loop.count if layout.fixed < 0 else zeros((1,), np.int32)
+            if self.until:
+                count = self._run_count = zeros((1,), np.int32)   # steps_run, copied in at each launch
+            else:
+                count = loop.count if layout.fixed < 0 else zeros((1,), np.int32)
             common = dict(buffers=buffers, slot_bytes=slot_bytes, step_graph=step.graph,
                           backward_graph=step.backward_graph, plan=plan, preds=preds, fixed=layout.fixed,
                           every=every, max_steps=layout.max_steps, device=device)
@@ -203,15 +213,12 @@ class LoopGradient:
             bwd_graph, bwd_tables = _ckpt.capture_program(_ckpt.backward_program(self.parts, every), count=r_in,
                                                           r_out=zeros((1,), np.int32), **common)
             fed_ck = [ck[i] for o, i in self.fed]
-            count_in = [loop.count] if self.own_count else []
+            count_in = [count] if self.until else [loop.count] if self.own_count else []
             # Copied, not bound: the ops kernels reach the buffers through tables in device memory.
             self._fwd = replayable(fwd_graph, inputs=[*self.static_in, *count_in],
                                    outputs=[*self.static_out, *fed_ck, r_out], bind="copy")
-            self._param_in = [i for i in self.params]
-            self._lam_order = [i for o, i in self.fed if i in lam]
-            self._acc_order = [i for i, s, dt, n in self.parts.params]
             bwd_outputs = [lam[i] for i in self._lam_order] + [acc[i] for i in self._acc_order]
-            self._bwd = replayable(bwd_graph, inputs=[*fed_ck, *[self.static_in[i] for i in self._param_in],
+            self._bwd = replayable(bwd_graph, inputs=[*fed_ck, *[self.static_in[i] for i in self.params],
                                                       *self.static_ct, r_in],
                                    outputs=bwd_outputs, bind="copy")
             self._keep = (ck, ring, acc, lam, plan, preds, r_out, r_in, count, fwd_graph, bwd_graph,
@@ -226,8 +233,14 @@ class LoopGradient:
         params = tuple(args[i] for i in self.params)
         if self.layout.max_steps == 0:
             return primal(*args), (params, (), None)
-        out = self._fwd(*args)
         n_out = len(self.static_out)
+        if self.until:
+            # The loop as it runs (its stop), then the checkpointed forward over the steps it ran: the
+            # gradient is that of what the loop returned (with check_every, the steps past the flag too).
+            result = primal(*args)
+            out = self._fwd(*args[:self.n_in], result[-1])
+            return result, (params, tuple(out[n_out:-1]), out[-1])
+        out = self._fwd(*args)
         outs, ck, r = out[:n_out], tuple(out[n_out:-1]), out[-1]
         result = outs[0] if n_out == 1 else tuple(outs)
         return result, (params, ck, r)
@@ -239,7 +252,7 @@ class LoopGradient:
 
         params, ck, r = residuals
         n_out = len(self.static_out)
-        cts = list(cotangents) if n_out > 1 else [cotangents]
+        cts = list(cotangents)[:n_out] if n_out + self.until > 1 else [cotangents]  # steps_run has none
         for o, a in enumerate(self.static_out):  # integer outputs get float0 cotangents from JAX
             if cts[o].dtype == jax.dtypes.float0:
                 cts[o] = jnp.zeros(a.shape, a.dtype)
@@ -269,10 +282,6 @@ def _check_differentiable(loop: Any, step: Any) -> None:
         raise TypeError(f"jax.grad of a graphed_loop needs its step to have a backward: capture it with "
                         f"make_graphed_callables({step.__name__}, sample_args, backward=bwd), where bwd(*args, "
                         "outputs, cotangents) launches the adjoint kernels")
-    if loop._until is not None:
-        raise NotImplementedError("jax.grad of a graphed_loop with until= is not supported yet: run the loop "
-                                  "without until= for the steps_run it returned (a loop with steps=None and "
-                                  "max_steps=, called with steps=steps_run)")
     if not loop.feed:
         raise ValueError("jax.grad of a graphed_loop needs feed= (the state carried from step to step); a loop "
                          "without feed reruns the step on the same inputs")

@@ -175,7 +175,7 @@ def _fake_loop(backward=True, until=None, feed=None, steps=10, max_steps=None, s
     (dict(backward=False), TypeError, r"needs its step to have a backward: capture it with "
                                       r"make_graphed_callables\(advance, sample_args, backward=bwd\)"),
     (dict(step="graph"), TypeError, "step is a CUDAGraph, which has no backward"),
-    (dict(until=object()), NotImplementedError, "with until= is not supported yet"),
+    (dict(until=object(), steps=None), ValueError, r"max_steps=M"),
     (dict(feed={}), ValueError, "needs feed="),
     (dict(draws=True), NotImplementedError, "draws random numbers"),
     (dict(steps=None), ValueError, r"build it with graphed_loop\(..., max_steps=M\)"),
@@ -193,6 +193,64 @@ def test_refused_at_trace_time_before_any_launch(kw, exc, match):
     with pytest.raises(exc, match=match):
         jax.jit(jax.grad(lambda x: fn(x).sum())).trace(jnp.ones(3))
     assert not launched or kw == {}  # the primal runs only under jax.grad's eager trace, never the device
+
+
+# The custom_vjp's wiring (arguments, residuals, cotangent routing, until=, a count per call) with the
+# device replaced by jnp stand-ins of the checkpointed forward and backward of y = 0.9 x + a.
+
+def _wired(until, own_count, rng, steps=6, stop_at=4):
+    f32 = np.float32
+    loop = _fake_loop(until=object() if until else None, steps=None if own_count else steps,
+                      max_steps=steps if own_count else None)
+    step = loop._step
+    step._static_in, step._static_out = (np.zeros(3, f32), np.zeros(3, f32)), (np.zeros(3, f32),)
+    step._backward_parts = ((np.zeros(3, f32),), (np.zeros(3, f32), np.zeros(3, f32)), (0, 1), (True,) * 5)
+    loop.inputs = step._static_in
+    grad = loop_grad.loop_gradient(loop)
+    calls = []
+
+    def run(x, a, r):
+        for _ in range(r):
+            x = 0.9 * x + a
+        return x
+
+    def primal(x, a, n=None):
+        r = steps if n is None else int(n[0])
+        y = run(x, a, r)
+        return (y, jnp.full((1,), min(r, stop_at), jnp.int32)) if until else y
+
+    def fwd(x, a, count=None):
+        r = int(count[0]) if count is not None else steps
+        calls.append(("fwd", r))
+        return run(x, a, r), jnp.stack([x, x]), jnp.full((1,), r, jnp.int32)
+
+    def bwd(ck, a, ct, r):
+        r = int(r[0])
+        calls.append(("bwd", r))
+        return 0.9 ** r * ct, ct * sum(0.9 ** t for t in range(r))
+
+    grad._built, grad._fwd, grad._bwd = True, fwd, bwd
+    return loop, loop_grad.differentiable(loop, primal), calls
+
+
+@pytest.mark.parametrize("until,own_count", [(False, False), (False, True), (True, False), (True, True)])
+def test_custom_vjp_routes_arguments_and_cotangents(rng, until, own_count):
+    loop, fn, calls = _wired(until, own_count, rng)
+    x, a, w = (jnp.asarray(rng.standard_normal(3), jnp.float32) for _ in range(3))
+    count = (jnp.full((1,), 6, jnp.int32),) if own_count else ()
+
+    def loss(x, a):
+        out = fn(x, a, *count)
+        y = out[0] if until else out
+        return jnp.vdot(y, w)
+
+    gx, ga = jax.grad(loss, argnums=(0, 1))(x, a)
+    r = 4 if until else 6   # with until=, the steps the loop ran
+    np.testing.assert_allclose(gx, 0.9 ** r * w, rtol=1e-6)
+    np.testing.assert_allclose(ga, w * sum(0.9 ** t for t in range(r)), rtol=1e-6)
+    assert calls == [("fwd", r), ("bwd", r)]
+    (_, *rest), vjp = jax.vjp(lambda x, a: fn(x, a, *count), x, a)
+    assert len(vjp(((w, np.zeros((1,), jax.dtypes.float0)) if until else w))) == 2
 
 
 def test_forward_mode_is_refused_when_traced():

@@ -40,12 +40,17 @@ extern "C" __global__ void lg_decay_bwd(float* gx, float* ga, const float* x, co
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) { gx[i] = cy[i] * (0.5f - 2.0f * x[i] * (y[i] - 0.5f * x[i])); ga[i] = cy[i] * expf(-x[i] * x[i]); }
 }
+// the stop: done[0] = 1 once y[0] passes a threshold
+extern "C" __global__ void lg_flag(int* done, const float* y, float threshold) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && y[0] > threshold) done[0] = 1;
+}
 """
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    return {name: jaxgraph.Kernel(SOURCE, name) for name in ("lg_step", "lg_step_bwd", "lg_decay", "lg_decay_bwd")}
+    return {name: jaxgraph.Kernel(SOURCE, name)
+            for name in ("lg_step", "lg_step_bwd", "lg_decay", "lg_decay_bwd", "lg_flag")}
 
 
 def _blocks(n):
@@ -227,3 +232,41 @@ def test_step_without_backward_refused_before_launch(kernels, rng):
     loop = jaxgraph.graphed_loop(jaxgraph.make_graphed_callables(half, (x0,)), 10, feed={0: 0})
     with pytest.raises(TypeError, match="needs its step to have a backward"):
         jax.jit(jax.grad(lambda x: loop(x).sum())).trace(x0)
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_of_an_until_loop_is_that_of_the_steps_it_ran(kernels, rng, check_every, jit):
+    # x[0] grows (a[0] = 0.2, m[0] = 2: 0.9 x + 0.4 tanh(x)) until it passes 3.0 (22 steps); the rest is random.
+    x0, a0 = np.zeros(N, np.float32), np.zeros(N, np.float32)
+    m0 = np.zeros(N, np.int32)
+    done = jaxgraph.zeros((1,), np.int32)
+
+    def advance(x, a, m):
+        y, z = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
+        kernels["lg_step"][_blocks(N), 256](y, z, x, a, m, N)
+        kernels["lg_flag"][1, 1](done, y, 3.0)
+        return y, z
+
+    def advance_bwd(x, a, m, outputs, cts):
+        gx, ga = jaxgraph.empty(x.shape), jaxgraph.empty(x.shape)
+        kernels["lg_step_bwd"][_blocks(N), 256](gx, ga, x, a, m, cts[0], cts[1], N)
+        return gx, ga, None
+
+    step = jaxgraph.make_graphed_callables(advance, (x0, a0, m0), backward=advance_bwd)
+    loop = jaxgraph.graphed_loop(step, 300, feed={0: 0}, until=done, check_every=check_every, checkpoint_every=5)
+    x, a, m, wy, wz = inputs(rng)
+    x[0], a[0], m[0] = 0.1, 0.2, 2
+
+    def loss(x, a):
+        (y, z), steps_run = loop(x, a, jnp.asarray(m))
+        return jnp.vdot(y, wy) + jnp.vdot(z, wz), steps_run
+
+    f = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    (value, steps_run), (gx, ga) = (jax.jit(f) if jit else f)(jnp.asarray(x), jnp.asarray(a))
+    ran = int(np.asarray(steps_run)[0])
+    assert 15 < ran < 40 and (check_every == 1 or ran % check_every == 0), ran
+    want_value, want_gx, want_ga = ref_loss_and_grads(x, a, m, wy, wz, ran)
+    close(gx, want_gx, f"x0 after {ran} steps")
+    close(ga, want_ga, f"a after {ran} steps")
+    close(value, want_value, "loss")
