@@ -17,7 +17,10 @@ the diffusivity field (``jax.value_and_grad``, jitted):
   ``jax.custom_vjp`` per step (the backward kernel as its VJP) in ``lax.scan``;
 - ``jaxgraph``: the same kernels captured as a graphed step with
   ``backward=``, in ``jaxgraph.graphed_loop``: one checkpointed forward loop
-  and one backward loop on the device (``checkpoint_every`` about sqrt(R)).
+  and one backward loop on the device (``checkpoint_every`` about sqrt(R));
+- ``jaxgraph_retarget``: the same with ``loop_grad.RETARGET`` on (clones of the
+  step and its backward pointed at the ring slots, no state copies between
+  steps); the report says which way ran (``mode``).
 
 Each XLA setting (``defaults``; ``off``: command buffers off; ``on``:
 ``FUSION,CUSTOM_CALL`` with min graph size 1) runs in its own process; the
@@ -46,7 +49,7 @@ SETTINGS = {
     "off": "--xla_gpu_enable_command_buffer=",
     "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
 }
-VARIANTS = ("jnp", "jnp_checkpoint", "jax_call", "jaxgraph")
+VARIANTS = ("jnp", "jnp_checkpoint", "jax_call", "jaxgraph", "jaxgraph_retarget")
 
 
 # ----------------------------------------------------------------------------
@@ -68,7 +71,7 @@ def _gradient_fn(variant, ex, n, steps):
     import jax.numpy as jnp
     import numpy as np
 
-    held = 0
+    held, loop = 0, None
     if variant in ("jnp", "jnp_checkpoint"):
         def body(u, kappa):
             return u + kappa * ex.laplacian(u)
@@ -101,6 +104,9 @@ def _gradient_fn(variant, ex, n, steps):
             u, _ = jax.lax.scan(lambda u, _: (step(u, kappa), None), u0, None, length=steps)
             return u
     else:
+        from jaxgraph._jax_interop import loop_grad
+
+        loop_grad.RETARGET = variant == "jaxgraph_retarget"
         loop = ex.make_loop(n, steps)
         held = loop.checkpoint_memory()["device_bytes"]
 
@@ -110,7 +116,7 @@ def _gradient_fn(variant, ex, n, steps):
     def loss(u0, kappa, u_obs):
         return jnp.mean((run(u0, kappa) - u_obs) ** 2)
 
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), held
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), held, loop
 
 
 def worker(variant, grids, steps, reps):
@@ -125,9 +131,9 @@ def worker(variant, grids, steps, reps):
         kappa_true, u0, kappa = ex.problem(n, rng)
         u0, kappa = jnp.asarray(u0), jnp.asarray(kappa)
         u_obs = ex.diffuse_reference(u0, jnp.asarray(kappa_true), steps)
-        ref_fn, _ = _gradient_fn("jnp", ex, n, steps)
+        ref_fn, _, _ = _gradient_fn("jnp", ex, n, steps)
         _, (ref_gu, ref_gk) = ref_fn(u0, kappa, u_obs)
-        fn, held = _gradient_fn(variant, ex, n, steps)
+        fn, held, loop = _gradient_fn(variant, ex, n, steps)
         compiled = fn.lower(u0, kappa, u_obs).compile()
         mem = compiled.memory_analysis()
         temp = int(getattr(mem, "temp_size_in_bytes", -1)) if mem is not None else -1
@@ -144,7 +150,8 @@ def worker(variant, grids, steps, reps):
         stats = jax.devices()[0].memory_stats() or {}
         out["grids"][str(n)] = {"median_ms": statistics.median(times) * 1e3, "samples_ms": [t * 1e3 for t in times],
                                 "xla_temp_bytes": temp, "xla_peak_bytes": int(stats.get("peak_bytes_in_use", -1)),
-                                "jaxgraph_held_bytes": held, "max_rel_err_vs_jnp": err, "loss": float(value)}
+                                "jaxgraph_held_bytes": held, "max_rel_err_vs_jnp": err, "loss": float(value),
+                                "mode": loop._gradient.mode if loop is not None else ""}
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -199,15 +206,19 @@ def report(records, args):
                                             "xla_peak_bytes": g0["xla_peak_bytes"],
                                             "jaxgraph_held_bytes": g0["jaxgraph_held_bytes"]}
             alls = ", ".join(f"{s} {m:.2f}" for s, m in sorted(meds.items()))
+            if g0.get("mode"):
+                alls += f" ({g0['mode']})"
             lines.append(f"| {v} | {best} | {meds[best]:.2f} [{min(rounds):.2f}-{max(rounds):.2f}] | {alls} | "
                          f"{_mb(g0['xla_temp_bytes'])} | {_mb(g0['xla_peak_bytes'])} | {_mb(g0['jaxgraph_held_bytes'])} "
                          f"| {max(g['max_rel_err_vs_jnp'] for gs in per.values() for g in gs):.1e} |")
         s = summary.get(n, {})
-        if "jaxgraph" in s:
+        for mine in ("jaxgraph", "jaxgraph_retarget"):
+            if mine not in s:
+                continue
             for base in ("jnp", "jnp_checkpoint", "jax_call"):
                 if base in s:
-                    lines.append(f"\njaxgraph vs {base} (each at its best): "
-                                 f"{s[base]['median_ms'] / s['jaxgraph']['median_ms']:.2f}x")
+                    lines.append(f"\n{mine} vs {base} (each at its best): "
+                                 f"{s[base]['median_ms'] / s[mine]['median_ms']:.2f}x")
         lines.append("")
     return "\n".join(lines), summary
 

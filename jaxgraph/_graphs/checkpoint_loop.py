@@ -158,11 +158,12 @@ class Program:
         if ops:
             self.nodes.append(("ops", ops))
 
-    def step(self) -> None:
-        self.nodes.append(("step",))
+    def step(self, retarget: tuple = ()) -> None:
+        """The step; ``retarget``: ``((buffer name, Ref), ...)``, a clone reading/writing those places instead."""
+        self.nodes.append(("step", tuple(retarget)))
 
-    def backward(self) -> None:
-        self.nodes.append(("backward",))
+    def backward(self, retarget: tuple = ()) -> None:
+        self.nodes.append(("backward", tuple(retarget)))
 
     def ctl(self, op: int) -> None:
         self.nodes.append(("ctl", op))
@@ -190,8 +191,12 @@ class Parts:
     rerun_forward: bool   # the backward reads the step's outputs: run the step before it
 
 
-def forward_program(parts: Parts, every: int) -> Program:
-    """The forward: R steps, the fed state copied into checkpoint slot ``seg`` at each segment's start."""
+def forward_program(parts: Parts, every: int, retarget: bool = False) -> Program:
+    """The forward: R steps, the fed state copied into checkpoint slot ``seg`` at each segment's start.
+
+    ``retarget``: a full segment's steps alternate the step and its twin with X and Y swapped (no copy
+    between steps; one after an odd segment), and the state is copied into Y at the end.
+    """
     prog = Program()
     # Y = X first, so a launch that runs no step returns its inputs (as the plain loop does).
     prog.ops([Op(COPY, Ref(f"y{o}"), Ref(f"x{i}"), n) for o, i, n in parts.fed]
@@ -203,29 +208,54 @@ def forward_program(parts: Parts, every: int) -> Program:
     part.ctl(FWD_PART_NEXT)
     full = prog.while_("full")
     full.ops([Op(COPY, Ref(f"ck{i}", 0, P_SEG), Ref(f"x{i}"), n) for o, i, n in parts.fed])
-    for _ in range(every):
-        full.step()
-        full.ops(_feed_back(parts))
+    if retarget:
+        swapped = tuple(r for o, i, n in parts.fed for r in ((f"x{i}", Ref(f"y{o}")), (f"y{o}", Ref(f"x{i}"))))
+        for k in range(every):
+            full.step(swapped if k % 2 else ())
+        if every % 2:
+            full.ops(_feed_back(parts))
+    else:
+        for _ in range(every):
+            full.step()
+            full.ops(_feed_back(parts))
     full.ctl(FWD_FULL_NEXT)
+    if retarget:  # the state is in X after every path; the outputs are Y
+        prog.ops([Op(COPY, Ref(f"y{o}"), Ref(f"x{i}"), n) for o, i, n in parts.fed])
     prog.ops(_poison(parts.outputs, "y"))
     return prog
 
 
-def backward_program(parts: Parts, every: int) -> Program:
+def backward_program(parts: Parts, every: int, retarget: bool = False) -> Program:
     """The backward: segments last to first, each recomputed from its checkpoint into the ring, then
-    the backward step from the segment's last step to its first."""
+    the backward step from the segment's last step to its first.
+
+    ``retarget`` (a backward that does not read the step's outputs): in a full segment, step j is a
+    clone that reads ring slot j and writes slot j + 1, and backward step j a clone that reads slot j,
+    so no state is copied between steps.
+    """
+    if retarget and parts.rerun_forward:
+        raise ValueError("retargeted steps need a backward that does not read the step's outputs")
     prog = Program()
     prog.ops([Op(ZERO, Ref(f"acc{i}"), None, n) for i, s, dt, n in parts.params])
     prog.ctl(BWD_BEGIN)
     full = prog.while_("full")
-    full.ops([Op(COPY, Ref(f"x{i}"), Ref(f"ck{i}", 0, P_SEG), n) for o, i, n in parts.fed]
-             + [Op(COPY, Ref(f"ring{i}", 0), Ref(f"ck{i}", 0, P_SEG), n) for o, i, n in parts.fed])
-    for j in range(every - 1):
-        full.step()
-        full.ops(_feed_back(parts) + [Op(COPY, Ref(f"ring{i}", j + 1), Ref(f"y{o}"), n) for o, i, n in parts.fed])
-    for j in range(every - 1, -1, -1):
-        _backward_step(full, parts, [Op(COPY, Ref(f"x{i}"), Ref(f"ring{i}", j - 1), n) for o, i, n in parts.fed]
-                       if j > 0 else [])
+    if retarget:
+        full.ops([Op(COPY, Ref(f"ring{i}", 0), Ref(f"ck{i}", 0, P_SEG), n) for o, i, n in parts.fed])
+        for j in range(every - 1):
+            full.step(tuple(r for o, i, n in parts.fed
+                            for r in ((f"x{i}", Ref(f"ring{i}", j)), (f"y{o}", Ref(f"ring{i}", j + 1)))))
+        for j in range(every - 1, -1, -1):
+            _backward_step(full, parts, [], tuple((f"x{i}", Ref(f"ring{i}", j)) for o, i, n in parts.fed))
+    else:
+        full.ops([Op(COPY, Ref(f"x{i}"), Ref(f"ck{i}", 0, P_SEG), n) for o, i, n in parts.fed]
+                 + [Op(COPY, Ref(f"ring{i}", 0), Ref(f"ck{i}", 0, P_SEG), n) for o, i, n in parts.fed])
+        for j in range(every - 1):
+            full.step()
+            full.ops(_feed_back(parts)
+                     + [Op(COPY, Ref(f"ring{i}", j + 1), Ref(f"y{o}"), n) for o, i, n in parts.fed])
+        for j in range(every - 1, -1, -1):
+            _backward_step(full, parts, [Op(COPY, Ref(f"x{i}"), Ref(f"ring{i}", j - 1), n)
+                                         for o, i, n in parts.fed] if j > 0 else [])
     full.ctl(BWD_FULL_NEXT)
     # The partial segment (slot 0, L0 steps), a WHILE trip per step, ring slots read from plan[J].
     prog.ops([Op(COPY, Ref(f"x{i}"), Ref(f"ck{i}", 0), n) for o, i, n in parts.fed]
@@ -251,13 +281,13 @@ def _feed_back(parts: Parts) -> list:
     return [Op(COPY, Ref(f"x{i}"), Ref(f"y{o}"), n) for o, i, n in parts.fed]
 
 
-def _backward_step(prog: Program, parts: Parts, then: list) -> None:
+def _backward_step(prog: Program, parts: Parts, then: list, retarget: tuple = ()) -> None:
     """(The step again, when the backward reads its outputs,) the backward step, then its bookkeeping:
     the fed inputs' cotangents become the cotangents of the step before, parameters' are summed,
     the other outputs' cotangents (only the last step's) are cleared, and ``then`` (the next state)."""
     if parts.rerun_forward:
         prog.step()
-    prog.backward()
+    prog.backward(retarget)
     ops = []
     for o, i, n in parts.fed:
         s = parts.fed_grads.get(i)
@@ -440,16 +470,78 @@ def _loaded_kernels(device: int) -> dict[str, Kernel]:
 _THREADS = 256
 
 
+def make_variants(programs: Sequence[Program], buffers: dict, slot_bytes: dict, step_graph: Any,
+                  backward_graph: Any) -> tuple[dict, str]:
+    """The clones the programs' retargeted nodes need: ``({(kind, retarget): CUgraph address}, "")``, or
+    ``({}, why)`` where one cannot be made safely (a pointer inside a struct, a memcpy node, ...)."""
+    from .._cuda.native import native
+    from .cuda_graph import replay_source
+
+    dl = native("device_loop")
+    sources = {"step": replay_source(step_graph), "backward": replay_source(backward_graph)}
+    made: dict = {}
+    for key in _retargeted(programs):
+        kind, retarget = key
+        if key in made:
+            continue
+        pairs: list = []
+        for name, ref in retarget:
+            a, b = buffers[name].ptr, _address(ref, buffers, slot_bytes)[0]
+            if (b, a) not in [(x, y) for x, y, _ in pairs]:  # a swap names both directions once
+                pairs.append((a, b, buffers[name].nbytes))
+        clone, why = dl.swap_variant(sources[kind].template, pairs, dict(sources[kind].kernels))
+        if not clone:
+            destroy_variants(made)
+            return {}, why
+        made[key] = clone
+    return made, ""
+
+
+def destroy_variants(variants: dict) -> None:
+    """Destroy the clones (child-graph nodes hold their own copies of them)."""
+    from .._cuda.native import native
+
+    for clone in variants.values():
+        native("device_loop").destroy_graph(clone)
+    variants.clear()
+
+
+def _retargeted(programs: Sequence[Program]) -> list:
+    out = []
+    for prog in programs:
+        for node in prog.nodes:
+            if node[0] in ("step", "backward") and node[1]:
+                out.append((node[0], node[1]))
+            elif node[0] == "while":
+                out += _retargeted([node[2]])
+    return out
+
+
+def _embed_clone(clone: int) -> None:
+    """Add the graph at ``clone`` as a child-graph node to the capture on the current stream."""
+    from .._cuda import driver as _driver
+    from .._cuda.stream import current_stream
+    from .conditional import add_node
+
+    drv = _driver.driver()
+    params = drv.CUgraphNodeParams()
+    params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
+    params.graph.graph = drv.CUgraph(clone)
+    add_node(current_stream(), params)
+
+
 def capture_program(prog: Program, buffers: dict, slot_bytes: dict, step_graph: Any, backward_graph: Any,
                     plan: Any, preds: dict, count: Any, fixed: int, every: int, max_steps: int,
-                    r_out: Any, device: int) -> tuple[Any, list]:
+                    r_out: Any, device: int, variants: dict | None = None) -> tuple[Any, list]:
     """Capture ``prog`` into a new :class:`~jaxgraph.CUDAGraph`; returns it and the ops tables it reads.
 
     ``buffers`` maps the program's buffer names to device arrays, ``slot_bytes`` the slotted ones
     (checkpoints, ring) to their slot size; ``plan`` (int32, :data:`PLAN_WORDS`), ``preds``
     (``{"full", "part"}``, one int32 each), ``count`` (the device count, or a dummy when
     ``fixed >= 0``) and ``r_out`` (the forward's record of R, or a dummy) are the control state.
-    The tables must live as long as the graph (the caller keeps them).
+    The tables must live as long as the graph (the caller keeps them). ``variants``: the clones of
+    :func:`make_variants` for the program's retargeted nodes (the graphs they clone are embedded too,
+    in the partial segment, which keeps their pools and kernels alive with this graph).
     """
     from .._cuda.array import asarray
     from .capture import graph
@@ -485,6 +577,8 @@ def capture_program(prog: Program, buffers: dict, slot_bytes: dict, step_graph: 
             if node[0] == "ops":
                 t, blocks = node[1]
                 ops_kernel[(blocks, node[2]), _THREADS](t)
+            elif node[0] in ("step", "backward") and node[1]:
+                _embed_clone(variants[(node[0], node[1])])
             elif node[0] == "step":
                 step_graph.replay()
             elif node[0] == "backward":

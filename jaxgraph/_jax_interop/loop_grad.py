@@ -37,7 +37,14 @@ from .._cuda.array import zeros
 from .._graphs import checkpoint_loop as _ckpt
 from .graphed_callables import GraphedCallable, flat_statics
 
-__all__ = ["LoopGradient", "checkpoint_memory", "check_checkpoint_options", "differentiable", "loop_gradient"]
+__all__ = ["LoopGradient", "RETARGET", "checkpoint_memory", "check_checkpoint_options", "differentiable",
+           "loop_gradient"]
+
+# Retargeted steps (checkpoint_loop's ``retarget=``): the full segments run clones of the step and of
+# its backward pointed at the ring slots, and the forward alternates the step with its swapped twin, so
+# no state is copied between steps (4 launches a step instead of 6). Off until the GPU suite has run
+# it (tests/jax_interop/test_loop_grad_gpu.py runs both); the copying programs ran on an H200.
+RETARGET = False
 
 
 # ----------------------------------------------------------------------------
@@ -168,6 +175,7 @@ class LoopGradient:
         # The backward's outputs: the fed float inputs' cotangents, then the parameters' sums.
         self._lam_order = [i for o, i in fed if np.issubdtype(static_in[i].dtype, np.inexact)]
         self._acc_order = [i for i, s, dt, n in self.parts.params]
+        self.mode = "not built"   # "copies", "retargeted", or "copies: why not retargeted" once built
         self._built = False
         self._lock = threading.Lock()
 
@@ -205,13 +213,28 @@ class LoopGradient:
                 count = self._run_count = zeros((1,), np.int32)   # steps_run, copied in at each launch
             else:
                 count = loop.count if layout.fixed < 0 else zeros((1,), np.int32)
+            fwd_prog, bwd_prog = _ckpt.forward_program(self.parts, every), _ckpt.backward_program(self.parts, every)
+            variants: dict = {}
+            self.mode = "copies"
+            if RETARGET and self.parts.rerun_forward:
+                self.mode = "copies: the backward reads the step's outputs"
+            elif RETARGET:
+                programs = (_ckpt.forward_program(self.parts, every, True),
+                            _ckpt.backward_program(self.parts, every, True))
+                variants, why = _ckpt.make_variants(programs, buffers, slot_bytes, step.graph, step.backward_graph)
+                if variants:
+                    (fwd_prog, bwd_prog), self.mode = programs, "retargeted"
+                else:
+                    self.mode = f"copies: {why}"
             common = dict(buffers=buffers, slot_bytes=slot_bytes, step_graph=step.graph,
                           backward_graph=step.backward_graph, plan=plan, preds=preds, fixed=layout.fixed,
-                          every=every, max_steps=layout.max_steps, device=device)
-            fwd_graph, fwd_tables = _ckpt.capture_program(_ckpt.forward_program(self.parts, every), count=count,
-                                                          r_out=r_out, **common)
-            bwd_graph, bwd_tables = _ckpt.capture_program(_ckpt.backward_program(self.parts, every), count=r_in,
-                                                          r_out=zeros((1,), np.int32), **common)
+                          every=every, max_steps=layout.max_steps, device=device, variants=variants)
+            try:
+                fwd_graph, fwd_tables = _ckpt.capture_program(fwd_prog, count=count, r_out=r_out, **common)
+                bwd_graph, bwd_tables = _ckpt.capture_program(bwd_prog, count=r_in, r_out=zeros((1,), np.int32),
+                                                              **common)
+            finally:
+                _ckpt.destroy_variants(variants)
             fed_ck = [ck[i] for o, i in self.fed]
             count_in = [count] if self.until else [loop.count] if self.own_count else []
             # Copied, not bound: the ops kernels reach the buffers through tables in device memory.

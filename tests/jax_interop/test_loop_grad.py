@@ -18,6 +18,7 @@ from jaxgraph._jax_interop.graphed_callables import GraphedCallable
 from jaxgraph._jax_interop.graphed_loops import GraphedLoop
 
 from support.loop_grad_helpers import loop_ref, machine_gradient
+from support.loop_grad_helpers import machine_parts as machine_parts_of
 
 
 # ----------------------------------------------------------------------------
@@ -69,13 +70,15 @@ def _reference(x0, a, m, ct_y, ct_z, steps):
 @pytest.mark.parametrize("steps,every", [(1, 1), (1, 3), (7, 3), (7, 7), (7, 1), (100, 7), (100, None),
                                          (60, 8), (33, 32), (1000, 31)])
 @pytest.mark.parametrize("fixed", [True, False])
-def test_programs_match_jax_grad(rng, steps, every, fixed):
+@pytest.mark.parametrize("retarget", [False, True])
+def test_programs_match_jax_grad(rng, steps, every, fixed, retarget):
     n = 5
     x0 = rng.standard_normal(n)
     a = rng.standard_normal(n) * 0.3
     m = rng.integers(0, 3, n).astype(np.float64)
     ct_y, ct_z = rng.standard_normal(n), rng.standard_normal(n)
-    y, z, gx, ga = machine_gradient(x0, a, m, ct_y, ct_z, steps, every, fixed=fixed, max_steps=steps + 13)
+    y, z, gx, ga = machine_gradient(x0, a, m, ct_y, ct_z, steps, every, fixed=fixed, max_steps=steps + 13,
+                                    retarget=retarget)
     ry, rz, rgx, rga = _reference(x0, a, m, ct_y, ct_z, steps)
     np.testing.assert_allclose(y, ry, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(z, rz, rtol=1e-12, atol=1e-12)
@@ -115,6 +118,17 @@ def test_program_beyond_max_steps_gives_nan(rng):
     x0, a, m = rng.standard_normal(n), rng.standard_normal(n), np.ones(n)
     y, z, gx, ga = machine_gradient(x0, a, m, x0, x0, 11, 4, fixed=False, max_steps=10)
     assert np.isnan(y).all() and np.isnan(z).all() and np.isnan(gx).all() and np.isnan(ga).all()
+
+
+def test_retargeted_programs_copy_no_state_between_full_steps(rng):
+    parts = machine_parts_of(4, np.float32)
+    fwd, bwd = ck.forward_program(parts, 6, True), ck.backward_program(parts, 6, True)
+    body_f, body_b = fwd.nodes[3][2].nodes, bwd.nodes[2][2].nodes   # the full segments' WHILE bodies
+    assert [n[0] for n in body_f] == ["ops"] + ["step"] * 6 + ["ctl"]      # even C: no copy at all
+    assert [n[0] for n in body_b].count("ops") == 1 + 6                    # ring[0], then one per backward
+    assert all(n[1] for n in body_b if n[0] in ("step", "backward"))       # every one a clone
+    with pytest.raises(ValueError, match="does not read the step's outputs"):
+        ck.backward_program(machine_parts_of(4, np.float32, rerun=True), 6, True)
 
 
 def test_one_forward_per_step_and_recomputation_per_segment(rng):

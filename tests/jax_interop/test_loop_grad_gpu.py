@@ -1,7 +1,11 @@
 """jax.grad through graphed loops on the device: gradients of a loop of a graphed step with a hand-written
 backward against jax.grad of the jnp loop (float64), on fresh random inputs, for R in {0, 1, 7, 100, 1000}
 and checkpoint intervals that do not divide R, eagerly and in jit; counts per call and traced; value_and_grad
-and vjp; integer inputs; a backward that reads the step's outputs; a count beyond max_steps."""
+and vjp; integer inputs; a backward that reads the step's outputs; a count beyond max_steps; until= loops.
+
+Tests internals: ``_jax_interop.loop_grad.RETARGET`` (patched, to run both ways of running the full segments)
+and ``LoopGradient.mode`` (which ran).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +14,7 @@ import pytest
 
 import jaxgraph
 from conftest import enable_x64
+from jaxgraph._jax_interop import loop_grad
 
 pytestmark = pytest.mark.gpu
 
@@ -51,6 +56,17 @@ extern "C" __global__ void lg_flag(int* done, const float* y, float threshold) {
 def kernels():
     return {name: jaxgraph.Kernel(SOURCE, name)
             for name in ("lg_step", "lg_step_bwd", "lg_decay", "lg_decay_bwd", "lg_flag")}
+
+
+@pytest.fixture(params=[False, True], ids=["copies", "retargeted"])
+def retarget(request, monkeypatch):
+    """Both ways of running the full segments: state copies between steps, or retargeted clones."""
+    monkeypatch.setattr(loop_grad, "RETARGET", request.param)
+    return request.param
+
+
+def check_mode(loop, retarget):
+    assert loop._gradient.mode == ("retargeted" if retarget else "copies"), loop._gradient.mode
 
 
 def _blocks(n):
@@ -108,7 +124,7 @@ def inputs(rng):
 
 @pytest.mark.parametrize("steps,every", [(0, None), (1, None), (1, 3), (7, 3), (100, 7), (1000, 7), (1000, None)])
 @pytest.mark.parametrize("jit", [False, True])
-def test_grad_fixed_count_matches_jax_grad(kernels, rng, steps, every, jit):
+def test_grad_fixed_count_matches_jax_grad(kernels, rng, steps, every, jit, retarget):
     step = make_step(kernels, rng)
     loop = jaxgraph.graphed_loop(step, steps, feed={0: 0}, checkpoint_every=every)
     x, a, m, wy, wz = inputs(rng)
@@ -123,13 +139,15 @@ def test_grad_fixed_count_matches_jax_grad(kernels, rng, steps, every, jit):
     close(gx, want_gx, "d loss / d x0")
     close(ga, want_ga, "d loss / d a")
     close(value, want_value, "loss")
+    if steps:
+        check_mode(loop, retarget)
     # The plain loop (no grad) agrees with the checkpointed forward.
     y, z = loop(jnp.asarray(x), jnp.asarray(a), jnp.asarray(m))
     assert np.isfinite(np.asarray(y)).all()
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_grad_count_per_call_and_traced(kernels, rng, jit):
+def test_grad_count_per_call_and_traced(kernels, rng, jit, retarget):
     step = make_step(kernels, rng)
     loop = jaxgraph.graphed_loop(step, None, feed={0: 0}, checkpoint_every=6, max_steps=200)
     x, a, m, wy, wz = inputs(rng)
@@ -148,6 +166,7 @@ def test_grad_count_per_call_and_traced(kernels, rng, jit):
         close(gx, want_gx, f"x0, {n} steps")
         if n:
             close(ga, want_ga, f"a, {n} steps")
+    check_mode(loop, retarget)
     # Beyond max_steps: NaN, not a silently shortened loop.
     gx, ga = jax.jit(g)(jnp.asarray(x), jnp.asarray(a), jnp.int32(201))
     assert np.isnan(np.asarray(gx)).all() and np.isnan(np.asarray(ga)).all()
@@ -166,7 +185,7 @@ def test_vjp_gives_no_cotangent_to_integer_inputs(kernels, rng):
 
 
 @pytest.mark.parametrize("steps,every", [(50, 8), (9, 4)])
-def test_backward_that_reads_the_outputs(kernels, rng, steps, every):
+def test_backward_that_reads_the_outputs(kernels, rng, steps, every, retarget):
     x0 = rng.standard_normal(N).astype(np.float32)
     a0 = (0.1 * rng.standard_normal(N)).astype(np.float32)
 
@@ -193,9 +212,11 @@ def test_backward_that_reads_the_outputs(kernels, rng, steps, every):
         want = jax.grad(ref, argnums=(0, 1))(jnp.asarray(x0, jnp.float64), jnp.asarray(a0, jnp.float64))
     close(gx, np.asarray(want[0]), "x0")
     close(ga, np.asarray(want[1]), "a")
+    want_mode = "copies: the backward reads the step's outputs" if retarget else "copies"
+    assert loop._gradient.mode == want_mode, loop._gradient.mode
 
 
-def test_composed_with_xla_ops_and_memory_reported(kernels, rng):
+def test_composed_with_xla_ops_and_memory_reported(kernels, rng, retarget):
     step = make_step(kernels, rng)
     loop = jaxgraph.graphed_loop(step, 100, feed={0: 0}, checkpoint_every=9)
     x, a, m, wy, wz = inputs(rng)
@@ -216,6 +237,7 @@ def test_composed_with_xla_ops_and_memory_reported(kernels, rng):
         want = jax.grad(ref, argnums=(0, 1))(jnp.asarray(x, jnp.float64), jnp.asarray(a, jnp.float64))
     close(gx, np.asarray(want[0]), "x")
     close(ga, np.asarray(want[1]), "a")
+    check_mode(loop, retarget)
     mem = loop.checkpoint_memory()
     assert (mem["checkpoint_every"], mem["slots"], mem["ring"]) == (9, 12, 9)
     assert mem["device_bytes"] == 21 * N * 4
@@ -236,7 +258,7 @@ def test_step_without_backward_refused_before_launch(kernels, rng):
 
 @pytest.mark.parametrize("check_every", [1, 4])
 @pytest.mark.parametrize("jit", [False, True])
-def test_grad_of_an_until_loop_is_that_of_the_steps_it_ran(kernels, rng, check_every, jit):
+def test_grad_of_an_until_loop_is_that_of_the_steps_it_ran(kernels, rng, check_every, jit, retarget):
     # x[0] grows (a[0] = 0.2, m[0] = 2: 0.9 x + 0.4 tanh(x)) until it passes 3.0 (22 steps); the rest is random.
     x0, a0 = np.zeros(N, np.float32), np.zeros(N, np.float32)
     m0 = np.zeros(N, np.int32)
@@ -270,3 +292,4 @@ def test_grad_of_an_until_loop_is_that_of_the_steps_it_ran(kernels, rng, check_e
     close(gx, want_gx, f"x0 after {ran} steps")
     close(ga, want_ga, f"a after {ran} steps")
     close(value, want_value, "loss")
+    check_mode(loop, retarget)

@@ -26,6 +26,16 @@ def run_program(prog, bufs, slot_bytes, step, backward, count, fixed, every, max
         assert start + nbytes <= a.size, (ref, k)
         return a[start:start + nbytes]
 
+    def retargeted(retarget):
+        """The buffers as a retargeted clone sees them: each named buffer replaced by its place."""
+        if not retarget:
+            return bufs
+        seen = dict(bufs)
+        for name, ref in retarget:
+            a = bufs[ref.name]
+            seen[name] = a[ref.slot] if ref.name in slot_bytes else a
+        return seen
+
     def run(nodes):
         for node in nodes:
             if node[0] == "ops":
@@ -49,14 +59,10 @@ def run_program(prog, bufs, slot_bytes, step, backward, count, fixed, every, max
                         d.view(np.float32 if op.kind == ck.NAN_F32 else np.float64)[:] = np.nan
                     else:
                         d[:] = 0xFF
-            elif node[0] == "step":
-                step(bufs)
+            elif node[0] in ("step", "backward"):
+                (step if node[0] == "step" else backward)(retargeted(node[1]))
                 if trace is not None:
-                    trace.append("step")
-            elif node[0] == "backward":
-                backward(bufs)
-                if trace is not None:
-                    trace.append("backward")
+                    trace.append(node[0])
             elif node[0] == "ctl":
                 r = ck.control_reference(plan, preds, node[1], count, fixed, every, max_steps)
                 if r is not None and node[1] == ck.FWD_BEGIN:
@@ -103,7 +109,7 @@ def machine_parts(n, dtype, rerun=False):
 
 
 def machine_gradient(x0, a, m, ct_y, ct_z, steps, every, fixed=True, max_steps=None, rerun=False,
-                     trace=None):
+                     trace=None, retarget=False):
     """Forward then backward program on the numpy machine: (y, z, dx0, da)."""
     n, dtype = x0.size, x0.dtype
     parts = machine_parts(n, dtype, rerun)
@@ -124,11 +130,11 @@ def machine_gradient(x0, a, m, ct_y, ct_z, steps, every, fixed=True, max_steps=N
         b["g0"][:], b["g1"][:] = backward_np(b["x0"], b["x1"], b["x2"], b["ct0"], b["ct1"])
 
     fixed_r = steps if fixed else -1
-    r = run_program(ck.forward_program(parts, c), bufs, slot_bytes, step, backward, steps, fixed_r, c, max_steps,
+    r = run_program(ck.forward_program(parts, c, retarget), bufs, slot_bytes, step, backward, steps, fixed_r, c, max_steps,
                     trace)
     y, z = bufs["y0"].copy(), bufs["y1"].copy()
     # The backward starts from fresh inputs, as after a replay's copy-in; the step's x is stale.
     bufs["x0"][:] = -11
     bufs["ct0"][:], bufs["ct1"][:] = ct_y, ct_z
-    run_program(ck.backward_program(parts, c), bufs, slot_bytes, step, backward, r, fixed_r, c, max_steps, trace)
+    run_program(ck.backward_program(parts, c, retarget), bufs, slot_bytes, step, backward, r, fixed_r, c, max_steps, trace)
     return y, z, bufs["lam0"].copy(), bufs["acc1"].copy()
