@@ -115,7 +115,8 @@ def checkpoint_memory(loop: Any, steps: int | None = None) -> dict:
     max_steps = fixed if fixed >= 0 else loop._max_steps
     if max_steps is None:
         raise ValueError("this loop's count is chosen per launch: pass steps= (or build it with max_steps=)")
-    layout = _ckpt.checkpoint_layout(fixed, max_steps, loop._checkpoint_every)
+    # As LoopGradient lays it out: with until= the steps that run are read on the device.
+    layout = _ckpt.checkpoint_layout(-1 if loop._until is not None else fixed, max_steps, loop._checkpoint_every)
     state = sum(loop.inputs[i].nbytes for i in loop.feed.values())
     if max_steps == 0:
         return {"checkpoint_every": layout.every, "slots": 0, "ring": 0, "state_bytes": state,

@@ -313,6 +313,9 @@ def test_checkpoint_memory_reports_slots_plus_ring():
     assert loop.checkpoint_memory(steps=30)["slots"] == 6
     with pytest.raises(ValueError, match="fixed 1000 steps"):
         _fake_loop(steps=1000).checkpoint_memory(steps=3)
+    loop = _fake_loop(steps=1000, until=object())   # the steps run are read on the device: ceil(sqrt(R))
+    loop.inputs = (A(),)
+    assert (loop.checkpoint_memory()["checkpoint_every"], loop.checkpoint_memory()["slots"]) == (32, 32)
 
 
 def test_graphed_loop_checks_checkpoint_options_before_device_work():
