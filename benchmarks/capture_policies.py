@@ -10,7 +10,7 @@ show both sides: ``jit_loop`` (one fixed input; XLA's output alternates
 between two buffers, both recorded once), ``jit_changing`` (8 inputs),
 ``jit_cycle`` (rotating over ``CYCLE`` inputs: more address sets than XLA
 keeps, so calls record again) and ``mixed`` (3 replays between XLA ops).
-Each :class:`jaxgraph._jax_interop.replay_spec.CapturePolicy` is measured in turn (the
+Each :class:`jaxgraph.diagnostics.CapturePolicy` is measured in turn (the
 policy is process-wide and read when XLA records), each group with its own
 raw ``cuGraphLaunch`` floor, with the replay counters per call. Every mode is
 checked exactly against numpy first. Prints a markdown table.
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["XLA_FLAGS"] = config.SETTINGS["on"].xla_flags
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     import jaxgraph
-    from jaxgraph._jax_interop import replay_spec as _replay_spec
+    from jaxgraph import diagnostics
 
     if jaxgraph.device_count() == 0:
         print("capture_policies needs a CUDA GPU", file=sys.stderr)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.ns:
         chain = Chain(kernel, n)
         for policy in args.policies:
-            previous = _replay_spec.set_capture_policy(policy)
+            previous = diagnostics.set_capture_policy(policy)
             try:
                 # A replayable per mode: a graph keeps the policy of its first recording, and each
                 # mode gets executables (and XLA recordings) of its own.
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                              ("jit_cycle", functools.partial(_cycle, fresh(), n, rng)),
                              ("mixed", functools.partial(jax_modes.mixed, fresh(), n, rng))]
                 records = timing.measure_group(f"[{policy}] N={n}", factories, args.repeats,
-                                                args.target_ms / 1e3, 20_000, print, _replay_spec.counters)
+                                                args.target_ms / 1e3, 20_000, print, diagnostics.counters)
             finally:
-                _replay_spec.set_capture_policy(previous)
+                diagnostics.set_capture_policy(previous)
             modes = {k: {"unit": r.get("unit"), "by_n": {str(n): r}} for k, r in records.items()}
             rows.append(_row(policy, n, stats.summarize_process({"modes": modes})["modes"]))
         chain.close()

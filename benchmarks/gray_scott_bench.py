@@ -41,7 +41,7 @@ first, then the modes are sampled in interleaved rounds
 (``timing.measure_group``): a sample is the host wall time of several
 back-to-back calls, the last waited for with ``jax.block_until_ready``, per
 step. Each process also records, per mode, the replay counters per step
-once warm (over 4 calls, after 7: ``jaxgraph._jax_interop.replay_spec.counters``, the
+once warm (over 4 calls, after 7: ``jaxgraph.diagnostics.counters``, the
 paths, executables made, rebinds, copies and the handler's host time), the
 replayable's bindings, and the array copies XLA compiled outside the entry
 computation (the loop's). Writes
@@ -185,18 +185,18 @@ def _mode(key: str, fn: Callable, args: tuple, want: tuple, steps: int, replayab
     """Compile, check against numpy, note counters and bindings; a Mode timing ``fn(*args)`` per step."""
     import jax
 
-    from jaxgraph._jax_interop import replay_spec as _replay_spec
+    from jaxgraph import diagnostics
 
-    before = _replay_spec.counters()
+    before = diagnostics.counters()
     jax.block_until_ready(fn(*args))  # compiles
-    first = _replay_spec.counters()
+    first = diagnostics.counters()
     for _ in range(WARM_UP_CALLS):  # XLA's result buffers alternate between calls: let it see both
         jax.block_until_ready(fn(*args))
-    warm = _replay_spec.counters()
+    warm = diagnostics.counters()
     for _ in range(COUNTED_CALLS - 1):
         jax.block_until_ready(fn(*args))
     got = [np.asarray(a) for a in jax.block_until_ready(fn(*args))]
-    after = _replay_spec.counters()
+    after = diagnostics.counters()
     u, v, m = want
     np.testing.assert_allclose(got[0], u, rtol=0, atol=1e-4, err_msg=key)
     np.testing.assert_allclose(got[1], v, rtol=0, atol=1e-4, err_msg=key)

@@ -183,8 +183,8 @@ def _measure(n: int, pattern: str, args: argparse.Namespace, out: dict) -> None:
     import jax.numpy as jnp
 
     import jaxgraph
-    from jaxgraph._cuda.native import native
-    from jaxgraph._jax_interop.replay_spec import counters
+    from jaxgraph.diagnostics import native_module as native
+    from jaxgraph.diagnostics import counters
 
     rng = np.random.default_rng()  # unseeded: every run checks new inputs
     kernel = jaxgraph.Kernel(SOURCE, "add_one")

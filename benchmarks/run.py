@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jax-calls-budget-s", type=float, help="skip a jax_calls N estimated to compile longer")
     p.add_argument("--timeout-s", type=float, default=None, help="per worker (default 240, quick 120)")
     p.add_argument("--capture-policy", choices=("auto", "bind", "copy", "whole"),
-                   help="how replays go into XLA's command buffers (jaxgraph._jax_interop.replay_spec.CapturePolicy; "
+                   help="how replays go into XLA's command buffers (jaxgraph.diagnostics.CapturePolicy; "
                    "default: jaxgraph's)")
     p.add_argument("--runs", type=int, default=1,
                    help="run the whole harness this many times back to back, each with fresh workers: "

@@ -58,7 +58,7 @@ struct Site {
 };
 
 // How a static buffer meets XLA's buffer; the codes cross to Python
-// (jaxgraph._jax_interop.replay_native.BindingMode), the reason text beside them.
+// (jaxgraph._jax_interop.replay_boundary.BindingMode), the reason text beside them.
 enum class BindMode : int {
   kBound = 0,   // kernel arguments pointed at XLA's buffer
   kCopied = 1,  // copied in (inputs) or out (outputs) around the replay

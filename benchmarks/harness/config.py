@@ -46,7 +46,7 @@ NOJAX_MODES = ("raw", "replay", "torch_cupy", "torch_add")
 MIXED_MODES = ("mixed", "mixed_changing", "mixed_calls", "mixed_calls_changing")
 JAX_MODES = ("raw", "jit_loop", "jit_changing", "jit_fori", "jit_unrolled", "jax_calls", "trivial_jit", *MIXED_MODES)
 
-# The replay handler's counters (jaxgraph._jax_interop.replay_spec.counters()) each JAX mode reports per call:
+# The replay handler's counters (jaxgraph.diagnostics.counters()) each JAX mode reports per call:
 # calls per replay path, executables made, kernel-node rebinds, buffer copies, buffers switched to
 # copying by their cost, handler calls and host time.
 COUNTERS = ("handler_calls", "launch", "splice_nodes", "splice_whole", "uncaptured_launch", "instantiate",
@@ -129,7 +129,7 @@ class RunConfig:
     quick: bool = False
     modes: tuple | None = None   # run only these modes and scalars (None: all); the floor always runs
     loops: bool = False          # the loop modes (loop_modes.py) instead of the chain modes
-    capture_policy: str | None = None  # jaxgraph._jax_interop.replay_spec.CapturePolicy for the JAX processes (None: default)
+    capture_policy: str | None = None  # jaxgraph.diagnostics.CapturePolicy for the JAX processes (None: default)
 
     def runs(self, key: str) -> bool:
         """Whether mode (or scalar) ``key`` is measured in this run."""

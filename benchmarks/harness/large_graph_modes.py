@@ -69,7 +69,7 @@ def _counted_mode(key: str, n: int, inputs: Any, calls_of: Callable[[int], Any])
     mode = timing.Mode(key, lambda calls: 0.0, per_call=n)
 
     def run(calls: int) -> float:
-        from jaxgraph._jax_interop.replay_spec import counters
+        from jaxgraph.diagnostics import counters
 
         jax.block_until_ready(inputs)
         before = counters()
@@ -88,7 +88,7 @@ def handler_burst(mode: timing.Mode) -> dict:
     """The handler's counters on the first call after the device went idle, and per call over the next
     :data:`BURST` calls, queued while the earlier ones still run."""
     import jax
-    from jaxgraph._jax_interop.replay_spec import counters
+    from jaxgraph.diagnostics import counters
 
     jax.block_until_ready(mode.inputs)
     c0 = counters()
@@ -104,7 +104,7 @@ def handler_burst(mode: timing.Mode) -> dict:
 
 def _after_handler_calls(target: int, timeout_s: float = 30.0) -> dict:
     """The counters once the handler has run ``target`` calls in all (JAX may call it from another thread)."""
-    from jaxgraph._jax_interop.replay_spec import counters
+    from jaxgraph.diagnostics import counters
 
     deadline = time.perf_counter() + timeout_s
     while (now := counters())["handler_calls"] < target:

@@ -69,9 +69,9 @@ def run_setting(setting: config.Setting, cfg: config.RunConfig, proc: dict) -> N
     stream = jaxgraph.Stream()
     counters = _replay_counters(log) if setting.uses_jax else None
     if setting.uses_jax and cfg.capture_policy is not None:
-        from jaxgraph._jax_interop import replay_spec as _replay_spec
+        from jaxgraph import diagnostics
 
-        _replay_spec.set_capture_policy(cfg.capture_policy)
+        diagnostics.set_capture_policy(cfg.capture_policy)
         proc["capture_policy"] = cfg.capture_policy
     previous = None  # (N, setup seconds) of the last jax_calls built, for its compile budget
     for n in cfg.ns:
@@ -183,16 +183,16 @@ def _jax_factories(chain: Chain, kernel: Any, stream: Any, rng: np.random.Genera
 
 
 def _replay_counters(log: Any) -> Any:
-    """The replay handler's counters as a callable (``jaxgraph._jax_interop.replay_spec.counters``), or ``None``
+    """The replay handler's counters as a callable (``jaxgraph.diagnostics.counters``), or ``None``
     where the native extension cannot say (the modes are then timed without them)."""
     try:
-        from jaxgraph._jax_interop import replay_spec as _replay_spec
+        from jaxgraph import diagnostics
 
-        _replay_spec.counters()
+        diagnostics.counters()
     except Exception as exc:
         log(f"no replay counters: {type(exc).__name__}: {exc}")
         return None
-    return _replay_spec.counters
+    return diagnostics.counters
 
 
 def _unavailable(why: str, *args: Any) -> Any:

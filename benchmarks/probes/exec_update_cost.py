@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/probes/exec_update_cost.py [--n 1000] [--repeats 9] [--launches 20] [--out DIR]
 
-Why: the replay handler (``ffi/device_graph.h``) gives a new set of XLA
+Why: the replay handler (``ffi/replay/device_graph.h``) gives a new set of XLA
 buffer addresses a freshly instantiated executable rather than updating an
 old one in place, because kernels of an executable updated in place
 (``cuGraphExecUpdate``) ran slower on every later launch. This measures it.

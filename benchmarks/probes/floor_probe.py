@@ -166,7 +166,7 @@ def main() -> int:
 
     measure("after a jitted replay of each chain", jit_time)
     print("   ", context())
-    from jaxgraph._jax_interop.replay_native import describe_graph
+    from jaxgraph.diagnostics import describe_graph
 
     for n, (_f, _a, step) in jitted.items():
         print(f"N={n} jit: the replay handler keeps {describe_graph(step.graph_id, step.devices[0]).executables} "
@@ -191,7 +191,7 @@ def main() -> int:
         chains[n][3]["on_xla_buffers"] = exe
         kept.append((g, x_j, y_j))  # alive while measured
     measure("with chains captured on XLA's buffers")
-    from jaxgraph._jax_interop.replay_spec import counters
+    from jaxgraph.diagnostics import counters
 
     print("counters", counters())
     return 0

@@ -95,7 +95,7 @@ def measure(setting: str, repeats: int, calls: int) -> dict:
 def _eager_probes(chain: Chain, rng: np.random.Generator) -> dict:
     import jaxgraph
     from cuda.bindings import driver as cu
-    from jaxgraph._cuda.native import native
+    from jaxgraph.diagnostics import native_module as native
 
     stream = jaxgraph.Stream()
     g = chain.graph
@@ -158,7 +158,7 @@ def _jit_probes(chain: Chain, kernel: Any, rng: np.random.Generator) -> dict:
 
 def _handler_counters() -> tuple[int, int]:
     try:
-        from jaxgraph._cuda.native import native
+        from jaxgraph.diagnostics import native_module as native
 
         c = native("replay").counters()
         return c["handler_calls"], c["handler_ns"]

@@ -32,7 +32,7 @@ def child(setting):
 
     import jaxgraph
     from benchmarks.harness.workload import SOURCE, Chain, check_result, random_input
-    from jaxgraph._jax_interop import replay_spec as _replay_spec
+    from jaxgraph import diagnostics
 
     print("jax", jax.__version__, "XLA_FLAGS", os.environ.get("XLA_FLAGS"), flush=True)
     k = jaxgraph.Kernel(SOURCE, "add_one")
@@ -63,7 +63,7 @@ def child(setting):
             jax.block_until_ready(out)
             print(f"  {label}: output addresses mod 1e7 {addrs}", flush=True)
             for phase, calls in (("warm0-200", 200), ("200-1200", 1000), ("1200-3200", 2000), ("3200-5200", 2000)):
-                c0 = _replay_spec.counters()
+                c0 = diagnostics.counters()
                 jax.block_until_ready(xs)
                 jaxgraph.synchronize()
                 t = time.perf_counter()
@@ -71,7 +71,7 @@ def child(setting):
                     out = f(xs[i % count])
                 jax.block_until_ready(out)
                 dt = (time.perf_counter() - t) / calls
-                c1 = _replay_spec.counters()
+                c1 = diagnostics.counters()
                 d = {key: round((c1[key] - c0[key]) / calls, 3) for key in c1 if key != "handler_ns"}
                 hns = (c1["handler_ns"] - c0["handler_ns"]) / max(1, c1["handler_calls"] - c0["handler_calls"])
                 print(f"  {label} {phase}: {dt*1e6:.1f} us/call = {dt/floor:.2f}x floor; per call {d}; "
@@ -88,13 +88,13 @@ def child(setting):
         for _ in range(100):
             out = fm(x)
         jax.block_until_ready(out)
-        c0 = _replay_spec.counters()
+        c0 = diagnostics.counters()
         t = time.perf_counter()
         for _ in range(1000):
             out = fm(x)
         jax.block_until_ready(out)
         dt = (time.perf_counter() - t) / 1000
-        c1 = _replay_spec.counters()
+        c1 = diagnostics.counters()
         d = {key: round((c1[key] - c0[key]) / 1000, 3) for key in c1 if key != "handler_ns"}
         print(f"  mixed(3 replays + XLA ops) fixed: {dt*1e6:.1f} us/call; per call {d}", flush=True)
         ch.graph.reset()

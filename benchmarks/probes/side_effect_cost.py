@@ -4,7 +4,7 @@ Run:  python benchmarks/probes/side_effect_cost.py [--repeats 7] [--calls 2000] 
 
 Why: a replayable's FFI call is not side-effecting unless asked
 (``replayable(..., side_effects=True)``), because on the H100
-``has_side_effect`` made the call cost more host time (``jaxgraph/_jax_interop/replay_native.py``).
+``has_side_effect`` made the call cost more host time (``jaxgraph/_jax_interop/replay_boundary.py``).
 This measures it on a graph of one ``add_one`` kernel (``benchmarks/harness/workload.py``):
 
 - ``trivial_jit``: ``jax.jit(lambda x: x + 1)``, JAX's own per-call cost;

@@ -75,7 +75,7 @@ def main() -> int:
     import jax.numpy as jnp
     from cuda.bindings import driver
 
-    from jaxgraph._jax_interop.replay_spec import counters
+    from jaxgraph.diagnostics import counters
 
     rng = np.random.default_rng()
     add = jaxgraph.Kernel(STAMP_SOURCE, "add_one")[GRID, BLOCK]

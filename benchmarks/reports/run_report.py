@@ -294,7 +294,7 @@ def _counters_table(processes: dict) -> list[str]:
         return []
     names = [c for c in COUNTERS if c != "handler_ns"]
     return ["## What the replay handler did per call (median over the samples)", "",
-            "`jaxgraph._jax_interop.replay_spec.counters()`, change per jitted call: handler calls, calls per replay path "
+            "`jaxgraph.diagnostics.counters()`, change per jitted call: handler calls, calls per replay path "
             "(launch, splice_nodes, splice_whole, uncaptured_launch), executables instantiated, kernel nodes "
             "rebound in executables, buffers copied, buffers switched to copying by their cost, and the "
             "handler's host time. Under XLA command buffers a "

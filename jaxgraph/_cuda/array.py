@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import captures as _captures, driver as _driver, memory as _memory
+from . import capture_registry as _captures, driver as _driver, memory as _memory
 from .driver import check
 from .stream import Stream, current_stream, wait_on_current
 

@@ -11,12 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["BIND_CHOICES", "CAPTURE_MODES", "VIA_CHOICES", "arrays_overlap", "capture_mode", "check_choice",
+__all__ = ["CAPTURE_MODES", "arrays_overlap", "capture_mode", "check_choice",
            "device_arrays", "fmt", "fmt_all"]
 
 CAPTURE_MODES = ("global", "thread_local", "relaxed")  # cudaStreamCaptureMode, by torch's names
-BIND_CHOICES = ("auto", "copy")                         # replayable(bind=...)
-VIA_CHOICES = ("ffi", "callback")                       # replayable(via=...)
 
 
 def check_choice(what: str, value: Any, valid: tuple) -> Any:

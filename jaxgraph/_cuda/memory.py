@@ -4,7 +4,7 @@ Outside graph capture, memory comes from the device's stream-ordered pool
 (``cuMemAllocAsync`` on the allocating stream) and goes back in that stream's
 order. While a :class:`~jaxgraph.CUDAGraph` captures, allocations on its
 streams come from the graph's :class:`MemPool` instead (the capture
-bookkeeping in ``_cuda/captures.py`` says which pool): their addresses are baked
+bookkeeping in ``_cuda/capture_registry.py`` says which pool): their addresses are baked
 into the graph, so the pool keeps them valid for as long as any graph (or
 array) using it lives.
 

@@ -1,10 +1,10 @@
 """The native library: loading jaxgraph's C++ extensions and registering their FFI targets.
 
 Three small extensions are built from ``ffi/`` at install time (see BUILD.md):
-``jaxgraph._launch`` (``ffi/launch.cc``: the ``jaxgraph_launch`` handler and the
-eager launch entry point), ``jaxgraph._replay`` (``ffi/replay.cc``: the
+``jaxgraph._launch`` (``ffi/launch/launch.cc``: the ``jaxgraph_launch`` handler and the
+eager launch entry point), ``jaxgraph._replay`` (``ffi/replay/replay.cc``: the
 ``jaxgraph_replay`` handler and its graph table) and ``jaxgraph._device_loop``
-(``ffi/device_loop.cc``: builds a device loop's graph; no FFI handler). The first
+(``ffi/device_loop/device_loop.cc``: builds a device loop's graph; no FFI handler). The first
 two expose ``registrations()``, a dict of FFI handler capsules registered here with
 ``jax.ffi.register_ffi_target(..., platform="CUDA")`` on first use, not at
 import, so ``import jaxgraph`` works without the extensions or JAX's CUDA backend.

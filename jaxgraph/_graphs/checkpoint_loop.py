@@ -521,7 +521,7 @@ def _embed_clone(clone: int) -> None:
     """Add the graph at ``clone`` as a child-graph node to the capture on the current stream."""
     from .._cuda import driver as _driver
     from .._cuda.stream import current_stream
-    from .conditional import add_node
+    from .conditional_nodes import add_node
 
     drv = _driver.driver()
     params = drv.CUgraphNodeParams()
@@ -544,9 +544,9 @@ def capture_program(prog: Program, buffers: dict, slot_bytes: dict, step_graph: 
     in the partial segment, which keeps their pools and kernels alive with this graph).
     """
     from .._cuda.array import asarray
-    from .capture import graph
+    from .capture_contexts import graph
     from .cuda_graph import CUDAGraph
-    from .regions import while_loop
+    from .conditional_regions import while_loop
 
     ks = _loaded_kernels(device)
     ctl, ops_kernel = ks["jaxgraph_grad_ctl"], ks["jaxgraph_grad_ops"]

@@ -2,8 +2,8 @@
 
 A graph of thousands of kernels (``describe_graph(...).device_launchable``)
 copies its static buffers to and from XLA's by kernel nodes of its executable
-(``ffi/copy_nodes.h``). Each call's XLA addresses reach those nodes through a
-ring in pinned host memory (``ffi/copy_ring.h``): the replay handler stores
+(``ffi/replay/copy_nodes.h``). Each call's XLA addresses reach those nodes through a
+ring in pinned host memory (``ffi/replay/copy_ring.h``): the replay handler stores
 them and launches, with no CUDA call to re-aim a node, even when XLA
 alternates its buffers from one call to the next.
 
@@ -27,7 +27,6 @@ from .._cuda import driver as _driver
 from .handles import node_count
 from .._kernels.kernel import Kernel
 from .._kernels.load import node_handles
-from .._cuda.native import native
 
 __all__ = ["RING_SOURCE", "ring_kernels", "ring_functions"]
 
@@ -85,14 +84,13 @@ def ring_kernels(arch: str | None = None) -> dict[str, Kernel]:
             for name in _NAMES}
 
 
-def ring_functions(device: int, template: Any) -> list[int]:
+def ring_functions(device: int, template: Any, threshold: int) -> list[int]:
     """The (copy, advance) CUfunctions on ``device`` for registering ``template``, or ``[]``.
 
-    Only graphs large enough to get device-launchable executables copy by
-    nodes (the native threshold, ``device_launch_nodes``); smaller ones copy
-    on the stream and never compile these kernels.
+    Only graphs of at least ``threshold`` nodes (the native replay table's
+    ``device_launch_nodes``; negative: none) get device-launchable executables
+    that copy by nodes; smaller ones copy on the stream and never compile these kernels.
     """
-    threshold = native("replay").device_launch_nodes()
     if threshold < 0 or node_count(_driver.driver().CUgraph(int(template))) < threshold:
         return []
     with _loaded_lock:

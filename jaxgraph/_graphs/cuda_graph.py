@@ -7,7 +7,7 @@ capturing comes from the graph's pool (:class:`~jaxgraph.MemPool`) and stays
 valid while the graph lives. Graphs captured with the same pool token
 (``pool=g1.pool()``) may reuse each other's memory, so they must be replayed
 in the order they were captured. The capture contexts (``graph``, ``Graph``)
-live in ``_graphs/capture.py``.
+live in ``_graphs/capture_contexts.py``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import functools
 import weakref
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .._cuda import captures as _captures, driver as _driver, memory as _memory
+from .._cuda import capture_registry as _captures, driver as _driver, memory as _memory
 from . import embed as _embed
 from .._cuda.checks import capture_mode
 from .._cuda.driver import CudaError
 from .handles import CaptureState, GraphHandles, require_capturing, require_ended
 from .hooks import GraphHookMethods, GraphHooks, fire_destroy
-from .introspect import GraphIntrospection
+from .inspect_nodes import GraphIntrospection
 from .._cuda.memory import PoolHandle
 from .._cuda.native import native
-from .regions import ConditionalMethods
+from .conditional_regions import ConditionalMethods
 from .replay_source import ReplaySource
 from .._cuda.stream import current_stream
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._cuda import captures as _captures, driver as _driver
-from .conditional import add_node
+from .._cuda import capture_registry as _captures, driver as _driver
+from .conditional_nodes import add_node
 from .._cuda.driver import CudaError
 from .._cuda.stream import Stream
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._cuda import captures as _captures, driver as _driver
+from .._cuda import capture_registry as _captures, driver as _driver
 from .._cuda.array import DeviceArray, asarray, empty, to_host
 from .._cuda.stream import current_stream
 

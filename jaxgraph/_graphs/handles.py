@@ -20,9 +20,9 @@ import warnings
 import weakref
 from typing import Any
 
-from .._cuda import captures as _captures, driver as _driver
-from . import conditional as _conditional
-from .._cuda.captures import Capture, CaptureInputs
+from .._cuda import capture_registry as _captures, driver as _driver
+from . import conditional_nodes as _conditional
+from .._cuda.capture_registry import Capture, CaptureInputs
 from .._cuda.driver import check
 from .hooks import fire_destroy
 from .._cuda.memory import MemPool

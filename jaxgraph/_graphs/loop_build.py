@@ -1,7 +1,7 @@
 """How a graphed loop is built: the loop graph, its control kernels, its adoption as a CUDAGraph.
 
 :func:`build` finds the step's swapped twin (``swap_variant``) or falls back
-to a copy after each step, has ``ffi/device_loop.cc`` build the graph node by
+to a copy after each step, has ``ffi/device_loop/device_loop.cc`` build the graph node by
 node from the step's template and the control kernels compiled here, and
 wraps the result in a :class:`~jaxgraph.CUDAGraph` (``keep_graph=True``) that
 holds everything the graph's nodes point at. ``_jax_interop/graphed_loops.py`` is the API.
@@ -17,7 +17,7 @@ import numpy as np
 
 from .._cuda import driver as _driver
 from .._cuda.array import DeviceArray, zeros
-from .._cuda.captures import CaptureInputs
+from .._cuda.capture_registry import CaptureInputs
 from .handles import CaptureState, node_count
 from .cuda_graph import CUDAGraph, handles_of, replay_source
 from .._kernels.kernel import Kernel

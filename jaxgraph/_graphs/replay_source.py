@@ -1,7 +1,7 @@
 """What a captured graph hands to replay inside ``jax.jit``: :class:`ReplaySource`.
 
-``_graphs.cuda_graph.replay_source(graph)`` makes one (``_jax_interop.replay_spec.source_of`` for a
-:class:`~jaxgraph.Graph` too); ``_jax_interop/replayable.py`` and ``_jax_interop/replay_native.py``
+``_graphs.cuda_graph.replay_source(graph)`` makes one (``_jax_interop.replay_contract.source_of`` for a
+:class:`~jaxgraph.Graph` too); ``_jax_interop/replayable.py`` and ``_jax_interop/replay_boundary.py``
 register it in the native table.
 """
 

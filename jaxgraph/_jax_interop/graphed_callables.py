@@ -22,7 +22,7 @@ reverse order, as torch does), and the JAX function carries a
 ``jax.custom_vjp`` whose backward replays that graph, so ``jax.grad`` works.
 
 This module is the API; checking, warming up and capturing are in
-``_jax_interop/graphed_capture.py``.
+``_jax_interop/graphed_callables_capture.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from .._cuda import memory as _memory
 from .._cuda.array import DeviceArray, asarray
 from .._cuda.checks import fmt, fmt_all
-from .graphed_capture import (Entry, capture_backward, capture_forward, check_options, is_device_array,
+from .graphed_callables_capture import (Entry, capture_backward, capture_forward, check_options, is_device_array,
                                pair_entries, static_copy, unflatten, warm_up)
 from .._graphs.cuda_graph import CUDAGraph
 from .replayable import Replayable, replayable, replayable_of_referenced

@@ -13,7 +13,7 @@ replays with one ``cuGraphLaunch``, but a Python loop of replays (or a
 
     jax.jit(lambda u, n: loop(u, steps=n))(u, 500)             # inside jit, n traced
 
-Inside the graph (``ffi/device_loop.cc`` builds it), a CUDA WHILE node runs
+Inside the graph (``ffi/device_loop/device_loop.cc`` builds it), a CUDA WHILE node runs
 K copies of the step per trip (``unroll=K``): a trip costs 4.2-4.8 us on an
 H100, so unrolling amortises it over K steps. ``feed`` says which output
 becomes which input for the next step; the copies alternate between the step

@@ -2,7 +2,7 @@
 
 A :class:`~jaxgraph.Kernel` called on JAX arrays with :meth:`Kernel.jax_call
 <jaxgraph.Kernel.jax_call>` lowers to one typed XLA FFI custom call,
-``jaxgraph_launch``, whose handler (``ffi/launch.cc``) launches the kernel on
+``jaxgraph_launch``, whose handler (``ffi/launch/launch.cc``) launches the kernel on
 the stream XLA runs the computation on::
 
     k = jaxgraph.Kernel(SRC, "saxpy")      # saxpy(float* y, const float* x, float a, int n)
@@ -20,7 +20,7 @@ handles. The ids are chosen in Python, so a function lowers for CUDA even on a
 machine without a GPU (``lower(lowering_platforms=("cuda",))``); where a GPU
 exists, tracing also loads the kernel into the table.
 
-This module pairs with ``ffi/launch.cc``: it encodes a call (with the
+This module pairs with ``ffi/launch/launch.cc``: it encodes a call (with the
 argument checks and encoding of ``_kernels/signature.py`` that eager launches use
 too) into the attributes that handler decodes.
 """

@@ -9,7 +9,7 @@ A graph captured on static device arrays becomes a function of JAX arrays::
     jax.jit(lambda x: step(x) * 2)(x)            # one FFI call replays the whole graph
 
 ``via="ffi"`` (default): one XLA FFI custom call, ``jaxgraph_replay``
-(``_jax_interop/replay_native.py`` <-> ``ffi/replay.cc``), replays the graph on XLA's stream
+(``_jax_interop/replay_boundary.py`` <-> ``ffi/replay/replay.cc``), replays the graph on XLA's stream
 in order with the XLA operations around it, its kernels pointed at XLA's own
 operand and result buffers (no copies; see :attr:`Replayable.bindings`). When
 XLA records its own command buffer, the graph's nodes are spliced into it, so a
@@ -33,15 +33,15 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Sequence
 
-from .._cuda.checks import VIA_CHOICES, check_choice, device_arrays, fmt_all
-from .._graphs.capture import Graph
+from .._cuda.checks import check_choice, device_arrays, fmt_all
+from .._graphs.capture_contexts import Graph
 from .._graphs.cuda_graph import CUDAGraph
 from .._graphs.replay_source import ReplaySource
-from . import replay_native as _replay_native
+from . import replay_boundary as _replay_boundary
 from .host_callback import HostReplay, callback_replay
-from .replay_native import ReplayState
-from .replay_spec import (BufferBinding, ReplayPath, ReplaySpec, alias_pairs, check_arguments, check_devices,
-                          check_graph_type, check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
+from .replay_boundary import BufferBinding, ReplayPath, ReplayState
+from .replay_contract import (VIA_CHOICES, ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type,
+                              check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
 
 __all__ = ["Replayable", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
 
@@ -52,7 +52,7 @@ def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None,
         state.check_alive()
         return host(*args)
 
-    ffi_replay = _replay_native.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
+    ffi_replay = _replay_boundary.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
 
     def primal(*args: Any) -> Any:
         if ffi_replay is not None:
@@ -213,7 +213,7 @@ class Replayable:
         """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
         if self._via != "ffi":
             return {}
-        return {d: _replay_native.describe_bindings(self.graph_id, d) for d in self._state.live_devices}
+        return {d: _replay_boundary.describe_bindings(self.graph_id, d) for d in self._state.live_devices}
 
     @property
     def replay_paths(self) -> tuple[ReplayPath, ...]:
@@ -228,7 +228,7 @@ class Replayable:
         if self._via != "ffi":
             return (ReplayPath.HOST_CALLBACK,)
         live = self._state.live_devices
-        return _replay_native.describe_graph(self.graph_id, live[0]).paths if live else ()
+        return _replay_boundary.describe_graph(self.graph_id, live[0]).paths if live else ()
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "retired"
@@ -285,7 +285,7 @@ class Replayable:
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         check_devices(source.device, inputs, outputs)
-        info = _replay_native.register(source, inputs, outputs, self.graph_id,
+        info = _replay_boundary.register(source, inputs, outputs, self.graph_id,
                                     distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
                                     trust_foreign=self._trust_foreign).info
         if info.conditionals and not self._spec.uncaptured:
@@ -430,13 +430,15 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
                                                trust_foreign_kernels=trust_foreign_kernels)
     source = source_of(graph)  # the graph's state, after every argument error
     check_devices(source.device, inputs, outputs)
-    if via != "ffi":
+    if via == "ffi":
+        distinct = distinct_aliases(aliases, inputs, outputs)
+        graph_id, kept, info = _replay_boundary.register(source, inputs, outputs, 0, distinct, bind == "auto",
+                                                         trust_foreign=trust_foreign_kernels,
+                                                         drop_unreferenced=drop_unreferenced)
+    else:
         spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
         return Replayable._create(spec, via=via, host=HostReplay(graph, inputs, outputs), backward=backward,
                                   source=source, statics=(inputs, outputs)), (True,) * len(inputs)
-    graph_id, kept, info = _replay_native.register(source, inputs, outputs, 0, distinct_aliases(aliases, inputs, outputs),
-                                                bind == "auto", trust_foreign=trust_foreign_kernels,
-                                                drop_unreferenced=drop_unreferenced)
     try:  # until the replayable holds the id, a failure must not leave it registered
         if not all(kept):
             inputs = tuple(a for a, k in zip(inputs, kept) if k)
@@ -447,5 +449,5 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
                                   trust_foreign=trust_foreign_kernels, source=source, statics=(inputs, outputs),
                                   borrowed_exec=info.borrowed_exec), kept
     except BaseException:
-        _replay_native.retire(graph_id)  # detaches and unregisters the id on every device
+        _replay_boundary.retire(graph_id)  # detaches and unregisters the id on every device
         raise

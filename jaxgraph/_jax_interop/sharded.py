@@ -17,7 +17,7 @@ device, each on static arrays and a memory pool of that device, and returns a
     y = f(x)                           # x: (2 n,) over two GPUs; each replays its graph on its half
 
 How each shard finds its graph: the graphs share one id in the native table
-(``ffi/replay.cc``), one entry per device. XLA runs the shard program on every
+(``ffi/replay/replay.cc``), one entry per device. XLA runs the shard program on every
 device, and each ``jaxgraph_replay`` call reads the device ordinal XLA gives it
 (the FFI call context) and replays that device's graph, its kernels bound to
 that device's buffers (zero-copy binding works per device). Nothing else is
@@ -56,12 +56,12 @@ import numpy as np
 
 from .._cuda import driver as _driver
 from .._cuda.array import DeviceArray
-from .._cuda.checks import BIND_CHOICES, capture_mode, check_choice, fmt_all
-from .._graphs.capture import graph as capture_graph
+from .._cuda.checks import capture_mode, check_choice, fmt_all
+from .._graphs.capture_contexts import graph as capture_graph
 from .._graphs.cuda_graph import CUDAGraph
 from . import processes as _processes
 from .devices import CUDA_PLATFORMS, cuda_ordinal, device_names, device_ordinals
-from .replay_spec import check_alias_indices
+from .replay_contract import BIND_CHOICES, check_alias_indices
 from .replayable import Replayable, replayable
 
 __all__ = [

@@ -31,9 +31,9 @@ import weakref
 from types import MethodType
 from typing import Any, Callable, Sequence
 
-from .._cuda import captures as _captures, driver as _driver
+from .._cuda import capture_registry as _captures, driver as _driver
 from .._cuda.array import asarray
-from .._cuda.captures import streams_capturing
+from .._cuda.capture_registry import streams_capturing
 from .load import DEFAULT_SHARED_LIMIT, KernelLoading
 from .packer import ArgumentPacker, geometry, plain_ints, unpack_geometry
 from .._cuda.driver import thread_state

@@ -5,8 +5,8 @@ hides it, and with no CUDA headers at all (NVIDIA's runtime wheel lacks the
 ``crt/`` headers that ``<cuda_device_runtime_api.h>`` needs). Tests of internals (the version
 check, made-up device arrays and node lists) say so in their names.
 
-Tests internals (listed in tests/README.md): ``_kernels.compile``, ``_graphs.predicates``, ``_graphs.views``,
-``_graphs.introspect``; the set-conditional kernel compiled with the toolkit hidden, version checks
+Tests internals (listed in tests/README.md): ``_kernels.compile``, ``_graphs.conditional_predicates``, ``_graphs.inspect_render``,
+``_graphs.inspect_nodes``; the set-conditional kernel compiled with the toolkit hidden, version checks
 with NVRTC's version patched, views of made-up node data.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._graphs import views as _views, predicates as _predicates
+from jaxgraph._graphs import inspect_render as _views, conditional_predicates as _predicates
 from support.graph_helpers import null_array
 
 
@@ -37,7 +37,7 @@ def test_set_conditional_kernel_compiles_to_a_cubin_without_cuda_headers(tmp_pat
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
     script = f"""
 from jaxgraph._kernels import compile as _compile
-from jaxgraph._graphs import predicates as _predicates
+from jaxgraph._graphs import conditional_predicates as _predicates
 for dtype in ("int32", "bool"):
     name = _predicates.setter_name(dtype)
     for options in (None, {{"include_path": []}}):   # jaxgraph's defaults, and no include directory at all
@@ -200,6 +200,6 @@ def test_dot_draws_each_body_as_a_cluster():
 
 
 def test_nested_node_count_counts_every_body():
-    from jaxgraph._graphs.introspect import nested_node_count
+    from jaxgraph._graphs.inspect_nodes import nested_node_count
 
     assert nested_node_count(made_up_graph()) == 4 + 3 + 1 + 1 + 2

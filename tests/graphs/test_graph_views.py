@@ -4,7 +4,7 @@ Neither Graphviz's ``dot`` nor the ``graphviz`` package is installed on CI or
 the GPU machine, so the tests check the DOT text itself and the error that
 names what to install; the one test that draws an SVG skips without ``dot``.
 
-Tests internals (listed in tests/README.md): ``_graphs.views``; summaries and DOT text of made-up
+Tests internals (listed in tests/README.md): ``_graphs.inspect_render``; summaries and DOT text of made-up
 node lists, with no graph behind them.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._graphs import views as _views
+from jaxgraph._graphs import inspect_render as _views
 from support.kernel_sources import AXPY
 from support.graph_helpers import BLOCK, blocks, load_kernels
 

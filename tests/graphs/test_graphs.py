@@ -7,7 +7,7 @@ test_graphs_pools.py; exceptions, capture modes, threads and Graph in
 test_graphs_capture_modes.py.
 
 Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_cuda.memory.pool_from_token``),
-``_replay_spec.source_of``, ``_cuda_graph._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
+``_replay_contract.source_of``, ``_cuda_graph._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
 splicing, a failing launch.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import jaxgraph
 from support.graph_helpers import BLOCK, N, blocks, capture_scale, load_kernels, poison, random_floats, replay_and_check
 from support.internals import pool_of
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._jax_interop.replay_contract import source_of
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ Signatures, argument validation (which happens before any driver call),
 errors before capture, handles and destroy callbacks, all on the CPU.
 PyTorch's error situations on the GPU are in test_graphs_errors.py.
 
-Tests internals (listed in tests/README.md): ``_replay_spec.source_of``; a graph with no
+Tests internals (listed in tests/README.md): ``_replay_contract.source_of``; a graph with no
 captured graph has no template.
 """
 
@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 import jaxgraph
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._jax_interop.replay_contract import source_of
 
 EMPTY = inspect.Parameter.empty
 

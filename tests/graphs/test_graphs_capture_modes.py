@@ -3,8 +3,8 @@
 Every replay runs on fresh random data, outputs are poisoned with NaN first,
 and results are checked against numpy.
 
-Tests internals (listed in tests/README.md): ``_cuda.captures.any_underway``,
-``_replay_spec.source_of``; no capture left behind by an exception, the template kept by Graph.
+Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``,
+``_replay_contract.source_of``; no capture left behind by an exception, the template kept by Graph.
 """
 
 import threading
@@ -14,8 +14,8 @@ import pytest
 
 import jaxgraph
 from support.graph_helpers import BLOCK, N, blocks, driver_call, load_kernels, random_floats, replay_and_check
-from jaxgraph._cuda import captures as _captures
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._cuda import capture_registry as _captures
+from jaxgraph._jax_interop.replay_contract import source_of
 
 
 @pytest.fixture(scope="module")

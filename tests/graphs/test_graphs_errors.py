@@ -3,8 +3,8 @@
 Every error must leave no capture or pool behind and the current stream as it
 was. The errors that need no device are in test_graphs_api.py.
 
-Tests internals (listed in tests/README.md): ``_cuda.captures.any_underway``, ``_cuda.memory._pools``,
-``_replay_spec.source_of``; no capture or pool left behind after an error.
+Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``, ``_cuda.memory._pools``,
+``_replay_contract.source_of``; no capture or pool left behind after an error.
 """
 
 import gc
@@ -16,8 +16,8 @@ import pytest
 
 import jaxgraph
 from support.graph_helpers import BLOCK, blocks, load_kernels
-from jaxgraph._cuda import captures as _captures, memory as _memory
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._cuda import capture_registry as _captures, memory as _memory
+from jaxgraph._jax_interop.replay_contract import source_of
 
 N = 1024
 

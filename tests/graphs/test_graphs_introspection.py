@@ -1,6 +1,6 @@
 """Looking inside captured graphs: raw handles with cuda.bindings, get_graph_data, debug_dump.
 
-Tests internals (listed in tests/README.md): ``_replay_spec.source_of``; the private template
+Tests internals (listed in tests/README.md): ``_replay_contract.source_of``; the private template
 outlives `keep_graph=False`.
 """
 
@@ -9,7 +9,7 @@ import pytest
 
 import jaxgraph
 from support.graph_helpers import BLOCK, blocks, load_kernels, poison
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._jax_interop.replay_contract import source_of
 
 N = 2048
 

@@ -5,7 +5,7 @@ its work is recorded into the same graph, and jaxgraph treats it as it treats
 the capture stream (inputs kept alive or watched, allocations from the graph's
 pool). Every replay runs on fresh random data with outputs poisoned first.
 
-Tests internals (listed in tests/README.md): ``_cuda.captures.any_underway``,
+Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``,
 ``_cuda.memory.pool_from_token``, ``DeviceArray(..., _token=_INTERNAL)``; a view over memory only the
 graph still holds; pool accounting of forked streams.
 """
@@ -19,7 +19,7 @@ import pytest
 import jaxgraph
 from support.graph_helpers import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
                            replay_and_check)
-from jaxgraph._cuda import captures as _captures, memory as _memory
+from jaxgraph._cuda import capture_registry as _captures, memory as _memory
 from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from support.kernel_sources import SPIN_COPY
 

@@ -1,4 +1,4 @@
-"""Bind or copy by cost, the executable cache, and what a graph's executables take (ffi/bind_policy.h).
+"""Bind or copy by cost, the executable cache, and what a graph's executables take (ffi/replay/bind_policy.h).
 
 Tests internals: the native policy functions (``internals.native_replay``), the
 replay counters and ``describe_graph`` (``internals``): which decision the

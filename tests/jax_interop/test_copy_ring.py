@@ -1,4 +1,4 @@
-"""A large graph's copy nodes and their address ring (ffi/copy_nodes.h, ffi/copy_ring.h, jaxgraph/_graphs/copy_ring.py).
+"""A large graph's copy nodes and their address ring (ffi/replay/copy_nodes.h, ffi/replay/copy_ring.h, jaxgraph/_graphs/copy_ring.py).
 
 A graph of thousands of kernels copies its copied buffers by kernel nodes of its one executable;
 each call's XLA addresses reach them through a ring of entries in pinned host memory, so a call

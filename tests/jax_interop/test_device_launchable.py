@@ -1,5 +1,5 @@
 """Large graphs get executables launchable from the device, and the handler still launches them from the host;
-their copied buffers are copied by copy nodes of the executable (ffi/copy_nodes.h; their address ring:
+their copied buffers are copied by copy nodes of the executable (ffi/replay/copy_nodes.h; their address ring:
 tests/jax_interop/test_copy_ring.py).
 
 Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
@@ -9,7 +9,7 @@ Tests internals (listed in tests/README.md): ``internals.native_replay().set_dev
 
 Why: ``cudaGraphLaunch`` of a normal executable costs host time per node (7-12 ns on the H100,
 ~1.2 ms at 100k kernels); one instantiated with ``cudaGraphInstantiateFlagDeviceLaunch`` costs a
-small constant (ffi/device_graph.h). Results are checked exactly against numpy on fresh random
+small constant (ffi/replay/device_graph.h). Results are checked exactly against numpy on fresh random
 inputs, through XLA ops before and after the replay, with the static output poisoned first.
 """
 

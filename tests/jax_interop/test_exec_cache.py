@@ -1,4 +1,4 @@
-"""The replay handler's executables (ffi/exec_cache.h): one replayable, many call sites and address sets.
+"""The replay handler's executables (ffi/replay/exec_cache.h): one replayable, many call sites and address sets.
 
 Tests internals (listed in tests/README.md): ``internals.native_replay``
 (``policy_fresh_pays``, ``set_max_executables``), ``internals.counters`` and

@@ -1,12 +1,12 @@
 """The typed native replay boundary and the uncaptured target, on the CPU.
 
-Binding modes and replay paths cross from ``ffi/replay.cc`` as codes (never
+Binding modes and replay paths cross from ``ffi/replay/replay.cc`` as codes (never
 sentences); a replayable of a graph with conditional nodes lowers to
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 Lowering needs no device: the replayables here are built from a spec.
 
 Tests internals (listed in tests/README.md): ``_cuda.native`` code and counter tables,
-``_jax_interop.replay_spec.binding_from_row``, ``paths_from_codes``, ``set_capture_policy``,
+``_jax_interop.replay_boundary.binding_from_row``, ``paths_from_codes``, ``set_capture_policy``,
 ``internals.spec_replayable``, ``ReplaySpec``; the typed native boundary itself.
 """
 
@@ -61,7 +61,7 @@ def test_each_native_replay_path_has_its_own_counter():
 
 
 def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
-    from jaxgraph._jax_interop.replay_spec import CapturePolicy, set_capture_policy
+    from jaxgraph.diagnostics import CapturePolicy, set_capture_policy
 
     codes = _native.native("replay").codes()["capture"]
     assert set(codes) == {p.value for p in CapturePolicy} and len(set(codes.values())) == 4
@@ -79,7 +79,7 @@ def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
 
 
 def test_binding_rows_are_typed_and_read_as_before():
-    from jaxgraph._jax_interop.replay_spec import binding_from_row
+    from jaxgraph._jax_interop.replay_boundary import binding_from_row
 
     codes = _native.native("replay").codes()["binding"]
     bound = binding_from_row(("output", 0, codes["bound"], 3, ""))
@@ -94,7 +94,7 @@ def test_binding_rows_are_typed_and_read_as_before():
 
 
 def test_unknown_code_is_an_error_not_a_guess():
-    from jaxgraph._jax_interop.replay_spec import paths_from_codes
+    from jaxgraph._jax_interop.replay_boundary import paths_from_codes
 
     assert paths_from_codes([3]) == (ReplayPath.UNCAPTURED_LAUNCH,)
     with pytest.raises(KeyError):

@@ -1,6 +1,6 @@
 """A replayable's liveness record, on the CPU: devices added and dropped under its lock.
 
-Tests internals (listed in tests/README.md): ``_jax_interop.replay_native.ReplayState``, whose
+Tests internals (listed in tests/README.md): ``_jax_interop.replay_boundary.ReplayState``, whose
 ``retire`` a graph's destroy callback runs on any thread, so adding a device must take
 the same lock, and a device whose registration was refused must be addable again.
 """
@@ -8,7 +8,7 @@ the same lock, and a device whose registration was refused must be addable again
 import sys
 import threading
 
-from jaxgraph._jax_interop.replay_native import ReplayState
+from jaxgraph._jax_interop.replay_boundary import ReplayState
 
 
 def test_added_devices_are_live_and_retired_ones_are_not():

@@ -5,7 +5,7 @@ and pmap lowering over several devices is in test_sharded_lowering.py, and the
 replays on two GPUs in test_sharded_gpu.py.
 
 Tests internals (listed in tests/README.md): ``internals.spec_sharded``,
-``_jax_interop.sharded.cuda_ordinal``, ``device_ordinals``, ``_replay_native.varying_axes``, ``result_shapes``;
+``_jax_interop.sharded.cuda_ordinal``, ``device_ordinals``, ``_replay_boundary.varying_axes``, ``result_shapes``;
 sharded specs on a CPU.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._jax_interop import replay_native as _replay_native
+from jaxgraph._jax_interop import replay_boundary as _replay_boundary
 from jaxgraph._jax_interop.sharded import cuda_ordinal, device_ordinals
 from support.internals import ShardedGraph, spec_replayable, spec_sharded
 
@@ -164,6 +164,6 @@ def test_shapes_are_checked_at_trace_time_as_for_a_replayable():
 
 
 def test_outside_shard_map_the_results_are_plain_shapes():
-    assert _replay_native.varying_axes((jnp.zeros(3), np.zeros(2), 1.0)) == frozenset()
+    assert _replay_boundary.varying_axes((jnp.zeros(3), np.zeros(2), 1.0)) == frozenset()
     outs = (f32(4), jax.ShapeDtypeStruct((2,), jnp.int32))
-    assert _replay_native.result_shapes(outs, frozenset()) == list(outs)
+    assert _replay_boundary.result_shapes(outs, frozenset()) == list(outs)

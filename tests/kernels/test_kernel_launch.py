@@ -10,7 +10,7 @@ to a kept one. GPU: every form against numpy, fresh inputs, poisoned outputs.
 Tests internals (listed in tests/README.md): a Kernel's loaded state and ``_native_launch``
 stubbed, ``Kernel._launch_configs``/``_geometries``/``_functions``, a launcher's ``__self__``
 (its kept configuration), ``_eager_launch.MAX_LAUNCH_CONFIGS``, ``_cuda.driver._primary_context_addresses``,
-``_cuda.captures.capture_on``/``streams_capturing`` (a capture faked), ``_cuda.stream._local.streams`` (made-up
+``_cuda.capture_registry.capture_on``/``streams_capturing`` (a capture faked), ``_cuda.stream._local.streams`` (made-up
 current streams), ``Stream._setup``, ``DeviceArray(..., _token=_INTERNAL)``: the cache has no public face.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._cuda import captures as _captures, driver as _driver, stream as _stream
+from jaxgraph._cuda import capture_registry as _captures, driver as _driver, stream as _stream
 from jaxgraph._kernels import eager_launch as _eager_launch
 from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from jaxgraph._cuda.stream import Stream

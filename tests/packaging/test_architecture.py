@@ -31,6 +31,8 @@ import pytest
 ROOT = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
 PACKAGE = ROOT / "jaxgraph"
 LAYERS = ("_cuda", "_kernels", "_graphs", "_jax_interop")  # lowest first
+# Public modules beside jaxgraph/__init__.py, above every layer: the diagnostics door.
+FACES = ("diagnostics",)
 
 # The one import that goes up a layer: Kernel.jax_call is the Kernel's public
 # method, and its lowering into an XLA custom call is JAX interop. The import is
@@ -50,7 +52,7 @@ def package_files() -> list[pathlib.Path]:
 def layer_of(module: str) -> int:
     """The layer's index, lowest 0; ``jaxgraph`` itself stands above every layer."""
     parts = module.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 else len(LAYERS)
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] not in FACES else len(LAYERS)
 
 
 def imports(module: str, source: str, known: set[str]) -> list[tuple[str, bool, ast.ImportFrom | ast.Import]]:
@@ -171,19 +173,19 @@ def test_the_scanners_find_what_they_look_for():
         "jaxgraph._cuda.driver": "from . import stream as _stream\nx = _stream._private\n",
         "jaxgraph._cuda.stream": "from .driver import check\n",
         "jaxgraph._graphs": "",
-        "jaxgraph._graphs.capture": ("from .._cuda import driver as _driver, stream\n"
+        "jaxgraph._graphs.capture_contexts": ("from .._cuda import driver as _driver, stream\n"
                                      "from .._cuda.driver import _check, check\n"
                                      "y = _driver._handle, stream.__name__\n"
                                      "def f():\n    from .._jax_interop.replay import run\n"),
         "jaxgraph._jax_interop": "",
-        "jaxgraph._jax_interop.replay": "from .._graphs.capture import f\n",
+        "jaxgraph._jax_interop.replay": "from .._graphs.capture_contexts import f\n",
     }
     known = set(sources)
-    assert upward_imports(sources, known) == [("jaxgraph._graphs.capture", "jaxgraph._jax_interop.replay", True)]
+    assert upward_imports(sources, known) == [("jaxgraph._graphs.capture_contexts", "jaxgraph._jax_interop.replay", True)]
     assert cycles(import_edges(sources, known)) == [
         ["jaxgraph._cuda.driver", "jaxgraph._cuda.stream"],
-        ["jaxgraph._graphs.capture", "jaxgraph._jax_interop.replay"]]
-    capture = "jaxgraph._graphs.capture"
+        ["jaxgraph._graphs.capture_contexts", "jaxgraph._jax_interop.replay"]]
+    capture = "jaxgraph._graphs.capture_contexts"
     assert private_crossings(capture, sources[capture], known) == [(2, "_check from jaxgraph._cuda.driver"),
                                                                    (3, "_driver._handle")]
     # Within one package, private names are the package's own business.
@@ -192,7 +194,7 @@ def test_the_scanners_find_what_they_look_for():
 
 
 def test_every_module_lives_in_a_layer():
-    stray = sorted(m for m in KNOWN if m != "jaxgraph" and m.split(".")[1] not in LAYERS)
+    stray = sorted(m for m in KNOWN if m != "jaxgraph" and m.split(".")[1] not in LAYERS + FACES)
     assert stray == [], f"modules outside the layers {LAYERS}: {stray}; move each into the layer it belongs to"
     assert {f"jaxgraph.{layer}" for layer in LAYERS} <= KNOWN
 
@@ -222,7 +224,54 @@ def test_docs_what_lives_where_matches_the_tree():
     section = text.split("\n## What lives where\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`((?:jaxgraph|ffi)/[\w./-]+)`", section))
     files = {p.relative_to(ROOT).as_posix() for p in package_files()}
-    files |= {f"ffi/{p.name}" for p in (ROOT / "ffi").iterdir() if p.is_file()}
+    files |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "ffi").rglob("*") if p.is_file()}
+    files |= {f"ffi/{p.name}/" for p in (ROOT / "ffi").iterdir() if p.is_dir()}  # an extension's folder
     files |= {f"jaxgraph/{layer}/" for layer in LAYERS}  # each layer's folder, named where its table starts
     assert sorted(files - named) == [], "docs/architecture.md's What lives where does not name these files"
     assert sorted(named - files) == [], "docs/architecture.md's What lives where names files that do not exist"
+
+
+# ----------------------------------------------------------------------------
+# ffi/: one folder an extension, the shared headers at the top
+# ----------------------------------------------------------------------------
+
+EXTENSIONS = ("replay", "launch", "device_loop")  # ffi/<name>/<name>.cc builds jaxgraph._<name>
+
+
+def ffi_includes() -> dict[str, set[str]]:
+    """ffi file (relative to ffi/) -> the project headers it includes, resolved as the compiler does
+    (the including file's folder first, then ffi/ on the include path)."""
+    ffi = ROOT / "ffi"
+    found = {}
+    for path in ffi.rglob("*"):
+        if path.suffix not in (".h", ".cc"):
+            continue
+        names = set()
+        for name in re.findall(r'^#include "([^"]+)"', path.read_text(), re.M):
+            for candidate in (path.parent / name, ffi / name):
+                if candidate.is_file():
+                    names.add(candidate.resolve().relative_to(ffi.resolve()).as_posix())
+                    break
+        found[path.relative_to(ffi).as_posix()] = names
+    return found
+
+
+def test_ffi_has_a_folder_per_extension_and_shared_headers_at_the_top():
+    ffi = ROOT / "ffi"
+    assert sorted(p.name for p in ffi.iterdir() if p.is_dir()) == sorted(EXTENSIONS)
+    for name in EXTENSIONS:
+        assert (ffi / name / f"{name}.cc").is_file()
+    assert all(p.suffix == ".h" for p in ffi.iterdir() if p.is_file()), "only shared headers at ffi/'s top"
+
+
+def test_ffi_includes_stay_in_their_extension():
+    includes = ffi_includes()
+    assert includes, "no ffi sources found"
+    for source, headers in includes.items():
+        home = source.split("/", 1)[0] if "/" in source else None  # None: a shared header
+        for header in headers:
+            owner = header.split("/", 1)[0] if "/" in header else None
+            if home is None:
+                assert owner is None, f"shared header ffi/{source} includes ffi/{header} of an extension"
+            else:
+                assert owner in (None, home), f"ffi/{source} includes ffi/{header}, another extension's header"

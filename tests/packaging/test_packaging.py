@@ -56,7 +56,7 @@ def test_the_sdist_holds_no_virtual_environment_or_build_output(sdist_names):
 
 
 def test_the_sdist_holds_the_sources(sdist_names):
-    for name in ("pyproject.toml", "CMakeLists.txt", "jaxgraph/__init__.py", "ffi/replay.cc", "ffi/launch.cc",
+    for name in ("pyproject.toml", "CMakeLists.txt", "jaxgraph/__init__.py", "ffi/replay/replay.cc", "ffi/launch/launch.cc",
                  "cmake/cuda_runtime.cmake", "README.md"):
         assert name in sdist_names, name
 

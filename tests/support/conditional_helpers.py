@@ -8,7 +8,7 @@ as PyTorch does. :class:`Conditionals` records the bodies and the kernels
 launched in them, which :func:`replayable` hands to the replay (the capture
 API records them itself).
 
-Tests internals (listed in tests/README.md): ``_replay_spec.source_of`` patched with the
+Tests internals (listed in tests/README.md): ``_replay_contract.source_of`` patched with the
 bodies of hand-made conditional nodes; conditional nodes built with cuda.bindings inside a
 jaxgraph capture, beside the capture API.
 """
@@ -26,7 +26,7 @@ from support import graph_helpers
 import jaxgraph
 import jaxgraph._jax_interop.replayable
 from jaxgraph._kernels.load import node_handles
-from jaxgraph._jax_interop.replay_spec import source_of
+from jaxgraph._jax_interop.replay_contract import source_of
 from jaxgraph._kernels.signature import access_flags
 from support.kernel_sources import ACCUMULATE, AXPB, CONDITIONAL, LOOP_FLAG, SET_CONDITIONAL
 

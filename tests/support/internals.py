@@ -14,20 +14,18 @@ __all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counter
            "native_replay", "pool_of", "replayable_of_referenced", "set_capture_policy", "spec_replayable",
            "spec_sharded"]
 
-from jaxgraph._jax_interop.replay_native import describe_graph
+from jaxgraph.diagnostics import counters, describe_graph, native_module, set_capture_policy
 from jaxgraph._cuda.memory import pool_from_token
-from jaxgraph._cuda.native import native
-from jaxgraph._jax_interop.replay_spec import ReplaySpec
-from jaxgraph._jax_interop.replay_spec import counters, set_capture_policy
+from jaxgraph._jax_interop.replay_contract import ReplaySpec
 from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
 from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
 
 
 def native_replay():
-    """The native replay extension (``ffi/replay.cc``): its code tables, the bind-or-copy and
+    """The native replay extension (``ffi/replay/replay.cc``): its code tables, the bind-or-copy and
     executable-cache policies' decisions on given figures (``policy_*``), and
     ``set_max_executables`` (a graph's cache held small, for tests of a full cache)."""
-    return native("replay")
+    return native_module("replay")
 
 
 def pool_of(graph):

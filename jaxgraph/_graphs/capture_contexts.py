@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .._cuda import captures as _captures, driver as _driver, memory as _memory, stream as _stream
+from .._cuda import capture_registry as _captures, driver as _driver, memory as _memory, stream as _stream
 from .._cuda.driver import check
 from .._cuda.checks import CAPTURE_MODES, capture_mode
 from .cuda_graph import CUDAGraph, handles_of

@@ -43,13 +43,6 @@ struct RingKernels {
   uint64_t advance = 0;
 };
 
-// Host ns a call spends on one copied buffer: one address stored in the ring
-// (a store to pinned memory; not measured, the model's price).
-constexpr double kRingCopyHostNs = 100.0;
-
-// Whether `g`'s buffers are copied by nodes of its executables (from registration on).
-inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
-
 // Whether buffer `i` is copied by its copy node on a launch now: it has one, and is not bound.
 inline bool CopiedByNode(const DeviceGraph& g, size_t i) { return g.copy_nodes[i] != nullptr && g.buffers[i].Moves(); }
 

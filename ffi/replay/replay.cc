@@ -1,5 +1,5 @@
 // XLA FFI handlers that replay a captured CUDA graph on XLA's stream, bound
-// to XLA's own buffers. Python side: jaxgraph/_jax_interop/replay_native.py.
+// to XLA's own buffers. Python side: jaxgraph/_jax_interop/replay_boundary.py.
 //
 // Python registers a captured graph with its static buffers for one device
 // (graph_table.h). At each call its kernel nodes are pointed at XLA's operands
@@ -27,12 +27,13 @@
 #include "capture_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
+#include "copy_nodes.h"
 #include "device_graph.h"
 #include "exec_cache.h"
 #include "graph_binding.h"
 #include "graph_splice.h"
 #include "graph_table.h"
-#include "replay_knobs.h"
+#include "knobs/replay_knobs.h"
 #include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"

@@ -36,7 +36,7 @@ forbids in a body), stays valid for every trip, and a block freed while a
 region is open is not handed to another allocation of the capture until the
 outermost region has closed.
 
-Mechanism and driver calls: ``_graphs/conditional.py`` (nodes, bodies), ``_graphs/predicates.py``
+Mechanism and driver calls: ``_graphs/conditional_nodes.py`` (nodes, bodies), ``_graphs/conditional_predicates.py``
 (predicates and the kernel that sets them), ``_graphs/embed.py`` (``replay()`` during a capture).
 """
 
@@ -44,10 +44,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._cuda import captures as _captures
-from . import conditional as _conditional
-from .conditional import Region
-from .predicates import KINDS, check_predicate
+from .._cuda import capture_registry as _captures
+from . import conditional_nodes as _conditional
+from .conditional_nodes import Region
+from .conditional_predicates import KINDS, check_predicate
 from .handles import require_capturing
 from .._cuda.stream import current_stream
 

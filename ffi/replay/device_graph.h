@@ -39,7 +39,7 @@
 namespace jaxgraph {
 
 // The ways one call of the handler replays a graph. The codes cross to
-// Python (jaxgraph._jax_interop.replay_native.ReplayPath); each path has its own counter.
+// Python (jaxgraph._jax_interop.replay_boundary.ReplayPath); each path has its own counter.
 enum class ReplayPath : int {
   kLaunch = 0,            // cudaGraphLaunch on XLA's stream
   kSpliceNodes = 1,       // its nodes added one by one to XLA's command-buffer capture
@@ -165,6 +165,9 @@ struct DeviceGraph {
     ring.Release(device);
   }
 };
+
+// Whether `g`'s buffers are copied by nodes of its executables (from registration on; copy_nodes.h adds them).
+inline bool HasCopyNodes(const DeviceGraph& g) { return g.ring_advance != nullptr; }
 
 // What the top level of a graph holds that decides how it can be replayed.
 struct Survey {

@@ -43,7 +43,7 @@
 namespace jaxgraph {
 
 // How replays go into XLA's command buffer; the codes cross to Python
-// (jaxgraph._jax_interop.replay_spec.CapturePolicy). kBind is the default; the others
+// (jaxgraph._jax_interop.replay_contract.CapturePolicy). kBind is the default; the others
 // exist so tests and benchmarks (benchmarks/capture_policies.py) can compare
 // the ways. A graph keeps the policy of its first recording: XLA updates a
 // recorded call only from a recording of the same shape (nodes and edges),

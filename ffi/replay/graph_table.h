@@ -29,6 +29,7 @@
 #include "bind_policy.h"
 #include "common.h"
 #include "conditional_graph.h"
+#include "copy_nodes.h"
 #include "device_graph.h"
 #include "graph_binding.h"
 #include "graph_splice.h"

@@ -54,12 +54,15 @@
 #include <vector>
 
 #include "common.h"
-#include "copy_nodes.h"
 #include "device_graph.h"
 #include "exec_cache.h"
 #include "graph_binding.h"
 
 namespace jaxgraph {
+
+// Host ns a call spends on one buffer copied by a copy node (copy_nodes.h): one
+// address stored in the ring (a store to pinned memory; not measured, the model's price).
+constexpr double kRingCopyHostNs = 100.0;
 
 // ---------------------------------------------------------------------------
 // The cost model

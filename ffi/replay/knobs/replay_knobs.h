@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "bind_policy.h"
-#include "capture_policy.h"
-#include "conditional_graph.h"
-#include "copy_ring.h"
-#include "device_graph.h"
-#include "exec_cache.h"
-#include "graph_table.h"
+#include "replay/bind_policy.h"
+#include "replay/capture_policy.h"
+#include "replay/conditional_graph.h"
+#include "replay/copy_ring.h"
+#include "replay/device_graph.h"
+#include "replay/exec_cache.h"
+#include "replay/graph_table.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/vector.h"
 
@@ -30,7 +30,7 @@ inline void DefineKnobs(nanobind::module_& m) {
     if (slots < 1) throw std::invalid_argument("copy ring slots must be >= 1, got " + std::to_string(slots));
     return copy_ring_slots.exchange(slots);
   }, nb::arg("slots"), "Calls of one graph in flight before the handler waits for the device, for graphs "
-     "registered from now on (their copy nodes' address ring, ffi/copy_ring.h); returns the previous value. For tests.");
+     "registered from now on (their copy nodes' address ring, ffi/replay/copy_ring.h); returns the previous value. For tests.");
   m.def("device_launch_nodes", []() { return device_launch_nodes.load(); },
         "The kernel nodes from which a graph gets device-launchable executables and copy nodes (< 0: never).");
   m.def("set_device_launch_nodes", [](int64_t nodes) { return device_launch_nodes.exchange(nodes); },

@@ -4,7 +4,7 @@
 wrappers over the functions here, which walk a ``CUgraph`` template with raw
 ``cuda.bindings`` calls (cuda.core has no node introspection).
 :meth:`CUDAGraph.summary`, :meth:`CUDAGraph.to_dot` and :meth:`CUDAGraph.render`
-turn the same node list into text and pictures (``_graphs/views.py``).
+turn the same node list into text and pictures (``_graphs/inspect_render.py``).
 
 Node ids come from the driver where it can give them: ``cuGraphNodeGetToolsId``
 and ``cuGraphExecGetId`` exist from CUDA 13.1. On an older driver the ids are
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._cuda import driver as _driver
-from . import views as _views
+from . import inspect_render as _views
 from .._kernels.compile import kernel_display_name
 from .._cuda.driver import check
 from .handles import CaptureState, GraphHandles, node_count, require_ended

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._cuda.array import DeviceArray, asarray, empty, zeros
-from .._graphs.capture import graph
+from .._graphs.capture_contexts import graph
 from .._cuda.checks import arrays_overlap, capture_mode, fmt
 from .._graphs.cuda_graph import CUDAGraph
 from .._cuda.stream import Stream, stream, synchronize

@@ -1,4 +1,4 @@
-"""Conditional nodes in a capture: the mechanism under ``_graphs/regions.py``.
+"""Conditional nodes in a capture: the mechanism under ``_graphs/conditional_regions.py``.
 
 A region (IF, IF/ELSE, WHILE, SWITCH) is opened on the stream that captures
 now (the capture's own stream, or the body stream of the region around it):
@@ -6,7 +6,7 @@ now (the capture's own stream, or the body stream of the region around it):
 1. a conditional handle is created on the graph that stream captures into
    (``cuGraphConditionalHandleCreate``);
 2. a one-thread kernel on that stream reads the predicate array and calls
-   ``cudaGraphSetConditional`` (``_graphs/predicates.py``), so the predicate is read
+   ``cudaGraphSetConditional`` (``_graphs/conditional_predicates.py``), so the predicate is read
    on the device each time the node is reached, never on the host;
 3. the conditional node is added after the kernel (``cuGraphAddNode``), and
    the stream's capture dependencies become the node, so later work on it
@@ -31,10 +31,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._cuda import captures as _captures, driver as _driver, memory as _memory, stream as _stream
+from .._cuda import capture_registry as _captures, driver as _driver, memory as _memory, stream as _stream
 from .._cuda.array import DeviceArray
 from .._cuda.driver import CudaError, check
-from .predicates import KINDS, Kind, check_support, relaxed, setter
+from .conditional_predicates import KINDS, Kind, check_support, relaxed, setter
 from .._cuda.stream import Stream, current_stream
 
 __all__ = ["Region", "add_node", "begin", "end", "next_body", "unfinished"]

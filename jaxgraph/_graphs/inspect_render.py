@@ -1,6 +1,6 @@
 """Seeing a captured graph: a text summary, Graphviz DOT text, and pictures rendered from it.
 
-Everything here works on the node list that ``_graphs.introspect.graph_data`` reads
+Everything here works on the node list that ``_graphs.inspect_nodes.graph_data`` reads
 from the driver (``{"nodes": [...], "edges": [...]}``), so it needs no GPU
 and is tested on the CPU with made-up graphs. :meth:`CUDAGraph.summary`,
 :meth:`CUDAGraph.to_dot` and :meth:`CUDAGraph.render` call it.

@@ -83,7 +83,7 @@ class Capture:
         External operands in first-use order: the parameter name, what used it
         (``"kernel axpy"``), and the array (a DeviceArray).
     regions : list
-        Conditional regions open now, innermost last (``_graphs.conditional.Region``).
+        Conditional regions open now, innermost last (``_graphs.conditional_nodes.Region``).
     conditionals : list of (int, str, tuple)
         Every conditional node added: its address, kind and body graphs' addresses.
     retained : list
