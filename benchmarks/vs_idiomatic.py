@@ -1,28 +1,40 @@
-"""jaxgraph's examples against the program a JAX user would write: gray_scott and poisson_solver.
+"""jaxgraph's examples against the program a JAX user would write, and against their own kernels without graphs.
 
-    python benchmarks/vs_idiomatic.py            # 4 XLA settings, 5 rounds: about 3 minutes on an H100
+    python benchmarks/vs_idiomatic.py            # 4 XLA settings, 5 rounds: about 4 minutes on an H100
     python benchmarks/vs_idiomatic.py --quick    # small sizes, 3 rounds (a smoke run)
+    python benchmarks/vs_idiomatic.py --grids 128,512 --poisson-grids 64 --repeats 3   # fewer grids and rounds
 
-For each case, the idiomatic JAX program (``jax.numpy`` in a jitted loop, or
-the library call) is the baseline; every mode computes the same thing and is
-checked against numpy/scipy before it is timed:
+Three columns per workload (issue 37): the idiomatic JAX program (as a user
+writes it, and in its fair form: as many sweeps or iterations a
+``lax.while_loop`` trip as the device loop runs between reads of its flag),
+the same CUDA kernels jaxgraph runs called through ``Kernel.jax_call`` in a
+``lax.fori_loop`` / ``lax.while_loop`` (what the kernels buy without a graph),
+and jaxgraph's device loop (what the graph adds). Every mode computes the same
+thing and is checked against numpy/scipy before it is timed:
 
-- ``gray_scott`` at grids 64, 256 and 1024, 100 steps of 10 substeps
+- ``gray_scott`` at grids 64, 128, 256, 512 and 1024, 100 steps of 10 substeps
   (``examples/gray_scott.py``): ``jnp`` (the model in ``jax.numpy``, a
-  jitted ``lax.fori_loop``), ``xla_fused`` (the example's fused kernel as
+  jitted ``lax.fori_loop``: a fixed number of steps, so its fair form is
+  itself), ``xla_fused`` and ``xla_blocked`` (the example's fused kernel, and
+  the temporally blocked kernel the device loop launches, as
   ``Kernel.jax_call``s in that fori_loop), ``loop_fused_jit`` and
   ``loop_blocked_jit`` (the device loop, one substep per launch or
   ``gray_scott.default_blocking``'s temporally blocked launches, inside
   ``jax.jit``), ``loop_blocked_eager`` (that loop replayed from
   Python, timed by CUDA events). Up to grid 256 every mode is checked
-  against numpy; at 1024 (numpy would take a minute a process) against
+  against numpy; above (numpy would take a minute a process at 1024) against
   the ``jnp`` run, itself checked against numpy on one step;
-- ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 256 x 256, rtol 1e-4 (Jacobi
-  above 64 x 64 only in ``--jacobi-big-settings``, 3 rounds: ~76,000 sweeps at 256)
+- ``poisson_jacobi`` / ``poisson_cg`` at 64 x 64 and 128 x 128, rtol 1e-4 (Jacobi
+  above 64 x 64 only in ``--jacobi-big-settings``: its sweeps grow as n^2, ~18,000 at 128)
   (``examples/poisson_solver.py``): ``jnp_jacobi`` (a jitted
-  ``lax.while_loop``), ``xla_jacobi`` (the kernel as a ``jax_call`` in it),
-  ``jax_scipy_cg`` (``jax.scipy.sparse.linalg.cg`` on the matrix-free
-  operator), and the device loops in jit: ``*_exact`` (``until=``, exact
+  ``lax.while_loop``, the tolerance tested after every sweep), ``jnp_jacobi_fair``
+  (``--fair-sweeps`` sweeps a trip, each after the stop masked: the same sweeps),
+  ``xla_jacobi`` (up to 64 x 64: the kernel as a ``jax_call`` in it, one a trip),
+  ``xla_jacobi_fair`` (``--fair-sweeps`` of those a trip), ``jax_scipy_cg``
+  (``jax.scipy.sparse.linalg.cg`` on the matrix-free operator, the library
+  call), ``jnp_cg_fair`` (CG written in ``jax.numpy``, ``--fair-iterations``
+  a trip), ``xla_cg_fair`` (the ``cg_fused`` kernel as ``jax_call``s,
+  ``--fair-iterations`` a trip), and the device loops in jit: ``*_exact`` (``until=``, exact
   stop), ``*_every`` (``check_every=K``, where this jaxgraph has it),
   ``jacobi_exact_s1`` (one sweep a step: the loop's own stop after every
   sweep). The CG loops run pipelined CG, one kernel an iteration. Up to
@@ -30,15 +42,20 @@ checked against numpy/scipy before it is timed:
   ``cg_block_exact_eager``): the single-block fast path
   (``examples/poisson_block.py``): one launch of 1024 threads runs up to
   ``--block-per-launch`` sweeps (iterations) on chip, testing the
-  tolerance after each, the device loop relaunching it until the flag.
+  tolerance after each, the device loop relaunching it until the flag;
+  ``xla_jacobi_block`` / ``xla_cg_block``: the same kernel as a ``jax_call`` in
+  a ``lax.while_loop``, one launch a trip.
 
 One process per XLA setting (``off``, ``on``, ``defaults``, ``while`` of
 ``benchmarks/harness/config.py``), started by ``run.run_worker``; in each, a case's
 modes are sampled in interleaved rounds (``timing.measure_group``): a
 sample is the wall time of back-to-back calls, the last waited for, per
-call (CUDA events for the eager replay). The report (``vs_idiomatic_report.py``)
+call (CUDA events for the eager replay). The report (``reports/vs_idiomatic_report.py``)
 takes each mode at its best setting and compares it with the idiomatic
-program at *its* best setting, with the range over the rounds. Writes
+program at *its* best setting, with the range over the rounds, leads with the
+three columns at each one's best setting and again all at JAX's defaults, and
+splits each of jaxgraph's speedups into what the kernels buy and what the graph
+buys. Writes
 ``<device>-vs-idiomatic.json``, ``.md`` and ``.png`` (without matplotlib, no
 PNG) into ``--out`` (``-vs-idiomatic-quick`` with ``--quick``).
 """
@@ -75,14 +92,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, 3 rounds of ~5 ms samples")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
-    p.add_argument("--grids", default=None, help="gray_scott grids (default 64,256,1024; quick 64)")
-    p.add_argument("--poisson-grids", default=None, help="poisson grids (default 64,256; quick 32)")
-    p.add_argument("--jacobi-big-settings", default="on,while",
-                   help="settings that also time Jacobi above 64 x 64 (its sweeps grow as n^2: ~76,000 at 256, "
-                        "seconds a solve); default on,while")
+    p.add_argument("--grids", default=None, help="gray_scott grids (default 64,128,256,512,1024; quick 64)")
+    p.add_argument("--poisson-grids", default=None,
+                   help="poisson grids (default 64,128; quick 32): the single-block kernels up to 64, the multi-block "
+                        "ones at every grid")
+    p.add_argument("--jacobi-big-settings", default=",".join(SETTINGS),
+                   help="settings that also time Jacobi above 64 x 64 (its sweeps grow as n^2: ~18,000 at 128, "
+                        "~76,000 at 256, seconds a solve); default all four")
     p.add_argument("--steps", type=int, default=100, help="gray_scott steps (default 100)")
     p.add_argument("--substeps", type=int, default=10, help="gray_scott substeps per step (default 10)")
     p.add_argument("--per-step", type=int, default=8, help="poisson sweeps (iterations) per loop step (default 8)")
+    p.add_argument("--fair-sweeps", type=int, default=8,
+                   help="Jacobi sweeps a lax.while_loop trip in the fair idiomatic loop and of the multi-block kernel "
+                        "via jax_call (default 8: the device loop's sweeps a step, between reads of its flag)")
+    p.add_argument("--fair-iterations", type=int, default=4,
+                   help="CG iterations a lax.while_loop trip in the fair jnp CG and of the cg_fused kernel via "
+                        "jax_call (default 4; the device loop's exact stop reads its flag every --per-step)")
     p.add_argument("--check-every", type=int, default=8, help="K of Jacobi's every-K stop (default 8)")
     p.add_argument("--cg-check-every", type=int, default=4,
                    help="K of CG's every-K stop (default 4: up to K-1 steps of no-op kernels may follow)")
@@ -109,9 +134,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.cases = _names(p, args.cases, CASES, "case")
     args.jacobi_big_settings = _names(p, args.jacobi_big_settings, SETTINGS, "setting") if \
         args.jacobi_big_settings.strip() else ()
-    args.grids = _ints(p, args.grids or ("64" if args.quick else "64,256,1024"), "--grids")
-    args.poisson_grids = _ints(p, args.poisson_grids or ("32" if args.quick else "64,256"), "--poisson-grids")
-    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every", "block_per_launch"):
+    args.grids = _ints(p, args.grids or ("64" if args.quick else "64,128,256,512,1024"), "--grids")
+    args.poisson_grids = _ints(p, args.poisson_grids or ("32" if args.quick else "64,128"), "--poisson-grids")
+    for name in ("steps", "substeps", "per_step", "check_every", "cg_check_every", "block_per_launch", "fair_sweeps",
+                 "fair_iterations"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.quick:
@@ -225,18 +251,27 @@ def gray_scott_factories(args: argparse.Namespace, nx: int) -> list:
             return f"{model.name}: {what}", n
         return run
 
+    def launches(mode: timing.Mode, model: Any) -> timing.Mode:
+        mode.info["launches"] = len(model.runs)  # kernels a step
+        return mode
+
+    def xla(key: str, make: Callable) -> timing.Mode:
+        model = make()
+        return launches(_jit_mode(key, gs.xla_simulation(model), (u, v), named(key, model)), model)
+
     def loop_jit(key: str, make: Callable) -> timing.Mode:
         model = make()
         _, loop = model.device_loop()
-        return _jit_mode(key, gs.loop_in_jit(loop), (u, v), named(key, model))
+        return launches(_jit_mode(key, gs.loop_in_jit(loop), (u, v), named(key, model)), model)
 
     def loop_eager(key: str, make: Callable) -> timing.Mode:
         model = make()
         graphed, loop = model.device_loop()
-        return _eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), named(key, model))
+        return launches(_eager_mode(key, gs.loop_eager(graphed, loop, u0, v0), named(key, model)), model)
 
     return [("jnp", lambda: _jit_mode("jnp", gs.jnp_simulation(steps, substeps), (u, v), check("jnp"))),
-            ("xla_fused", lambda: _jit_mode("xla_fused", gs.xla_simulation(fused()), (u, v), check("xla_fused"))),
+            ("xla_fused", lambda: xla("xla_fused", fused)),
+            ("xla_blocked", lambda: xla("xla_blocked", blocked)),
             ("loop_fused_jit", lambda: loop_jit("loop_fused_jit", fused)),
             ("loop_blocked_jit", lambda: loop_jit("loop_blocked_jit", blocked)),
             ("loop_blocked_eager", lambda: loop_eager("loop_blocked_eager", blocked))]
@@ -309,13 +344,21 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
             blocks.append(("cg_block_exact_eager", lambda: block("cg_block_exact_eager", 1, eager=True)))
         if every:
             blocks.append((f"{method}_block_every", lambda: block(f"{method}_block_every", every)))
-    s = args.per_step
+
+    def jit(key: str, make: Callable, arg: Any) -> tuple:
+        return key, lambda: _jit_mode(key, make(), (arg,), check(key))
+
+    s, fs, fi = args.per_step, args.fair_sweeps, args.fair_iterations
     if method == "jacobi":
-        out = [("jnp_jacobi", lambda: _jit_mode("jnp_jacobi", ps.jnp_jacobi(prob, max_sweeps), (f,),
-                                                check("jnp_jacobi")))]
+        out = [jit("jnp_jacobi", lambda: ps.jnp_jacobi(prob, max_sweeps), f),
+               jit("jnp_jacobi_fair", lambda: ps.jnp_jacobi(prob, max_sweeps, fs), f)]
         if n <= 64:
-            out.append(("xla_jacobi", lambda: _jit_mode("xla_jacobi", ps.Kernels(prob).xla_jacobi(max_sweeps), (f,),
-                                                        check("xla_jacobi"))))
+            out.append(jit("xla_jacobi", lambda: ps.Kernels(prob).xla_jacobi(max_sweeps), f))
+        out.append(jit("xla_jacobi_fair", lambda: ps.Kernels(prob).xla_jacobi(max_sweeps, fs), f))
+        if pb.fits(n):
+            out.append(jit("xla_jacobi_block", lambda: pb.BlockKernels(prob, args.block_per_launch).xla_jacobi(
+                max_sweeps), f))
+        if n <= 64:
             out.append(("jacobi_exact_s1", lambda: loop("jacobi_exact_s1", 1, 1)))
         out.append(("jacobi_exact", lambda: loop("jacobi_exact", s, 1)))
         if every:
@@ -325,8 +368,12 @@ def poisson_factories(args: argparse.Namespace, n: int, method: str) -> list:
 
     cg = jax.jit(lambda b: (ps.jax_scipy_cg(prob, max_iter)(b), jnp.zeros(0, jnp.int32)))
     out = [("jax_scipy_cg", lambda: _jit_mode("jax_scipy_cg", cg, (b,), check("jax_scipy_cg"))),
-           ("cg_exact", lambda: loop("cg_exact", s, 1)),
-           ("cg_exact_eager", lambda: loop("cg_exact_eager", s, 1, eager=True))]
+           jit("jnp_cg_fair", lambda: ps.jnp_cg(prob, max_iter, fi), b),
+           jit("xla_cg_fair", lambda: ps.Kernels(prob).xla_cg(max_iter, ps.jnp_operator, fi), b)]
+    if pb.fits(n):
+        out.append(jit("xla_cg_block", lambda: pb.BlockKernels(prob, args.block_per_launch).xla_cg(max_iter), b))
+    out += [("cg_exact", lambda: loop("cg_exact", s, 1)),
+            ("cg_exact_eager", lambda: loop("cg_exact_eager", s, 1, eager=True))]
     if every:
         out.append(("cg_every", lambda: loop("cg_every", s, every)))
     return out + blocks
@@ -353,9 +400,10 @@ def worker(args: argparse.Namespace) -> dict:
             measure(f"poisson_cg/{n}", poisson_factories(args, n, "cg"))
             if n <= 64:
                 measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"))
-        for n in args.poisson_grids:  # last: seconds a solve
+        for n in args.poisson_grids:  # last: ~0.1 s a solve at 128, seconds at 256
             if n > 64 and args.worker in args.jacobi_big_settings:
-                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"), min(3, args.repeats))
+                measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"),
+                        args.repeats if n <= 128 else min(3, args.repeats))
     ps = example_loader.load("poisson_solver")
     return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
             "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
@@ -388,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     cfg = {"grids": list(args.grids), "poisson_grids": list(args.poisson_grids), "steps": args.steps,
            "substeps": args.substeps, "per_step": args.per_step, "check_every": args.check_every,
+           "fair_sweeps": args.fair_sweeps, "fair_iterations": args.fair_iterations,
            "cg_check_every": args.cg_check_every, "block_per_launch": args.block_per_launch, "rtol": args.rtol,
            "repeats": args.repeats,
            "target_ms": args.target_ms, "quick": args.quick, "settings": list(args.settings),

@@ -8,6 +8,10 @@ files others write, so that nothing is copied by hand:
   between them kept, links to JSON files left as text;
 - ``api.md``'s entries come from ``jaxgraph.__all__`` (``api_entries`` below);
 - ``build.md`` and ``changelog.md`` include ``BUILD.md`` and ``CHANGELOG.md``.
+
+``when-it-helps.md`` is not made here: ``docs/measured_pages.py`` fills it from
+``templates/when-it-helps.md`` and a committed benchmark run, and it is
+committed as written (``templates/`` is left out of the site).
 """
 
 import pathlib
@@ -34,7 +38,7 @@ extensions = [
     "myst_parser",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "templates"]  # templates: docs/measured_pages.py fills them
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "deflist"]

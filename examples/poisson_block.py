@@ -79,6 +79,47 @@ class BlockKernels:
         return graphed, _until_loop(graphed, -(-max_iter // self.per_launch), check_every)
 
 
+    def xla_jacobi(self, max_sweeps):
+        """The same kernel as a ``Kernel.jax_call`` in a jitted lax.while_loop, one launch (up to
+        ``per_launch`` sweeps) a trip until the flag (no graph: XLA launches it); f -> (u, sweeps)."""
+        import jax
+        import jax.numpy as jnp
+
+        p = self.prob
+
+        def solve(f):
+            def body(state):
+                return self.jacobi.jax_call(*state, f, p.h2, p.n, p.jacobi_tol2, self.per_launch, grid=1,
+                                            block=THREADS, inout=("u", "flag", "count"))
+
+            init = (jnp.zeros_like(f), jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32))
+            u, _, count = jax.lax.while_loop(lambda s: (s[1][0] == 0) & (s[2][0] < max_sweeps), body, init)
+            return u, count[0]
+
+        return jax.jit(solve)
+
+    def xla_cg(self, max_iter):
+        """The same kernel as a ``Kernel.jax_call`` in a jitted lax.while_loop, one launch (up to
+        ``per_launch`` iterations) a trip until the flag; b -> (x, iterations)."""
+        import jax
+        import jax.numpy as jnp
+
+        pb = self.prob
+
+        def solve(b):
+            def body(state):
+                return self.cg.jax_call(*state, b, pb.n, pb.cg_tol2, self.per_launch, grid=1, block=THREADS,
+                                        inout=("x", "flag", "count", "r", "w", "p", "s", "scal"))
+
+            zero = jnp.zeros_like(b)  # the first launch (count 0) starts from x = 0 and b alone
+            init = (zero, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), zero, zero, zero, zero,
+                    jnp.zeros(4, jnp.float32))
+            x, _, count, *_ = jax.lax.while_loop(lambda s: (s[1][0] == 0) & (s[2][0] < max_iter), body, init)
+            return x, count[0]
+
+        return jax.jit(solve)
+
+
 def _until_loop(graphed, steps, check_every):
     flag = graphed.static_outputs[-1]
     if check_every == 1:

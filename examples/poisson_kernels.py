@@ -4,8 +4,9 @@ The kernels are in poisson_solver.cu. :class:`Kernels` builds, for one
 problem (``poisson_solver.Problem``), the graphed step of ``per_step`` Jacobi
 sweeps or CG iterations and the ``jaxgraph.graphed_loop`` that runs steps
 until the kernels set the flag; the functions below run such a loop inside
-``jax.jit`` or eagerly from the problem's initial state. ``xla_jacobi`` runs
-the same Jacobi kernel as ``Kernel.jax_call``s in a ``lax.while_loop``.
+``jax.jit`` or eagerly from the problem's initial state. ``xla_jacobi`` and
+``xla_cg`` run the same kernels as ``Kernel.jax_call``s in a ``lax.while_loop``
+(no graph: XLA launches them).
 """
 
 import inspect
@@ -83,8 +84,10 @@ class Kernels:
         steps = -(-max_iter // self.per_step) + 1  # + the launch that sees the last iteration converged
         return graphed, _until_loop(graphed, steps, None, check_every)
 
-    def xla_jacobi(self, max_sweeps):
-        """XLA launching the jacobi kernel (``Kernel.jax_call``) in a jitted lax.while_loop; f -> (u, sweeps)."""
+    def xla_jacobi(self, max_sweeps, per_trip=1):
+        """XLA launching the jacobi kernel (``Kernel.jax_call``) in a jitted lax.while_loop, ``per_trip``
+        launches a trip (the loop reads the flag once a trip; a launch after convergence carries u over, so
+        u and the count do not depend on ``per_trip``); f -> (u, sweeps)."""
         import jax
         import jax.numpy as jnp
 
@@ -95,15 +98,45 @@ class Kernels:
         def solve(f):
             def body(state):
                 u, part_in, flag, count = state
-                u, part_out, flag, count, _ = self.jacobi.jax_call(
-                    f32, part, flag, count, one, u, f, part_in, p.h2, p.n, p.jacobi_tol2, grid=p.blocks,
-                    block=THREADS, inout=("flag", "count"))
-                return u, part_out, flag, count
+                for _ in range(per_trip):
+                    u, part_in, flag, count, _ = self.jacobi.jax_call(
+                        f32, part, flag, count, one, u, f, part_in, p.h2, p.n, p.jacobi_tol2, grid=p.blocks,
+                        block=THREADS, inout=("flag", "count"))
+                return u, part_in, flag, count
 
             init = (jnp.zeros((p.n, p.n), jnp.float32), jnp.full(p.blocks, jnp.inf, jnp.float32),
                     jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32))
             u, _, _, count = jax.lax.while_loop(lambda s: (s[2][0] == 0) & (s[3][0] < max_sweeps), body, init)
             return u, count[0]
+
+        return jax.jit(solve)
+
+    def xla_cg(self, max_iter, operator, per_trip=1):
+        """XLA launching the cg_fused kernel (``Kernel.jax_call``) in a jitted lax.while_loop, ``per_trip``
+        launches a trip (a launch after convergence does nothing); b -> (x, iterations). ``operator``: A in
+        jax.numpy (for A b at the start, as ``cg_in_jit``)."""
+        import jax
+        import jax.numpy as jnp
+
+        pb = self.prob
+        f32 = jax.ShapeDtypeStruct((pb.n, pb.n), jnp.float32)
+        part, two = jax.ShapeDtypeStruct((2 * pb.blocks,), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.float32)
+
+        def solve(b):
+            def body(state):
+                x, p_dir, flag, count, *rest = state
+                for _ in range(per_trip):  # x, p, flag and count in place; r, w, s and the sums into new arrays
+                    x, p_dir, flag, count, *rest = self.cg.jax_call(
+                        x, p_dir, flag, count, f32, f32, f32, part, two, *rest, pb.n, pb.cg_tol2, grid=pb.blocks,
+                        block=THREADS, inout=("x", "p", "flag", "count"))
+                return (x, p_dir, flag, count, *rest)
+
+            zero, w = jnp.zeros_like(b), operator(b)
+            sums = jnp.zeros(2 * pb.blocks, jnp.float32).at[0].set(jnp.sum(b * b)).at[pb.blocks].set(jnp.sum(w * b))
+            init = (zero, zero, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), b, w, zero, sums,
+                    jnp.array([jnp.inf, 1], jnp.float32))
+            x, _, _, count, *_ = jax.lax.while_loop(lambda s: (s[2][0] == 0) & (s[3][0] < max_iter), body, init)
+            return x, count[0]
 
         return jax.jit(solve)
 

@@ -14,24 +14,34 @@ Jacobi sweeps until the update of a sweep is small: ||u_new - u|| <= rtol *
 (what jax.scipy.sparse.linalg.cg's `tol` means). Each way, idiomatic first:
 
   Jacobi
-  1. idiomatic JAX: the sweep in jax.numpy in a jitted lax.while_loop;
+  1. idiomatic JAX: the sweep in jax.numpy in a jitted lax.while_loop,
+     the tolerance tested after every sweep; and its fair form, S sweeps
+     a trip (S = `--sweeps-per-step`, as the device loop runs between
+     reads of its flag; the sweeps after the stop masked: same result);
   2. XLA launching this file's `jacobi` kernel (Kernel.jax_call) in the
-     same while_loop;
+     same while_loop, one a trip and S a trip (the same kernels, no graph);
   3. jaxgraph.graphed_loop(..., until=flag): one CUDA graph runs the sweeps
      and stops on the device, eagerly and inside jax.jit (one FFI call);
      exact stop, and `check_every=K` (the flag read once per K steps).
   Conjugate gradients
   4. idiomatic JAX: jax.scipy.sparse.linalg.cg on the same matrix-free
-     operator in jax.numpy, same tolerance, in jax.jit;
-  5. jaxgraph: CG in the same device loop, exact and every-K stop, one
+     operator in jax.numpy, same tolerance, in jax.jit; and, fair, CG
+     written in jax.numpy, S iterations a while_loop trip;
+  5. XLA launching the CG kernel below (Kernel.jax_call), S a trip;
+  6. jaxgraph: CG in the same device loop, exact and every-K stop, one
      kernel an iteration: pipelined CG (Chronopoulos and Gear), whose two
      dot products r.r and (A r).r come from one reduction.
   Grids up to 64 x 64 (4096 unknowns: one thread block's shared memory)
-  6. jaxgraph: the single-block fast path (poisson_block.py), chosen
+  7. jaxgraph: the single-block fast path (poisson_block.py), chosen
      automatically: one launch of 1024 threads runs up to
      `--block-per-launch` Jacobi sweeps or CG iterations with the state
      on chip, tests the tolerance after every one and stops right there;
-     the device loop relaunches it until the flag, exact and every-K stop.
+     the device loop relaunches it until the flag, exact and every-K stop;
+     and the same kernel through Kernel.jax_call in a while_loop. This
+     path's speed is the kernel's: the graph only relaunches it.
+
+The tables give each way against idiomatic JAX, and each jaxgraph way
+against the same kernels through jax_call (what the graph adds to them).
 
 The kernels are written as a CUDA programmer would: `jacobi` is one kernel a
 sweep (each block stores its sum of squared updates; every block of the
@@ -106,24 +116,83 @@ def jnp_operator(x):
     return 4 * x - ((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1]))
 
 
-def jnp_jacobi(prob, max_sweeps):
-    """Idiomatic Jacobi: the sweep in jax.numpy in a jitted lax.while_loop; f -> (u, sweeps)."""
+def jnp_jacobi(prob, max_sweeps, per_trip=1):
+    """Idiomatic Jacobi: the sweep in jax.numpy in a jitted lax.while_loop; f -> (u, sweeps).
+
+    ``per_trip=1`` tests the tolerance after every trip of one sweep, as a user
+    writes it. More runs ``per_trip`` sweeps a trip (the fair counterpart of a
+    device loop that reads its flag once per step of that many sweeps): each
+    still tests the sweep before it, and a sweep after convergence leaves u
+    and the count as they were (``jnp.where``), so u and the count are the
+    same as with one sweep a trip.
+    """
     import jax
     import jax.numpy as jnp
 
+    def sweep(u, f):
+        p = jnp.pad(u, 1)
+        u_new = 0.25 * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.h2 * f)
+        return u_new, jnp.sum((u_new - u) ** 2)
+
+    def going(k, d2):
+        return (d2 > prob.jacobi_tol2) & (k < max_sweeps)
+
     def solve(f):
-        def cond(state):
-            k, _, d2 = state
-            return (d2 > prob.jacobi_tol2) & (k < max_sweeps)
-
         def body(state):
-            k, u, _ = state
-            p = jnp.pad(u, 1)
-            u_new = 0.25 * (((p[1:-1, :-2] + p[1:-1, 2:]) + (p[:-2, 1:-1] + p[2:, 1:-1])) + prob.h2 * f)
-            return k + 1, u_new, jnp.sum((u_new - u) ** 2)
+            k, u, d2 = state
+            if per_trip == 1:
+                u, d2 = sweep(u, f)
+                return k + 1, u, d2
+            for _ in range(per_trip):
+                on = going(k, d2)
+                u_new, d2_new = sweep(u, f)
+                k, u, d2 = k + on.astype(k.dtype), jnp.where(on, u_new, u), jnp.where(on, d2_new, d2)
+            return k, u, d2
 
-        k, u, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.zeros_like(f), jnp.float32(jnp.inf)))
+        k, u, _ = jax.lax.while_loop(lambda s: going(s[0], s[2]), body,
+                                     (jnp.int32(0), jnp.zeros_like(f), jnp.float32(jnp.inf)))
         return u, k
+
+    return jax.jit(solve)
+
+
+def jnp_cg(prob, max_iter, per_trip=1):
+    """Conjugate gradients written in jax.numpy (not the library's), ``per_trip`` iterations a
+    ``lax.while_loop`` trip, in jit; b -> (x, iterations).
+
+    The textbook iteration on the matrix-free operator, stopping once
+    ||r||^2 <= (rtol ||b||)^2 (jax.scipy's test). Each iteration tests the
+    residual before it; one after convergence leaves the state and the count
+    as they were, so the result and count do not depend on ``per_trip``: the
+    fair counterpart of a device loop that reads its flag once per step of
+    ``per_trip`` iterations.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def going(k, rr):
+        return (rr > prob.cg_tol2) & (k < max_iter)
+
+    def iteration(state):
+        k, x, r, p, rr = state
+        on = going(k, rr)
+        ap = jnp_operator(p)
+        alpha = rr / jnp.sum(p * ap)
+        x_new, r_new = x + alpha * p, r - alpha * ap
+        rr_new = jnp.sum(r_new * r_new)
+        p_new = r_new + (rr_new / rr) * p
+        keep = lambda new, old: jnp.where(on, new, old)  # noqa: E731
+        return k + on.astype(k.dtype), keep(x_new, x), keep(r_new, r), keep(p_new, p), keep(rr_new, rr)
+
+    def solve(b):
+        def body(state):
+            for _ in range(per_trip):
+                state = iteration(state)
+            return state
+
+        init = (jnp.int32(0), jnp.zeros_like(b), b, b, jnp.sum(b * b))
+        k, x, *_ = jax.lax.while_loop(lambda s: going(s[0], s[4]), body, init)
+        return x, k
 
     return jax.jit(solve)
 
@@ -298,12 +367,22 @@ def main(argv=None):
           f"per device-loop step; XLA_FLAGS {flags}", flush=True)
     if every is None:
         print("this jaxgraph's graphed_loop has no check_every=: the every-K stop is left out", flush=True)
-    tables = {}
+    tables, per = {}, args.sweeps_per_step  # the fair loops: as many a trip as the device loop runs a step
+    same = {"Jacobi": {"jaxgraph: device loop": f"XLA: the jacobi kernel as {per} jax_calls a while_loop trip",
+                       "jaxgraph: single block": "XLA (single block): the kernel as a jax_call in a while_loop"},
+            "CG": {"jaxgraph: CG device loop": f"XLA: the cg_fused kernel as {per} jax_calls a while_loop trip",
+                   "jaxgraph: single-block CG": "XLA (single block): the CG kernel as a jax_call in a while_loop"}}
     if not args.no_jacobi:
-        print("[Jacobi] idiomatic JAX, XLA on the jacobi kernel, jaxgraph device loops", flush=True)
+        print("[Jacobi] idiomatic JAX, XLA on the jacobi kernels, jaxgraph device loops", flush=True)
         idiomatic, xla = jnp_jacobi(prob, args.max_sweeps), kernels.xla_jacobi(args.max_sweeps)
+        fair, xla_fair = jnp_jacobi(prob, args.max_sweeps, per), kernels.xla_jacobi(args.max_sweeps, per)
         runs = {"idiomatic JAX: jnp sweep in a jitted lax.while_loop": timed(lambda: idiomatic(f)),
-                "XLA: the jacobi kernel as a jax_call in the while_loop": timed(lambda: xla(f))}
+                f"idiomatic JAX, fair: {per} sweeps a while_loop trip": timed(lambda: fair(f)),
+                "XLA: the jacobi kernel as a jax_call in the while_loop": timed(lambda: xla(f)),
+                same["Jacobi"]["jaxgraph: device loop"]: timed(lambda: xla_fair(f))}
+        if block:
+            xla_block = block.xla_jacobi(args.max_sweeps)
+            runs[same["Jacobi"]["jaxgraph: single block"]] = timed(lambda: xla_block(f))
         stops = (("exact stop", 1), (f"every-{every} stop", every))
         add_device_loops(runs, "device loop", stops, lambda k: kernels.jacobi_loop(args.max_sweeps, k),
                          lambda g, loop: jacobi_eager(g, loop, prob), jacobi_in_jit, f)
@@ -312,21 +391,28 @@ def main(argv=None):
                              lambda g, loop: poisson_block.jacobi_eager(g, loop, prob), poisson_block.jacobi_in_jit, f)
         worst = max(check.jacobi(name, u, n, args.max_sweeps) for name, ((u, n), _) in runs.items())
         counts = {name: n for name, ((_, n), _) in runs.items()}
-        for kernel in (("XLA", "jaxgraph: device loop"), ("jaxgraph: single block",)):
+        for kernel in (("XLA:", "jaxgraph: device loop"), ("XLA (single block)", "jaxgraph: single block")):
             ours = {n for name, n in counts.items() if name.startswith(kernel)}
             if len(ours) > 1:  # the same kernel, the same order of additions: the same sweep, however stopped
                 raise AssertionError(f"the kernel's ways stopped after different sweeps: {counts}")
         if block:
             u_m, sweeps_m, _ = poisson_block.model_solve(prob, "jacobi", args.block_per_launch, args.max_sweeps)
             for name, ((u, n), _) in runs.items():
-                if name.startswith("jaxgraph: single block") and (n != sweeps_m or not np.array_equal(u, u_m)):
+                if name.startswith(("jaxgraph: single block", "XLA (single block)")) and (
+                        n != sweeps_m or not np.array_equal(u, u_m)):
                     raise AssertionError(f"{name}: {n} sweeps, not the numpy model's {sweeps_m} bit for bit")
         print(f"every Jacobi solution matches numpy's sweeps and the exact solution ({check.how}) to {worst:.1e} "
               f"of its largest value; sweeps: {counts}", flush=True)
         tables["Jacobi"] = runs
-    print("[CG] jax.scipy.sparse.linalg.cg, jaxgraph device loops", flush=True)
+    print("[CG] jax.scipy.sparse.linalg.cg, CG in jnp, XLA on the CG kernels, jaxgraph device loops", flush=True)
     idiomatic_cg, none = jax_scipy_cg(prob, args.max_iter), jnp.zeros(1, jnp.int32)  # cg does not say its count
-    runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit": timed(lambda: (idiomatic_cg(b), none))}
+    fair_cg, xla_cg = jnp_cg(prob, args.max_iter, per), kernels.xla_cg(args.max_iter, jnp_operator, per)
+    runs = {"idiomatic JAX: jax.scipy.sparse.linalg.cg in jax.jit": timed(lambda: (idiomatic_cg(b), none)),
+            f"idiomatic JAX, fair: CG in jnp, {per} iterations a while_loop trip": timed(lambda: fair_cg(b)),
+            same["CG"]["jaxgraph: CG device loop"]: timed(lambda: xla_cg(b))}
+    if block:
+        xla_block_cg = block.xla_cg(args.max_iter)
+        runs[same["CG"]["jaxgraph: single-block CG"]] = timed(lambda: xla_block_cg(b))
     stops = (("exact stop", 1), (f"every-{cg_every} stop", cg_every))
     add_device_loops(runs, "CG device loop", stops, lambda k: kernels.cg_loop(args.max_iter, k),
                      lambda g, loop: cg_eager(g, loop, prob, numpy_operator), lambda loop: cg_in_jit(loop, jnp_operator), b)
@@ -340,7 +426,7 @@ def main(argv=None):
     if block:
         x_m, its_m, _ = poisson_block.model_solve(prob, "cg", args.block_per_launch, args.max_iter)
         for name, ((x, n), _) in runs.items():
-            if not name.startswith("jaxgraph: single-block"):
+            if not name.startswith(("jaxgraph: single-block", "XLA (single block)")):
                 continue
             if n != its_m or not np.array_equal(x, x_m):
                 raise AssertionError(f"{name}: {n} iterations, not the numpy model's {its_m} bit for bit")
@@ -350,13 +436,16 @@ def main(argv=None):
           flush=True)
     tables["CG"] = runs
 
-    for method, runs in tables.items():
+    for method, runs in tables.items():  # jaxgraph's rows also against the same kernels through jax_call
         base = next(iter(runs.values()))[1]
         width = max(map(len, runs))
         unit = "sweeps" if method == "Jacobi" else "iters"
-        print(f"\n{method}: {'way':<{width - len(method) - 2}}  {'ms':>8}  {unit:>7}  vs idiomatic JAX")
+        print(f"\n{method}: {'way':<{width - len(method) - 2}}  {'ms':>8}  {unit:>7}  vs idiomatic JAX  "
+              "vs the same kernels via jax_call")
         for name, ((_, n), seconds) in runs.items():
-            print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {n if n else '?':>7}  {base / seconds:6.2f}x")
+            ref = next((runs[x][1] for way, x in same[method].items() if name.startswith(way) and x in runs), None)
+            vs = f"  {ref / seconds:6.2f}x" if ref else ""
+            print(f"{name:<{width}}  {seconds * 1e3:8.3f}  {n if n else '?':>7}  {base / seconds:6.2f}x{' ' * 9}{vs}")
     print("\n(medians of 3 runs in this process at its XLA setting, a quick look: benchmarks/vs_idiomatic.py times "
           "each side at its best setting over interleaved rounds; results with their ranges in "
           "benchmarks/results/*-vs-idiomatic.md)")

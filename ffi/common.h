@@ -59,9 +59,11 @@ class HandleTable {
  public:
   using Status = HandleStatus;
 
+  // Entries replaced or retired are released after the lock (their
+  // destructors free CUDA objects: never under the table's lock).
   void Insert(int64_t key, std::shared_ptr<Entry> entry) {
     std::unique_lock lock(mutex_);
-    entries_[key] = std::move(entry);
+    std::swap(entries_[key], entry);
   }
 
   bool Contains(int64_t key) const {
@@ -80,17 +82,19 @@ class HandleTable {
 
   // Retires `key` (idempotent; an unknown id becomes a tombstone too).
   void Retire(int64_t key) {
+    std::shared_ptr<Entry> gone;  // released after the lock
     std::unique_lock lock(mutex_);
-    entries_[key] = nullptr;
+    std::swap(entries_[key], gone);
   }
 
   // Retires the live entries whose key `pick(key)` accepts; a key never
   // inserted stays unknown (so it is never reported as retired).
   template <typename Pick>
   void RetireLive(Pick pick) {
+    std::vector<std::shared_ptr<Entry>> gone;  // released after the lock
     std::unique_lock lock(mutex_);
     for (auto& [key, entry] : entries_) {
-      if (entry != nullptr && pick(key)) entry = nullptr;
+      if (entry != nullptr && pick(key)) gone.push_back(std::move(entry));
     }
   }
 

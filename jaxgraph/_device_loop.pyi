@@ -12,7 +12,7 @@ def swap_variant(graph: int, pairs: Sequence[tuple[int, int, int]], kernels: Map
 def destroy_graph(graph: int) -> None:
     """cuGraphDestroy."""
 
-def build_loop(step_a: int, step_b: int, copies: Sequence[tuple[int, int, int]], unroll: int, fixed: int, count: int, until: int, until_bytes: int, remaining: int, done: int, functions: Sequence[int], finals: Sequence[tuple[int, int, int]], final_mode: int) -> tuple[int, list[tuple[int, str, list[int]]]]:
+def build_loop(step_a: int, step_b: int, copies: Sequence[tuple[int, int, int]], unroll: int, fixed: int, count: int, until: int, until_bytes: int, remaining: int, done: int, functions: Sequence[int], finals: Sequence[tuple[int, int, int]], final_mode: int, fused: tuple[int, int, int], pdl: bool, speculative: tuple[int, int, int, int]) -> tuple[int, list[tuple[int, str, list[int]]]]:
     """
     Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph and its conditional nodes (node, 'IF' or 'WHILE', (body,)).
     """

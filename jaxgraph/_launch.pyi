@@ -9,8 +9,8 @@ def cpu_registrations() -> dict:
     FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.
     """
 
-def register_kernel(id: int, handle: int, name: str) -> None:
-    """Enter a loaded CUkernel handle into the launch table under `id` (> 0)."""
+def register_kernel(id: int, handle: int, name: str, num_params: int) -> None:
+    """Enter a loaded CUkernel handle (of a kernel with `num_params` parameters) into the launch table under `id` (> 0)."""
 
 def unregister_kernel(id: int) -> None:
     """Mark kernel `id` destroyed: the handler then fails with a clear error."""

@@ -18,11 +18,26 @@ def register_graph(id: int, device: int, graph: int, inputs: Sequence[tuple[int,
     """
 
 def unregister_graph(id: int, device: int = -1) -> None:
-    """Retire a graph id on `device` (every device when < 0); idempotent."""
+    """
+    Retire a graph id on `device` (every device when < 0); idempotent. Then frees the copy rings of retired graphs whose calls have finished (sweep_copy_rings).
+    """
+
+def sweep_copy_rings() -> int:
+    """
+    Free the copy rings of retired graphs whose calls have all finished on the device (no wait, no device-wide synchronize); return how many rings are still waiting for their calls.
+    """
+
+def retired_copy_rings() -> int:
+    """Copy rings of retired graphs not freed yet."""
 
 def detach_graph(id: int, device: int = -1) -> None:
     """
     Stop a graph id from using its CUDAGraph's template and executable, at once (before a reset destroys them); destroys nothing, so it is safe during a capture.
+    """
+
+def graph_uses(id: int, device: int = -1) -> list[tuple[int, bool, list[int]]]:
+    """
+    (device, recorded, streams) for each live graph of `id` (every device when `device` < 0): whether a stream capture (XLA's command buffer) recorded its nodes, which then replay without this handler, and the streams its calls launched on. Call after detach_graph, which stops further calls.
     """
 
 def describe_bindings(id: int, device: int) -> list[tuple[str, int, int, int, str]]:

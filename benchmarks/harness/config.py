@@ -55,11 +55,11 @@ COUNTERS = ("handler_calls", "launch", "splice_nodes", "splice_whole", "uncaptur
 # --loops: R = fori_trips(N) steps of the N-kernel chain, each step's output the next one's input.
 LOOP_UNROLLS = (2, 8, 32)
 LOOP_CHECK_EVERY = (8, 16, 32)  # until= with check_every=K: the flag tested once per K steps
-LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until",
+LOOP_NOJAX_MODES = ("raw", *(f"loop_k{k}" for k in LOOP_UNROLLS), "loop_kdefault", "loop_until", "loop_until_k1",
                     *(f"loop_until_k{k}" for k in LOOP_CHECK_EVERY), "loop_copy", "loop_unrolled")
 # The idiomatic JAX programs first: what a user writes without jaxgraph.
 LOOP_JAX_MODES = ("raw", "jnp_fori", "jnp_while", "loop_jit", "loop_jit_until",
-                  *(f"loop_jit_until_k{k}" for k in LOOP_CHECK_EVERY[:1]), "jit_fori", "xla_fori")
+                  *(f"loop_jit_until_k{k}" for k in LOOP_CHECK_EVERY[:1]), "jit_fori", "xla_fori", "xla_while")
 
 MODE_INFO = {
     "raw": "`cuGraphLaunch` of the jaxgraph graph from cuda.bindings in a Python loop (the floor)",
@@ -80,9 +80,11 @@ MODE_INFO = {
     **{f"loop_k{k}": f"`jaxgraph.graphed_loop(step, R, feed={{0: 0}}, unroll={k}).replay()`: R steps in one launch"
        for k in LOOP_UNROLLS},
     "loop_kdefault": "the device loop with K from `jaxgraph.default_unroll` (64 at N=1, 10 at N=10, 2 at N=100)",
-    "loop_until": "the device loop with an `until=` flag no kernel sets, exact stop (check_every=1): a WHILE trip "
-                  "per step, its check kernel copying y -> x (a pair up to 256 KiB; larger: the swapped twin "
-                  "behind an IF, `A ; check ; IF { B ; check }`)",
+    "loop_until": "the device loop with an `until=` flag no kernel sets, the default exact stop: K unguarded steps "
+                  "per WHILE trip (16 at N=1), each followed by a watch kernel (launched through a programmatic "
+                  "edge after a one-kernel step) that would snapshot the state on the step that sets the flag",
+    "loop_until_k1": "as loop_until with `check_every=1`: the exact stop without speculation, a WHILE trip per step, "
+                     "its check kernel copying y -> x (a pair up to 256 KiB; larger: the swapped twin behind an IF)",
     **{f"loop_until_k{k}": f"the device loop with `until=` and `check_every={k}`: {k} unchecked steps per WHILE "
        f"trip (up to {k - 1} past the flag)" for k in LOOP_CHECK_EVERY},
     "jnp_fori": "idiomatic JAX: `lax.fori_loop` of R steps of `x + 1` (N times; XLA fuses them) in one jit",
@@ -94,6 +96,8 @@ MODE_INFO = {
     "loop_unrolled": "R * N kernels captured in one graph, raw `cuGraphLaunch` (the loops' floor)",
     "loop_jit": "the device loop inside `jax.jit`: one FFI call runs the R steps",
     "xla_fori": "R trips of N `Kernel.jax_call`s in one jitted `lax.fori_loop` (XLA's own loop)",
+    "xla_while": "the same N `Kernel.jax_call`s a trip in a data-stopped jitted `lax.while_loop` (while `i < R and "
+                 "x[0] < 1e30`, as jnp_while): XLA's own loop with a data-dependent stop",
 }
 
 SCALAR_INFO = {

@@ -10,8 +10,11 @@ Without JAX (the ``nojax`` process, CUDA events):
 - ``loop_k2``, ``loop_k8``, ``loop_k32``: ``jaxgraph.graphed_loop(step, R,
   feed={0: 0}, unroll=K).replay()``, one launch per call;
 - ``loop_kdefault``: the same with K from ``jaxgraph.default_unroll``;
-- ``loop_until``: an ``until=`` flag no kernel sets, the exact stop
-  (``check_every=1``): what checking after every step costs;
+- ``loop_until``: an ``until=`` flag no kernel sets, the default exact stop
+  (speculative trips of K steps, a watch kernel after each): what the exact
+  stop costs while the flag stays clear;
+- ``loop_until_k1``: the same with ``check_every=1`` (a WHILE trip per step,
+  the exact stop without speculation);
 - ``loop_until_k8``, ``loop_until_k16``, ``loop_until_k32``: the same with ``check_every=K``
   (the flag tested once per K steps);
 - ``loop_copy``: as ``loop_kdefault`` with ``ping_pong="copy"``: a device
@@ -30,7 +33,9 @@ programs first:
 - ``loop_jit_until``, ``loop_jit_until_k8``: with ``until=`` (exact, and
   ``check_every=8``), ``(y, steps_run) = loop(x)``, y returned;
 - ``jit_fori`` (jax_modes.py): R replays of the step in one ``lax.fori_loop``;
-- ``xla_fori``: R trips of N ``Kernel.jax_call``\\ s in one ``lax.fori_loop``.
+- ``xla_fori``: R trips of N ``Kernel.jax_call``\\ s in one ``lax.fori_loop``;
+- ``xla_while``: the same trips in a data-stopped ``lax.while_loop`` (the
+  condition of ``jnp_while``): the counterpart of ``loop_jit_until``.
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ from .jax_modes import _loop_mode
 from .workload import Chain, check_result, random_input
 
 __all__ = ["device_loop", "jax_factories", "jnp_fori", "jnp_while", "loop_jit", "nojax_factories", "unrolled",
-           "xla_fori"]
+           "xla_fori", "xla_while"]
 
 
 def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, unroll: int | None,
-                until: bool = False, ping_pong: str = "auto", check_every: int = 1) -> Mode:
+                until: bool = False, ping_pong: str = "auto", check_every: int | None = None) -> Mode:
     """``graphed_loop(chain.graph, R, feed={0: 0}, unroll=K).replay()`` in a loop, timed by CUDA events."""
     import jaxgraph
 
@@ -59,7 +64,7 @@ def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, u
     flag = jaxgraph.zeros(1, np.int32) if until else None
     loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, unroll=unroll, until=flag, inputs=[chain.x_s],
                                  outputs=[chain.y_s], ping_pong=ping_pong,
-                                 **({"check_every": check_every} if until else {}))
+                                 **({"check_every": check_every} if until and check_every else {}))
 
     def replay_all(calls: int) -> None:
         with jaxgraph.stream(stream):
@@ -74,7 +79,7 @@ def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, u
     mode = Mode(key, run, per_call=r * chain.n, clock="cuda_event", check=check + f"; {ran} steps counted")
     mode.info.update(steps=r, unroll=loop.unroll, ping_pong=loop.ping_pong)
     if until:
-        mode.info["check_every"] = check_every
+        mode.info.update(check_every=check_every, stop=loop.stop, pdl=loop._pdl)
     mode._keep = loop  # type: ignore[attr-defined]
     return mode
 
@@ -92,7 +97,7 @@ def unrolled(kernel: Any, n: int, stream: Any, rng: np.random.Generator) -> Mode
 
 
 def loop_jit(chain: Chain, rng: np.random.Generator, key: str = "loop_jit", until: bool = False,
-             check_every: int = 1) -> Mode:
+             check_every: int | None = None) -> Mode:
     """The device loop as one FFI call inside ``jax.jit`` (with ``until``: its state, not ``steps_run``)."""
     import jax
 
@@ -100,6 +105,8 @@ def loop_jit(chain: Chain, rng: np.random.Generator, key: str = "loop_jit", unti
 
     r = fori_trips(chain.n)
     kw = {"until": jaxgraph.zeros(1, np.int32), "check_every": check_every} if until else {}
+    if until and check_every is None:
+        kw.pop("check_every")
     loop = jaxgraph.graphed_loop(chain.graph, r, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s], **kw)
     mode = _loop_mode(key, jax.jit((lambda x: loop(x)[0]) if until else loop), r * chain.n, rng, inputs=1)
     mode.info.update(steps=r, unroll=loop.unroll)
@@ -161,12 +168,36 @@ def xla_fori(one_kernel: Any, n: int, rng: np.random.Generator) -> Mode:
     return mode
 
 
+def xla_while(one_kernel: Any, n: int, rng: np.random.Generator) -> Mode:
+    """``lax.while_loop`` while ``i < R and x[0] < 1e30`` of trips of N ``jax_call``\\ s: XLA's data-stopped loop."""
+    import jax
+
+    r = fori_trips(n)
+
+    def cond(c):
+        i, x = c
+        return (i < r) & (x[0] < np.float32(1e30))
+
+    def body(c):
+        i, x = c
+        for _ in range(n):
+            x = one_kernel(x)
+        return i + 1, x
+
+    f = jax.jit(lambda x: jax.lax.while_loop(cond, body, (np.int32(0), x))[1])
+    mode = _loop_mode("xla_while", f, r * n, rng, inputs=1)
+    mode.info["steps"] = r
+    return mode
+
+
 def nojax_factories(kernel: Any, chain: Chain, stream: Any, rng: np.random.Generator) -> list:
     """The device-loop modes and their floor, for the ``nojax`` process."""
     out = [(f"loop_k{k}", functools.partial(device_loop, chain, stream, rng, f"loop_k{k}", k))
            for k in LOOP_UNROLLS]
     out.append(("loop_kdefault", functools.partial(device_loop, chain, stream, rng, "loop_kdefault", None)))
     out.append(("loop_until", functools.partial(device_loop, chain, stream, rng, "loop_until", None, True)))
+    out.append(("loop_until_k1", functools.partial(device_loop, chain, stream, rng, "loop_until_k1", None, True,
+                                                   check_every=1)))
     out += [(f"loop_until_k{k}", functools.partial(device_loop, chain, stream, rng, f"loop_until_k{k}", None, True,
                                                    check_every=k)) for k in LOOP_CHECK_EVERY]
     out.append(("loop_copy", functools.partial(device_loop, chain, stream, rng, "loop_copy", None, False, "copy")))
@@ -182,7 +213,8 @@ def jax_factories(chain: Chain, one_kernel: Any, rng: np.random.Generator) -> li
             ("loop_jit", functools.partial(loop_jit, chain, rng)),
             ("loop_jit_until", functools.partial(loop_jit, chain, rng, "loop_jit_until", True)),
             (f"loop_jit_until_k{k}", functools.partial(loop_jit, chain, rng, f"loop_jit_until_k{k}", True, k)),
-            ("xla_fori", functools.partial(xla_fori, one_kernel, chain.n, rng))]
+            ("xla_fori", functools.partial(xla_fori, one_kernel, chain.n, rng)),
+            ("xla_while", functools.partial(xla_while, one_kernel, chain.n, rng))]
 
 
 # ----------------------------------------------------------------------------

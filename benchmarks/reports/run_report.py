@@ -133,7 +133,7 @@ def _loop_tables(processes: dict) -> list[str]:
             # The idiomatic programs first: the same loop as a JAX user writes it, over jaxgraph's.
             pairs = [("jnp_fori", "loop_jit"), ("jnp_while", "loop_jit_until"),
                      *(("jnp_while", m) for m in LOOP_JAX_MODES if m.startswith("loop_jit_until_k")),
-                     ("xla_fori", "loop_jit"), ("jit_fori", "loop_jit")]
+                     ("xla_fori", "loop_jit"), ("xla_while", "loop_jit_until"), ("jit_fori", "loop_jit")]
             for other, ours in pairs:
                 theirs, mine = _median(proc, other, n), _median(proc, ours, n)
                 if mine and theirs:
@@ -141,7 +141,35 @@ def _loop_tables(processes: dict) -> list[str]:
     if rows:
         lines += ["### Ratios within one process (per step)", "", "| process | N | ratio | value |",
                   "| --- | ---: | --- | ---: |", *rows, ""]
-    return lines + _stop_table(nojax) + _trip_table(nojax)
+    return lines + _stop_table(nojax) + _stop_targets(processes) + _trip_table(nojax)
+
+
+def _stop_targets(processes: dict) -> list[str]:
+    """Issue 37's exact-stop targets: the exact stop over the unrolled floor (nojax), and the one-kernel
+    data-stopped loop in jit against the same kernel through ``jax_call`` in ``lax.while_loop``, each at
+    its best XLA setting (every setting ran in its own process)."""
+    nojax, rows = processes.get("nojax", {}), []
+    jax_keys = [k for k in _ordered(processes) if k != "nojax"]
+    for n in _ns(nojax) or sorted({n for k in jax_keys for n in _ns(processes[k])}, key=int):
+        floor, exact = _median(nojax, "loop_unrolled", n), _median(nojax, "loop_until", n)
+        over = f"{(exact - floor) * int(n):+.2f}" if floor and exact else "–"
+
+        def best(mode: str) -> tuple[float | None, str]:
+            found = [(_median(processes[k], mode, n), k) for k in jax_keys if _median(processes[k], mode, n)]
+            return min(found) if found else (None, "–")
+
+        (xla, xla_at), (mine, mine_at) = best("xla_while"), best("loop_jit_until")
+        ratio = f"{xla / mine:.2f}x" if xla and mine else "–"
+        rows.append(f"| {n} | {over} | {fmt(xla * int(n)) if xla else '–'} ({xla_at}) | "
+                    f"{fmt(mine * int(n)) if mine else '–'} ({mine_at}) | {ratio} |")
+    if not rows:
+        return []
+    return ["### Exact stop: the targets (us per step)", "",
+            "`loop_until` over `loop_unrolled` (nojax; target at most +1.5 at N=1), and the data-stopped loop in "
+            "jit, `loop_jit_until`, against `xla_while` (the same kernel through `Kernel.jax_call` in a data-stopped "
+            "`lax.while_loop`), each at its best setting (target at least 2.5x at N=1).", "",
+            "| N | loop_until over the floor | xla_while, best (setting) | loop_jit_until, best (setting) | ratio |",
+            "| ---: | ---: | ---: | ---: | ---: |", *rows, ""]
 
 
 def _stop_table(nojax: dict) -> list[str]:

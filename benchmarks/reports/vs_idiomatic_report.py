@@ -1,7 +1,9 @@
 """The report of ``benchmarks/vs_idiomatic.py``: each mode at its best XLA setting against idiomatic JAX at its.
 
-Pure functions of the JSON the run writes; ``tests/test_vs_idiomatic.py``
-checks them on synthetic records (no GPU, no JAX).
+Pure functions of the JSON the run writes; ``tests/benchmarks/test_vs_idiomatic.py``
+checks them on synthetic records (no GPU, no JAX). The three-column tables
+(idiomatic, the same kernels via ``jax_call``, jaxgraph) come from
+``three_columns.py``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.harness import stats
+from benchmarks.reports import three_columns
 
 __all__ = ["IDIOMATIC", "MODES", "TARGETS", "markdown", "render", "summarize"]
 
@@ -18,6 +21,8 @@ MODES = {
     "gray_scott": {
         "jnp": "idiomatic JAX: `jnp.roll` stencil, substeps unrolled in a jitted `lax.fori_loop` over steps",
         "xla_fused": "XLA: the fused kernel (one a substep) as `Kernel.jax_call`s in that fori_loop",
+        "xla_blocked": "XLA: the temporally blocked kernel that loop_blocked_jit launches, as `Kernel.jax_call`s in "
+                       "that fori_loop (the same kernels, no graph)",
         "loop_fused_jit": "jaxgraph device loop in `jax.jit`: fused kernel, one a substep (10 kernels a step, the "
                           "last records the total)",
         "loop_blocked_jit": "jaxgraph device loop in `jax.jit`: temporally blocked kernel, several substeps a launch "
@@ -26,8 +31,15 @@ MODES = {
         "loop_blocked_eager": "the blocked device loop replayed from Python (`loop.replay()`, CUDA events)",
     },
     "poisson_jacobi": {
-        "jnp_jacobi": "idiomatic JAX: the `jnp` sweep in a jitted `lax.while_loop` (exact stop)",
-        "xla_jacobi": "XLA: the `jacobi` kernel as a `Kernel.jax_call` in that while_loop (exact stop)",
+        "jnp_jacobi": "idiomatic JAX: the `jnp` sweep in a jitted `lax.while_loop`, the tolerance tested after "
+                      "every sweep (exact stop)",
+        "jnp_jacobi_fair": "the fair idiomatic loop: F sweeps (`--fair-sweeps`) a `while_loop` trip, each testing the "
+                           "sweep before it, those after the stop masked (the same sweeps and result)",
+        "xla_jacobi": "XLA: the `jacobi` kernel as a `Kernel.jax_call` in that while_loop, one a trip (exact stop)",
+        "xla_jacobi_fair": "XLA: the `jacobi` kernel as F `Kernel.jax_call`s a `while_loop` trip (a launch after the "
+                           "stop carries u over: the same sweeps)",
+        "xla_jacobi_block": "XLA: the single-block kernel (up to B sweeps a launch) as a `Kernel.jax_call` in a "
+                            "`while_loop`, one launch a trip",
         "jacobi_exact_s1": "jaxgraph `until=` device loop in jit, one sweep a step (the loop stops after every "
                            "sweep)",
         "jacobi_exact": "jaxgraph `until=` device loop in jit, S sweeps a step, each skipped once converged "
@@ -39,6 +51,12 @@ MODES = {
     },
     "poisson_cg": {
         "jax_scipy_cg": "idiomatic JAX: `jax.scipy.sparse.linalg.cg` on the `jnp` operator in `jax.jit`",
+        "jnp_cg_fair": "the fair idiomatic loop: CG written in `jax.numpy`, I iterations (`--fair-iterations`) a "
+                       "`while_loop` trip, those after the stop masked",
+        "xla_cg_fair": "XLA: the pipelined CG kernel (`cg_fused`) as I `Kernel.jax_call`s a `while_loop` trip (a "
+                       "launch after the stop does nothing)",
+        "xla_cg_block": "XLA: the single-block CG kernel (up to B iterations a launch) as a `Kernel.jax_call` in a "
+                        "`while_loop`, one launch a trip",
         "cg_exact": "jaxgraph pipelined CG (1 kernel an iteration) `until=` device loop in jit, S iterations a step, "
                     "each skipped once converged (exact stop)",
         "cg_exact_eager": "cg_exact replayed from Python (`loop.replay()`, CUDA events)",
@@ -71,7 +89,7 @@ def summarize(results: dict) -> dict:
                     if best is None or record["stats"]["median"] < best["median"]:
                         groups[group][key] = {"setting": setting, **{k: record["stats"][k]
                                                                      for k in ("median", "min", "max")},
-                                              "steps": record.get("steps")}
+                                              "steps": record.get("steps"), "launches": record.get("launches")}
     results["best"] = groups
     results["speed"] = {}
     for group, best in groups.items():
@@ -81,7 +99,7 @@ def summarize(results: dict) -> dict:
         results["speed"][group] = {key: {"median": base["median"] / b["median"], "min": base["min"] / b["max"],
                                          "max": base["max"] / b["min"]} for key, b in best.items()}
     results["targets"] = [_verdict(results, group, modes, want) for group, modes, want in TARGETS]
-    return results
+    return three_columns.summarize(results)
 
 
 def _verdict(results: dict, group: str, modes: tuple, want: float) -> dict:
@@ -98,10 +116,7 @@ def _verdict(results: dict, group: str, modes: tuple, want: float) -> dict:
     return out
 
 
-def _time(us: float | None) -> str:
-    if us is None:
-        return "–"
-    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+_time = three_columns.fmt_time
 
 
 def _cell(record: dict | None) -> str:
@@ -114,7 +129,8 @@ def _cell(record: dict | None) -> str:
 
 
 def markdown(results: dict) -> str:
-    """Targets, then per case and size a table: modes x XLA settings, and each mode's best against idiomatic."""
+    """The three columns (``three_columns.markdown``), targets, then per case and size a table: modes x XLA
+    settings, and each mode's best against idiomatic."""
     cfg, processes = results["config"], results.get("processes", {})
     settings = list(processes)
     lines = [f"# jaxgraph against idiomatic JAX: {results.get('device', 'unknown device')}", "",
@@ -129,11 +145,12 @@ def markdown(results: dict) -> str:
              f"{cfg['per_step']} sweeps (iterations) a step, every-K stop K = {cfg['check_every']} (Jacobi), "
              f"{cfg.get('cg_check_every', cfg['check_every'])} (CG)"
              + (f"; single-block modes: B = {cfg['block_per_launch']} sweeps (iterations) a launch."
-                if cfg.get("block_per_launch") else "."), "",
-             f"## Issue 30's targets (set for the H100; measured here on the {results.get('device', 'GPU')}; "
-             "against the idiomatic program at its best XLA setting)", "",
-             "| case | mode | target | measured (range) | mode's / idiomatic's best setting | verdict |",
-             "| --- | --- | ---: | ---: | --- | --- |"]
+                if cfg.get("block_per_launch") else "."), ""]
+    lines += three_columns.markdown(results)
+    lines += ["", f"## Issue 30's targets (set for the H100; measured here on the {results.get('device', 'GPU')}; "
+              "against the idiomatic program at its best XLA setting)", "",
+              "| case | mode | target | measured (range) | mode's / idiomatic's best setting | verdict |",
+              "| --- | --- | ---: | ---: | --- | --- |"]
     for t in results.get("targets", []):
         if t["status"] == "not measured":
             lines.append(f"| {t['group']} | {', '.join(t['modes'])} | {t['want']:g}x | – | – | not measured |")

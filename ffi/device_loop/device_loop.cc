@@ -35,6 +35,10 @@
 //   swapping is unsafe, a memcpy Y -> X follows every copy instead.
 // - `finalize` copies the newer of X and Y over the older, by the count of
 //   steps run, so both hold the result.
+// - The default exact stop is speculative instead (FillSpeculative): fast
+//   trips of K unguarded steps, each followed by a watch kernel that saves
+//   what a step may write on the step that sets the flag, restored after
+//   the loop, so the steps run past the flag leave nothing behind.
 
 #include <algorithm>
 #include <cstdint>
@@ -136,6 +140,13 @@ struct Plan {
   uint64_t fused_dst = 0, fused_src = 0, fused_bytes = 0;  // a pair the tail kernel copies (exact stop)
   bool pdl = false;                 // the exact stop: a one-kernel step inlined, its check launched early
   uint64_t init = 0, tail = 0, bits = 0, finalize = 0;  // CUfunctions
+  // The speculative exact stop (until=, check_every left out): see FillSpeculative.
+  bool speculative = false;
+  uint64_t spec_init = 0, watch_kernel = 0, spec_tail = 0, restore = 0;  // CUfunctions
+  uint64_t watch = 0;               // int32 [seen0, seen1, stopped] (jaxgraph_loop_watch)
+  uint64_t table = 0;               // device (live, copy, bytes) triples of what a step may write
+  int entries = 0;
+  uint64_t snapshot_bytes = 0;      // their sum (sizes the watch and restore kernels' grid)
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> finals;    // (x, y, bytes)
   int final_mode = 0;               // 0: x/y ping-pong, 1: copies after each step
 };
@@ -176,6 +187,7 @@ class Builder {
   bool dynamic() const { return p_.fixed < 0; }
 
   void Fill(CUgraph top) {
+    if (p_.speculative) return FillSpeculative(top);
     const int k = p_.unroll;
     const bool has_while = guarded() || dynamic() || p_.fixed >= k;
     CUgraphConditionalHandle h = has_while ? Handle(top) : 0;
@@ -193,6 +205,50 @@ class Builder {
       }
     }
     if (!(guarded() && k == 1)) prev = Remainder(top, prev, has_while);
+    for (const auto& [x, y, bytes] : p_.finals) {
+      prev = Kernel(top, prev, p_.finalize, Blocks(bytes), {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)},
+                    256);
+    }
+  }
+
+  // The speculative exact stop:
+  //
+  //   init ─► WHILE(h) { step_1 ; watch_1 … step_K ; watch_K ; tail } ─► restore ─► WHILE(s) { step ; copies ; tail } ─► finalize
+  //
+  // A fast trip runs K steps unguarded, each followed by a watch kernel that, on the step that first
+  // finds the flag set, saves what a step may write (the snapshot table) and the steps run so far; the
+  // trip's tail ends the loop once a watch saw the flag. `restore` then copies the saved state back
+  // over what the steps run past the flag wrote, so the loop ends as if none had run. The slow WHILE
+  // runs the R mod K steps that fill no fast trip, a step a trip with the flag tested after each (the
+  // old exact stop; a copy Y -> X after each step keeps both halves of a fed pair equal).
+  void FillSpeculative(CUgraph top) {
+    const int k = p_.unroll;
+    CUgraphConditionalHandle h = Handle(top), s = Handle(top);
+    CUgraphNode prev = Kernel(top, nullptr, p_.spec_init, 1,
+                              {A(p_.remaining), A(p_.done), A(p_.watch), A(p_.count),
+                               A(static_cast<int>(dynamic() ? 0 : p_.fixed)), A(p_.until), A(p_.until_bytes), A(k),
+                               A(h), A(s)});
+    CUgraph fast = nullptr;
+    prev = Conditional(top, prev, h, CU_GRAPH_COND_TYPE_WHILE, &fast);
+    CUgraphNode node = nullptr;
+    for (int i = 0; i < k; ++i) {
+      node = Steps(fast, node, 1, i);
+      // Every block of a watch runs each step only to find the flag clear, so its grid stays small
+      // (grid-stride: a large snapshot takes longer once, at the stop).
+      node = Kernel(fast, node, p_.watch_kernel, std::min(Blocks(p_.snapshot_bytes), kWatchBlocks),
+                    {A(p_.table), A(p_.entries), A(p_.until), A(p_.until_bytes), A(p_.watch), A(i & 1), A(p_.done),
+                     A(i)}, 256);
+    }
+    Kernel(fast, node, p_.spec_tail, 1,
+           {A(p_.remaining), A(p_.done), A(p_.watch), A(k & 1), A(k), A(h), A(s)});
+    prev = Kernel(top, prev, p_.restore, Blocks(p_.snapshot_bytes), {A(p_.table), A(p_.entries), A(p_.watch)}, 256);
+    CUgraph slow = nullptr;
+    prev = Conditional(top, prev, s, CU_GRAPH_COND_TYPE_WHILE, &slow);
+    CUgraphNode step = nullptr;
+    CheckDriver(d_.add_child(&step, slow, nullptr, 0, reinterpret_cast<CUgraph>(p_.step_a)),
+                "cuGraphAddChildGraphNode (a step must hold no conditional or memory nodes)");
+    for (const auto& [x, y, bytes] : p_.finals) step = Memcpy(slow, step, x, y, bytes);
+    Tail(slow, step, 1, s, 0, false);
     for (const auto& [x, y, bytes] : p_.finals) {
       prev = Kernel(top, prev, p_.finalize, Blocks(bytes), {A(x), A(y), A(bytes), A(p_.done), A(p_.final_mode)},
                     256);
@@ -219,6 +275,8 @@ class Builder {
                    A(fused ? p_.fused_dst : uint64_t{0}), A(fused ? p_.fused_src : uint64_t{0}), A(bytes)},
                   fused ? 256 : 1);
   }
+
+  static constexpr unsigned kWatchBlocks = 64;
 
   static unsigned Blocks(uint64_t bytes) {  // a word per thread, 256 threads a block
     return static_cast<unsigned>(std::min<uint64_t>(1024, bytes / 1024 + 1));
@@ -371,15 +429,22 @@ std::pair<uintptr_t, Conditionals> BuildLoop(uint64_t step_a, uint64_t step_b,
                     int64_t fixed, uint64_t count, uint64_t until, int until_bytes, uint64_t remaining,
                     uint64_t done, const std::vector<uint64_t>& functions,
                     const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& finals, int final_mode,
-                    const std::tuple<uint64_t, uint64_t, uint64_t>& fused, bool pdl) {
+                    const std::tuple<uint64_t, uint64_t, uint64_t>& fused, bool pdl,
+                    const std::tuple<uint64_t, uint64_t, int, uint64_t>& speculative) {
   if (unroll < 1 || unroll > 256) throw std::invalid_argument("unroll must be in [1, 256]");
-  if (functions.size() != 4) throw std::invalid_argument("four control kernels expected");
+  if (functions.size() != 8) throw std::invalid_argument("eight control kernels expected");
   Plan p;
   p.step_a = step_a, p.step_b = step_b, p.copies = copies, p.unroll = unroll, p.fixed = fixed;
   p.count = count, p.until = until, p.until_bytes = until_bytes, p.remaining = remaining, p.done = done;
   p.init = functions[0], p.tail = functions[1], p.bits = functions[2], p.finalize = functions[3];
   std::tie(p.fused_dst, p.fused_src, p.fused_bytes) = fused;
-  p.pdl = pdl && unroll == 1 && until != 0;
+  p.spec_init = functions[4], p.watch_kernel = functions[5], p.spec_tail = functions[6], p.restore = functions[7];
+  std::tie(p.watch, p.table, p.entries, p.snapshot_bytes) = speculative;
+  p.speculative = p.watch != 0;
+  if (p.speculative && (until == 0 || p.table == 0 || p.entries < 1)) {
+    throw std::invalid_argument("the speculative exact stop needs a flag and a snapshot table");
+  }
+  p.pdl = pdl && until != 0 && (unroll == 1 || p.speculative);
   p.finals = finals, p.final_mode = final_mode;
   Builder builder(p);
   CUgraph graph = builder.Build();
@@ -399,7 +464,7 @@ NB_MODULE(_device_loop, m) {
   m.def("build_loop", &BuildLoop, nb::arg("step_a"), nb::arg("step_b"), nb::arg("copies"),
         nb::arg("unroll"), nb::arg("fixed"), nb::arg("count"), nb::arg("until"), nb::arg("until_bytes"),
         nb::arg("remaining"), nb::arg("done"), nb::arg("functions"), nb::arg("finals"),
-        nb::arg("final_mode"), nb::arg("fused"), nb::arg("pdl"),
+        nb::arg("final_mode"), nb::arg("fused"), nb::arg("pdl"), nb::arg("speculative"),
         "Build the loop graph (see device_loop.cc) in the current context; returns the CUgraph and "
         "its conditional nodes (node, 'IF' or 'WHILE', (body,)).");
 }

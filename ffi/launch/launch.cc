@@ -28,20 +28,23 @@ namespace {
 //
 // Ids are chosen by Python when a kernel is first traced (they must be baked
 // into HLO even where no GPU exists to load the kernel); the handle is added
-// when the kernel is loaded. A kernel whose Python object was collected is
-// retired before its library is unloaded.
+// when the kernel is loaded. An entry stays, its library kept loaded by Python,
+// until the process exits: XLA's recordings launch the kernel without calling
+// this handler, after its Python object is collected too.
 struct KernelEntry {
   CUkernel handle = nullptr;
   std::string name;
+  int64_t num_params = 0;  // the kernel's parameter count: a call passes one code per parameter
 };
 
 HandleTable<KernelEntry> kernel_table;
 
-void RegisterKernel(int64_t id, uintptr_t handle, const std::string& name) {
+void RegisterKernel(int64_t id, uintptr_t handle, const std::string& name, int64_t num_params) {
   if (id <= 0) throw std::invalid_argument("kernel id must be positive");
   if (handle == 0) throw std::invalid_argument("kernel handle must not be null");
+  if (num_params < 0) throw std::invalid_argument("num_params must be >= 0");
   kernel_table.Insert(id, std::make_shared<KernelEntry>(
-                              KernelEntry{reinterpret_cast<CUkernel>(handle), name}));
+                              KernelEntry{reinterpret_cast<CUkernel>(handle), name, num_params}));
 }
 
 // ---------------------------------------------------------------------------
@@ -121,6 +124,13 @@ ffi::Error LaunchImpl(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
                               "call it"
                             : "trace the jaxgraph.Kernel's jax_call in this process on a machine "
                               "with a CUDA GPU");
+    }
+    // The driver reads one argument per parameter through kernel_params: fewer would read past it.
+    if (static_cast<int64_t>(params.size()) != entry->num_params) {
+      return ffi::Error::InvalidArgument(
+          "jaxgraph_launch: kernel " + entry->name + " takes " + std::to_string(entry->num_params) +
+          " parameters, but the call passes " + std::to_string(params.size()) +
+          " parameter codes (the params attribute has one per kernel parameter)");
     }
     CUresult result = d.launch_kernel(reinterpret_cast<CUfunction>(entry->handle), grid[0], grid[1],
                              grid[2], block[0], block[1], block[2],
@@ -247,7 +257,9 @@ NB_MODULE(_launch, m) {
     return registrations;
   }, "FFI handler capsules for JAX's CPU platform: they fail saying jaxgraph needs CUDA.");
   m.def("register_kernel", &RegisterKernel, nb::arg("id"), nb::arg("handle"), nb::arg("name"),
-        "Enter a loaded CUkernel handle into the launch table under `id` (> 0).");
+        nb::arg("num_params"),
+        "Enter a loaded CUkernel handle (of a kernel with `num_params` parameters) into the launch table "
+        "under `id` (> 0).");
   m.def("unregister_kernel", [](int64_t id) { kernel_table.Retire(id); }, nb::arg("id"),
         "Mark kernel `id` destroyed: the handler then fails with a clear error.");
   m.def("live_kernels", []() { return kernel_table.Live(); },

@@ -20,17 +20,23 @@
 // With all `slots` entries in flight the host waits (counted: ring_wait).
 //
 // Memory: 8 bytes of pinned host memory per buffer per entry (8 KB a buffer
-// at 1024 entries) and 8 bytes of device memory, per graph and device.
+// at 1024 entries) and 8 bytes of device memory, per graph and device. When
+// the graph goes, its ring joins the retired rings, freed by a sweep once the
+// device has finished every call launched on it (`done` says so): never a
+// device-wide synchronize, which under a lock or on XLA's thread can deadlock.
 
 #ifndef JAXGRAPH_FFI_COPY_RING_H_
 #define JAXGRAPH_FFI_COPY_RING_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common.h"
 
@@ -102,25 +108,71 @@ struct CopyRing {
   // the device would not count it, and the two counts would part).
   void Launched() { ++launched; }
 
-  // Frees the memory once no call in flight can read it: after `device` has
-  // finished its work, else (the runtime unloading at exit, or a capture under
-  // way) never. Never raises: it runs in DeviceGraph's destructor.
-  void Release(int device) {
-    if (!live()) return;
-    bool idle = launched == 0;
-    int current = -1;
-    if (!idle && cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) {
-      idle = cudaDeviceSynchronize() == cudaSuccess;
-      cudaSetDevice(current);
-    }
-    if (idle) {
-      cudaFree(seq);
-      cudaFreeHost(host);
-    }
-    cudaGetLastError();
-    host = nullptr, seq = nullptr;
-  }
+  // Hands the memory to the retired rings (below), freed by a later sweep
+  // once the calls launched on it have finished. No CUDA call and no wait:
+  // it runs in DeviceGraph's destructor, which may run under a table's lock
+  // or on XLA's handler thread (the last reference held by a call), where
+  // waiting for the device can deadlock (a psum in flight on this device
+  // waits for another device whose handler waits for that lock).
+  void Release(int device);
 };
+
+// A ring whose graph is gone: freed once `*host` (the calls its device
+// finished, published by the advance node) reaches `launched`.
+struct RetiredRing {
+  uint64_t* host;
+  uint64_t* seq;
+  uint64_t launched;
+  int device;
+};
+
+inline std::mutex retired_rings_mutex;
+inline std::vector<RetiredRing> retired_rings;  // at exit, what is left is the process's to reclaim
+
+inline void CopyRing::Release(int device) {
+  if (!live()) return;
+  {
+    std::lock_guard<std::mutex> lock(retired_rings_mutex);
+    retired_rings.push_back(RetiredRing{host, seq, launched, device});
+  }
+  host = nullptr, seq = nullptr;
+}
+
+// Frees the retired rings whose calls have all finished on their device,
+// read from pinned host memory (no CUDA call, no wait); the others stay for a
+// later sweep. Returns how many stay. Call it holding no lock of the handler's
+// and never from a handler: cudaFree and cudaFreeHost may wait for the device.
+// Python calls it after registering or retiring a graph, and at exit.
+inline size_t SweepRetiredRings() {
+  std::vector<RetiredRing> finished;
+  size_t left = 0;
+  {
+    std::lock_guard<std::mutex> lock(retired_rings_mutex);
+    auto busy = std::stable_partition(retired_rings.begin(), retired_rings.end(), [](const RetiredRing& r) {
+      return *static_cast<volatile uint64_t*>(r.host) >= r.launched;
+    });
+    finished.assign(retired_rings.begin(), busy);
+    retired_rings.erase(retired_rings.begin(), busy);
+    left = retired_rings.size();
+  }
+  if (finished.empty()) return left;
+  int current = -1;
+  bool restore = cudaGetDevice(&current) == cudaSuccess;
+  for (const RetiredRing& r : finished) {
+    cudaSetDevice(r.device);
+    cudaFree(r.seq);
+    cudaFreeHost(r.host);
+  }
+  if (restore) cudaSetDevice(current);
+  cudaGetLastError();
+  return left;
+}
+
+// Retired rings not freed yet, for tests.
+inline size_t RetiredRings() {
+  std::lock_guard<std::mutex> lock(retired_rings_mutex);
+  return retired_rings.size();
+}
 
 }  // namespace jaxgraph
 

@@ -152,6 +152,7 @@ struct DeviceGraph {
   double slot_life = -1;           // launches an executable served before it was replaced (average; -1: none yet)
   double hit_launch_ns = -1;       // host ns of cudaGraphLaunch when nothing was rewritten (-1: not yet)
   int capture_policy = -1;         // set by its first recording (capture_policy.h), then kept
+  std::vector<uint64_t> streams;   // the streams its calls launched on (not recordings): a free waits for them
   bool device_launchable = false;  // executables instantiated launchable from the device (see Instantiate)
   std::string launch_note;         // why they are not, when the graph is large enough to want it
   std::mutex mutex;                // one call at a time rebinds and launches

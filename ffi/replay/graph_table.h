@@ -65,6 +65,22 @@ struct RegisterOptions {
   RingKernels ring;                // the copy nodes' kernels (none: copies on the stream)
 };
 
+// The caller's (input, output) alias pairs must name buffers that exist:
+// checked before anything indexes by them (DropUnreferenced renumbers inputs
+// through a table of num_inputs entries).
+inline void CheckAliases(const AliasList& aliases, size_t num_inputs, size_t num_outputs) {
+  for (const auto& [input, output] : aliases) {
+    if (input < 0 || static_cast<size_t>(input) >= num_inputs) {
+      throw std::invalid_argument("alias names input " + std::to_string(input) + ", which does not exist (the "
+                                  "graph has " + std::to_string(num_inputs) + " inputs)");
+    }
+    if (output < 0 || static_cast<size_t>(output) >= num_outputs) {
+      throw std::invalid_argument("alias names output " + std::to_string(output) + ", which does not exist (the "
+                                  "graph has " + std::to_string(num_outputs) + " outputs)");
+    }
+  }
+}
+
 // Pairs each input with the output of the same static buffer (XLA aliases
 // them, so one XLA buffer serves both), and copies inputs the user aliased to
 // another output: the graph's writes to that output must not race its reads.
@@ -227,6 +243,7 @@ inline std::pair<int64_t, std::vector<bool>> RegisterGraph(int64_t id, int devic
                                                            const BufferSpec& inputs, const BufferSpec& outputs,
                                                            const AliasList& aliases,
                                                            const RegisterOptions& options) {
+  CheckAliases(aliases, inputs.size(), outputs.size());  // first: BuildDeviceGraph indexes by them
   if (device < 0) throw std::invalid_argument("device must be a CUDA ordinal >= 0");
   if (graph == 0) throw std::invalid_argument("graph must be a live cudaGraph_t");
   // Makes the runtime agree with the driver even on a thread where it has not been used yet.

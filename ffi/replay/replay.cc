@@ -12,6 +12,7 @@
 // keeps out of its command buffers (conditional_graph.h). Each path has its
 // own counter.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -125,6 +126,10 @@ ffi::Error RunGraph(DeviceGraph* g, cudaStream_t stream, const std::vector<uint6
   if (err != cudaSuccess) return ffi::Error::Internal(RuntimeError("cudaStreamIsCapturing", err));
   bool splice = status == cudaStreamCaptureStatusActive;
   if (splice && g->conditionals > 0) return CapturedConditional(target);
+  auto stream_id = reinterpret_cast<uint64_t>(stream);
+  if (!splice && std::find(g->streams.begin(), g->streams.end(), stream_id) == g->streams.end()) {
+    g->streams.push_back(stream_id);  // what freeing its memory must wait for (graph_uses)
+  }
   // Under capture (XLA recording), which bound buffers stay bound (capture_policy.h).
   CapturePlan plan = splice ? PlanCapture(g) : CapturePlan{};
   bool whole = splice && (plan.whole || !g->unflattenable.empty());  // one child graph: copy everything
@@ -327,11 +332,30 @@ NB_MODULE(_replay, m) {
         "shared where CUDA allows one executable of a conditional graph; `ring_kernels`: the copy nodes' "
         "(copy, advance) CUfunctions in the device's context, for a graph large enough to copy by nodes "
         "(none: its copies go on the stream).");
-  m.def("unregister_graph", &UnregisterGraph, nb::arg("id"), nb::arg("device") = -1,
-        "Retire a graph id on `device` (every device when < 0); idempotent.");
+  m.def("unregister_graph", [](int64_t id, int device) {
+          UnregisterGraph(id, device);
+          SweepRetiredRings();  // here: no lock held, not a handler's thread
+        }, nb::arg("id"), nb::arg("device") = -1, nb::call_guard<nb::gil_scoped_release>(),
+        "Retire a graph id on `device` (every device when < 0); idempotent. Then frees the copy rings "
+        "of retired graphs whose calls have finished (sweep_copy_rings).");
+  m.def("sweep_copy_rings", &SweepRetiredRings, nb::call_guard<nb::gil_scoped_release>(),
+        "Free the copy rings of retired graphs whose calls have all finished on the device (no wait, "
+        "no device-wide synchronize); return how many rings are still waiting for their calls.");
+  m.def("retired_copy_rings", &RetiredRings, "Copy rings of retired graphs not freed yet.");
   m.def("detach_graph", &DetachGraph, nb::arg("id"), nb::arg("device") = -1,
         "Stop a graph id from using its CUDAGraph's template and executable, at once (before a "
         "reset destroys them); destroys nothing, so it is safe during a capture.");
+  m.def("graph_uses", [](int64_t id, int device) {
+          std::vector<std::tuple<int, bool, std::vector<uint64_t>>> out;
+          for (const auto& g : GraphsOf(id, device)) {
+            std::lock_guard<std::mutex> lock(g->mutex);  // waits for a call in progress
+            out.emplace_back(g->device, g->capture_policy >= 0, g->streams);
+          }
+          return out;
+        }, nb::arg("id"), nb::arg("device") = -1, nb::call_guard<nb::gil_scoped_release>(),
+        "(device, recorded, streams) for each live graph of `id` (every device when `device` < 0): whether a "
+        "stream capture (XLA's command buffer) recorded its nodes, which then replay without this handler, and "
+        "the streams its calls launched on. Call after detach_graph, which stops further calls.");
   m.def("describe_bindings", &DescribeBindings, nb::arg("id"), nb::arg("device"),
         "(kind, index, mode, sites, reason) for each static buffer; mode is a code of codes()['binding'].");
   m.def("describe_graph", [](int64_t id, int device) {

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from .._cuda import driver as _driver
-from .._cuda.array import DeviceArray, zeros
+from .._cuda.array import DeviceArray, asarray, zeros
 from .._cuda.capture_registry import CaptureInputs
+from .._cuda.stream import current_stream
 from .handles import CaptureState, node_count
 from .cuda_graph import CUDAGraph, handles_of, replay_source
 from .._kernels.kernel import Kernel
@@ -39,6 +40,7 @@ class BuiltLoop:
     done: DeviceArray           # steps run (``GraphedLoop.steps_run``)
     ping_pong: str
     pdl: bool = False           # the exact stop's one-kernel step inlined, its check launched early
+    snapshot: DeviceArray | None = None  # the speculative exact stop's copy of what a step may write
 
 
 # The exact stop (until=, check_every=1) of a step with one fed pair of at most this many bytes: a trip
@@ -52,6 +54,9 @@ FUSED_COPY_BYTES = 256 * 1024
 # helped the copying check (4.63 against 4.80 us over the floor) and hurt the one-thread ones (in place
 # 4.77 against 4.45, twin 5.56 against 5.21: benchmarks/probes/stop_probe.py).
 PDL_CHECKS = frozenset({"fused"})
+# Whether the speculative exact stop adds a one-kernel step as that kernel's node and launches its
+# watch through a programmatic edge (sm_90+), so the watch's launch overlaps the step.
+PDL_WATCH = True
 
 
 def step_nodes(graph: CUDAGraph) -> int:
@@ -63,12 +68,16 @@ def step_nodes(graph: CUDAGraph) -> int:
 
 def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
           count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int,
-          swap_allowed: bool = True) -> BuiltLoop:
-    """Build, adopt and instantiate the loop graph of ``graph`` (arguments checked by ``graphed_loop``)."""
+          swap_allowed: bool = True, preserve: tuple | None = None) -> BuiltLoop:
+    """Build, adopt and instantiate the loop graph of ``graph`` (arguments checked by ``graphed_loop``).
+
+    ``preserve`` (with ``until``): the arrays a step may write, for the speculative exact stop
+    (K unguarded steps a trip behind their snapshot); ``None`` for the other layouts.
+    """
     source = replay_source(graph)
     device = _driver.ensure_context(source.device)
     for what, arrays in (("inputs", ins), ("outputs", outs), ("steps", (count,) if count is not None else ()),
-                         ("until", (until,) if until is not None else ())):
+                         ("until", (until,) if until is not None else ()), ("preserve", preserve or ())):
         for a in arrays:
             if a.device != device:
                 raise ValueError(f"{what}: an array is on device {a.device}, the step on device {device}")
@@ -76,7 +85,8 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     kernels = _control_kernels(device)
     step_kernels = dict(source.kernels)
     swap, copies, mode, ping_pong, fused = 0, [], 0, "none", (0, 0, 0)
-    exact = until is not None and k == 1
+    speculative = preserve is not None
+    exact = until is not None and k == 1 and not speculative
     kind = "in_place"  # of the exact stop: "fused", "twin", "in_place" (or memcpy nodes: "copy")
     if pairs and swap_allowed and exact and len(pairs) == 1 and pairs[0][0].nbytes <= FUSED_COPY_BYTES:
         # The exact stop's check kernel copies the one fed pair itself: no twin, no IF, no memcpy node.
@@ -87,9 +97,12 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
         swap, why = 0, "asked for (ping_pong='copy')"
         if swap_allowed:
             swap, why = dl.swap_variant(source.template, [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], step_kernels)
-        if swap:
+        if swap and (k % 2 == 0 or not speculative):
             ping_pong, kind = "swap", "twin"
         else:
+            if swap:  # a speculative trip of odd K cannot alternate; graphed_loop keeps K even with feed
+                dl.destroy_graph(swap)
+                swap, why = 0, f"an odd number of steps a trip ({k})"
             ping_pong, mode, kind = f"copy: {why}", 1, "copy"
             copies = [(x.ptr, y.ptr, x.nbytes) for x, y in pairs]
     own_count = count is None and fixed < 0
@@ -97,16 +110,21 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
         count = zeros((1,), np.int32)
     remaining, done = zeros((1,), np.int32), zeros((1,), np.int32)
     functions = [node_handles(kernels[name], device)[-1] for name in _KERNEL_NAMES]
-    keep = (count, remaining, done, until, owner, *ins, *outs)
+    watch = table = snapshot = None
+    spec = (0, 0, 0, 0)
+    if speculative:  # [seen0, seen1, stopped] for the watch kernels, and the snapshot of what a step writes
+        watch, (snapshot, table, total) = zeros((3,), np.int32), _snapshot_table(preserve)
+        spec = (watch.ptr, table.ptr, len(preserve), total)
+    keep = (count, remaining, done, until, owner, *ins, *outs, watch, table, snapshot, *(preserve or ()))
 
     def attempt(pdl: bool) -> CUDAGraph:
         template, conditionals = dl.build_loop(
             source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
             until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr, functions,
-            [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode, fused, pdl)
+            [(x.ptr, y.ptr, x.nbytes) for x, y in pairs], mode, fused, pdl, spec)
         return _adopt(template, device, source, keep, step_kernels, kernels, conditionals)
 
-    pdl = exact and kind in PDL_CHECKS and _pdl_arch(device)
+    pdl = (exact and kind in PDL_CHECKS or speculative and PDL_WATCH) and _pdl_arch(device)
     try:
         try:
             loop_graph = attempt(pdl)
@@ -117,7 +135,20 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
             loop_graph = attempt(False)
     finally:
         dl.destroy_graph(swap)  # the loop's child nodes hold their own copies
-    return BuiltLoop(loop_graph, count, own_count, remaining, done, ping_pong, pdl)
+    return BuiltLoop(loop_graph, count, own_count, remaining, done, ping_pong, pdl, snapshot)
+
+
+def _snapshot_table(arrays: tuple) -> tuple[DeviceArray, DeviceArray, int]:
+    """One buffer holding a copy slot per array (16-byte aligned), and the (live, copy, bytes) table."""
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 16) * 16
+    snapshot = zeros((max(total, 16),), np.uint8)
+    rows = [(a.ptr, snapshot.ptr + at, a.nbytes) for a, at in zip(arrays, offsets)]
+    table = asarray(np.array(rows, np.uint64).reshape(-1))
+    current_stream().synchronize()  # the table is read by launches on any stream, XLA's included
+    return snapshot, table, total
 
 
 def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: dict, kernels: dict,
@@ -143,7 +174,8 @@ def _adopt(template: int, device: int, source: Any, keep: tuple, step_kernels: d
 # Control kernels (NVRTC, once per process and device)
 # ----------------------------------------------------------------------------
 
-_KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_bits", "jaxgraph_loop_finalize")
+_KERNEL_NAMES = ("jaxgraph_loop_init", "jaxgraph_loop_tail", "jaxgraph_loop_bits", "jaxgraph_loop_finalize",
+                 "jaxgraph_loop_spec_init", "jaxgraph_loop_watch", "jaxgraph_loop_spec_tail", "jaxgraph_loop_restore")
 
 # cudaGraphSetConditional is declared here, as <cuda_device_runtime_api.h> declares it (a cudart
 # builtin: no device runtime to link), because that header includes crt/ headers that NVIDIA's
@@ -231,13 +263,79 @@ extern "C" __global__ void jaxgraph_loop_bits(int* remaining, int* done, const v
 }
 
 // After the loop, both buffers of a fed pair hold the result: mode 0 (ping-pong) copies the newer
-// over the older by the parity of the steps run; mode 1 (a copy after each step) only when none ran.
+// over the older by the parity of the steps run; mode 1 (a copy after each step) only when none ran;
 extern "C" __global__ void jaxgraph_loop_finalize(unsigned char* x, unsigned char* y, u64 nbytes,
                                                   const int* done, int mode) {
   int n = *done;
   if (mode == 1 && n > 0) return;
   if (mode == 0 && (n & 1)) jg_copy(x, y, nbytes);
   else jg_copy(y, x, nbytes);
+}
+
+// The speculative exact stop (see ffi/device_loop/device_loop.cc). `spec` holds int32 [seen0, seen1, stopped]:
+// seen[i & 1] says whether a watch before watch i saw the flag, stopped the steps run up to and with
+// the step that set it (0: none did).
+// init: R into `remaining`, nothing run or seen, the flag cleared; h (the fast WHILE of `unroll`
+// unguarded steps a trip, each followed by its watch) armed for R >= unroll, s (the slow WHILE, a step
+// a trip) for the 0 < R < unroll steps that fill no fast trip.
+extern "C" __global__ void jaxgraph_loop_spec_init(int* remaining, int* done, int* spec, const int* count,
+                                                   int fixed, void* until, int until_bytes, int unroll, u64 h,
+                                                   u64 s) {
+  int r = count ? *count : fixed;
+  if (r < 0) r = 0;
+  *remaining = r;
+  *done = 0;
+  spec[0] = spec[1] = spec[2] = 0;
+  if (until_bytes == 1) *(unsigned char*)until = 0; else *(int*)until = 0;
+  cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= unroll);
+  cudaGraphSetConditional((cudaGraphConditionalHandle)s, r > 0 && r < unroll);
+}
+
+// After step `index` (0-based) of a fast trip: if the flag is set and no earlier watch saw it, this
+// step set it: save what a step may write (`table`: n (live, copy, bytes) triples) and the steps run.
+// Launched early after a one-kernel step (a programmatic edge): griddepcontrol.wait waits for it.
+extern "C" __global__ void jaxgraph_loop_watch(const u64* table, int n, const void* until, int until_bytes,
+                                               int* spec, int slot, const int* done, int index) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  const int seen = spec[slot];
+  const int flag = jg_flag(until, until_bytes);
+  if (flag && !seen) {
+    for (int e = 0; e < n; ++e) {
+      jg_copy((unsigned char*)table[3 * e + 1], (const unsigned char*)table[3 * e], table[3 * e + 2]);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) spec[2] = *done + index + 1;
+  }
+  // The next watch reads the other slot: no block of this one reads what thread 0 writes.
+  if (blockIdx.x == 0 && threadIdx.x == 0) spec[slot ^ 1] = seen | flag;
+}
+
+// After a fast trip's `unroll` steps and watches (the last wrote spec[slot]). Nothing seen: count
+// them, re-arm h while a full trip remains, else open s for the steps left. Seen: the steps run are
+// those up to the one that set the flag, and both WHILEs end.
+extern "C" __global__ void jaxgraph_loop_spec_tail(int* remaining, int* done, const int* spec, int slot,
+                                                   int unroll, u64 h, u64 s) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  if (spec[slot]) {
+    *done = spec[2];
+    cudaGraphSetConditional((cudaGraphConditionalHandle)h, 0);
+    cudaGraphSetConditional((cudaGraphConditionalHandle)s, 0);
+    return;
+  }
+  const int r = *remaining - unroll;
+  *remaining = r;
+  *done += unroll;
+  cudaGraphSetConditional((cudaGraphConditionalHandle)h, r >= unroll);
+  cudaGraphSetConditional((cudaGraphConditionalHandle)s, r > 0 && r < unroll);
+}
+
+// After the fast WHILE, when a watch saved the stopping step's state: put it back (copy -> live).
+extern "C" __global__ void jaxgraph_loop_restore(const u64* table, int n, const int* spec) {
+  if (spec[2] == 0) return;
+  for (int e = 0; e < n; ++e) {
+    jg_copy((unsigned char*)table[3 * e], (const unsigned char*)table[3 * e + 1], table[3 * e + 2]);
+  }
 }
 """
 
@@ -251,6 +349,13 @@ _SIGNATURES = {
                           + ", ".join(f"unsigned long long h{b}" for b in range(8)) + ", int nbits",
     "jaxgraph_loop_finalize": "unsigned char* x, unsigned char* y, unsigned long long nbytes, const int* done, "
                               "int mode",
+    "jaxgraph_loop_spec_init": "int* remaining, int* done, int* spec, const int* count, int fixed, void* until, "
+                               "int until_bytes, int unroll, unsigned long long h, unsigned long long s",
+    "jaxgraph_loop_watch": "const unsigned long long* table, int n, const void* until, int until_bytes, int* spec, "
+                           "int slot, const int* done, int index",
+    "jaxgraph_loop_spec_tail": "int* remaining, int* done, const int* spec, int slot, int unroll, "
+                               "unsigned long long h, unsigned long long s",
+    "jaxgraph_loop_restore": "const unsigned long long* table, int n, const int* spec",
 }
 
 _kernels: dict[int, dict[str, Kernel]] = {}

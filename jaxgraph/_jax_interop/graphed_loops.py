@@ -19,12 +19,38 @@ H100, so unrolling amortises it over K steps. ``feed`` says which output
 becomes which input for the next step; the copies alternate between the step
 and a clone with those buffers swapped (ping-pong, no copies), and after the
 last step the fed input *and* output both hold the result. ``until=`` names a
-one-element device flag the step's kernels set to stop early. By default the
-stop is exact: a WHILE trip per step, its control kernel the check, so no step
-runs after the one that set the flag. ``check_every=K`` tests it once every K
-steps instead (K unguarded steps per trip: up to K-1 steps past the flag, at
-nearly the unrolled floor's cost). Either way :attr:`GraphedLoop.steps_run`
-counts the steps that ran.
+one-element device flag the step's kernels set to stop early.
+
+Stops. By default the stop is exact and speculative: a WHILE trip runs K
+steps unguarded (K = ``unroll``, at most 16 by default), each followed by a
+small "watch" kernel. A watch that finds the flag set when no earlier one
+did knows its step set it: it copies everything a step may write into a
+snapshot owned by the loop and records the step count. The trip's tail then
+ends the loop, a restore kernel copies the snapshot back over what the
+steps run past the flag wrote, and :attr:`GraphedLoop.steps_run` is the
+recorded count: what the loop returns, leaves in the snapshotted arrays and
+counts is as if no step had run after the one that set the flag. The R mod
+K steps that fill no trip run one per WHILE trip, the flag tested after
+each (no speculation there). A flag that later steps clear again is still
+caught (each step has its watch).
+
+What is snapshotted: every static input and output of the step (a fed pair
+both halves), the flag, the state ``[seed, offset]`` of each generator
+registered on the step's graph (:meth:`CUDAGraph.register_generator_state`),
+and the arrays named in ``preserve=`` (memory the step writes that is no
+static array of it, e.g. a counter). It costs a copy of them in device memory
+(:attr:`GraphedLoop.snapshot_bytes`), a watch kernel node per step (its grid
+sized by those bytes, at most 64 blocks; when the flag is clear every block exits at once,
+about the cost of a tiny kernel node, less when it is launched through a
+programmatic edge after a one-kernel step on sm_90+), a WHILE trip per K
+steps, and at the stop one copy of those bytes each way. What the steps run
+past the flag write elsewhere (the step's own scratch buffers) is not
+restored: it is never part of what the loop returns. For a step that writes
+memory it cannot name in ``preserve``, ``check_every=1`` keeps the stop that
+tests the flag after every step in its own WHILE trip (about +4.2 us a step
+over the unrolled floor on an H100, no snapshot); ``check_every=K`` tests it
+once every K steps (up to K-1 steps past the flag, at nearly the unrolled
+floor's cost).
 
 This module is the API and its checks; ``_graphs/loop_build.py`` builds the graph.
 """
@@ -53,6 +79,7 @@ _TRIP_US = 4.3
 _NODE_US = 1.0
 _TRIP_SHARE = 0.05
 _MAX_UNROLL = 64      # default cap: graph size and build time grow with K
+_EXACT_MAX_UNROLL = 16  # the exact stop's default cap: past 16 the trip's share is small and the graph only grows
 _LIMIT_UNROLL = 256   # the native builder's cap (8 remainder bits)
 _FLAG_DTYPES = {np.dtype(np.bool_): 1, np.dtype(np.int8): 1, np.dtype(np.uint8): 1,
                 np.dtype(np.int32): 4, np.dtype(np.uint32): 4}
@@ -82,10 +109,17 @@ class GraphedLoop:
     steps : int or None
         The fixed R, or ``None`` when R is read from :attr:`count`.
     unroll : int
-        Copies of the step per WHILE trip (K); with ``until``, equal to ``check_every``.
+        Copies of the step per WHILE trip (K); with ``until`` and ``check_every``,
+        equal to it; with the default exact stop, the steps of a speculative trip.
     check_every : int or None
-        With ``until``: the flag is tested once every this many steps (1: exact);
-        ``None`` without ``until``.
+        As given to :func:`graphed_loop` with ``until`` (``None``: the default
+        exact stop); ``None`` without ``until``.
+    stop : str or None
+        How ``until`` is tested: ``"exact"`` (speculative trips, a watch
+        after each step, the default), ``"exact, a trip per step"``
+        (``check_every=1``), ``"every K steps"``; ``None`` without ``until``.
+    snapshot_bytes : int
+        Device memory the exact stop's snapshot holds (0 for the other stops).
     feed : dict of int to int
         ``{output index: input index}``.
     ping_pong : str
@@ -99,7 +133,7 @@ class GraphedLoop:
 
     def __repr__(self) -> str:
         r = self.steps if self.steps is not None else "count[0]"
-        until = f", until, check_every={self.check_every}" if self._until is not None else ""
+        until = f", until: {self.stop}" if self._until is not None else ""
         return (f"<jaxgraph.GraphedLoop steps={r} unroll={self.unroll} feed={self.feed} "
                 f"ping_pong={self.ping_pong!r}{until} device={self.graph.device}>")
 
@@ -198,10 +232,10 @@ class GraphedLoop:
 
 def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | None = None, *,
                  feed: Mapping[int, int] | None = None, unroll: int | None = None,
-                 until: DeviceArray | None = None, check_every: int = 1,
+                 until: DeviceArray | None = None, check_every: int | None = None,
                  inputs: Sequence[DeviceArray] | None = None, outputs: Sequence[DeviceArray] | None = None,
-                 ping_pong: str = "auto", checkpoint_every: int | None = None,
-                 max_steps: int | None = None) -> GraphedLoop:
+                 ping_pong: str = "auto", preserve: Sequence[DeviceArray] = (),
+                 checkpoint_every: int | None = None, max_steps: int | None = None) -> GraphedLoop:
     """Build one CUDA graph that runs ``step`` R times in a single launch.
 
     Parameters
@@ -225,19 +259,24 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     unroll : int, optional
         K, the copies of the step per WHILE trip (1 to 256; even with ``feed``
         unless ``ping_pong="copy"``).
-        Default: :func:`default_unroll` of the step's node count. With
-        ``until`` the trip holds ``check_every`` steps: leave ``unroll`` out,
-        or give the same value.
+        Default: :func:`default_unroll` of the step's node count (with the
+        default exact stop at most 16: beyond that the trip costs little). With
+        ``until`` and ``check_every`` the trip holds ``check_every`` steps:
+        leave ``unroll`` out, or give the same value.
     until : DeviceArray, optional
         A one-element ``bool``/``int8``/``uint8``/``int32``/``uint32`` flag the
         step's kernels set (non-zero) to stop. The loop clears it when a launch
         starts and reads it as ``check_every`` says; ``steps`` is then the most
         steps a launch runs, and :attr:`GraphedLoop.steps_run` counts the steps
-        that really ran.
-    check_every : int, default 1
+        that really ran. By default the stop is exact (speculative trips
+        with a watch after each step that snapshots the stopping step's
+        state: the module docstring says what it snapshots and costs).
+    check_every : int, optional
         With ``until``: test the flag once every K = ``check_every`` steps
-        (1 to 256). ``1`` (default) is the exact stop: the flag is read after
-        every step and no step runs after the one that set it. ``K > 1`` runs
+        (1 to 256) instead of the default exact stop. ``1`` is the exact stop
+        without speculation: a WHILE trip per step, the flag read after each
+        (no snapshot; for a step that writes memory it cannot name in
+        ``preserve``, or to save the snapshot's memory). ``K > 1`` runs
         K steps per WHILE trip with no check between them, so a launch may run
         up to K-1 steps past the step that set the flag (the state is then
         that of the last step run, ``steps_run`` says which); it never runs
@@ -254,6 +293,12 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         struct argument, a memcpy node on the buffer), then as ``"copy"``:
         a device copy output -> input after every step.
         :attr:`GraphedLoop.ping_pong` says which ran and why.
+    preserve : sequence of DeviceArray, optional
+        With the default exact stop: more device arrays the step writes
+        whose contents must be as if no step ran after the one that set the
+        flag (a counter, an accumulator that is no static array of the
+        step). They are snapshotted with the static arrays on the stopping
+        step and restored after the loop.
     checkpoint_every : int, optional
         For ``jax.grad`` of the loop (a step captured with ``backward=``): C,
         the steps between two checkpoints of the fed state (1 to 256).
@@ -274,15 +319,20 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         Bad arguments (checked before any device work), e.g. a feed between
         arrays of different shapes, an odd ``unroll`` with ``feed``, a flag
         that is not a one-element device array of a flag dtype, ``check_every``
-        without ``until`` or an ``unroll`` that disagrees with it.
+        without ``until`` or an ``unroll`` that disagrees with it, ``preserve``
+        without the default exact stop.
     RuntimeError
         The step is not captured, or the driver lacks conditional nodes (CUDA 12.3+).
 
     Notes
     -----
     Cost per step: unrolled copies cost what the step costs; each trip adds
-    4.2-5.1 us on an H100 (its one-thread control kernel included). The exact
-    stop pays a trip per step: +4.6 us over the unrolled floor for a one-kernel
+    4.2-5.1 us on an H100 (its one-thread control kernel included). The
+    default exact stop pays a watch kernel per step and a trip per K steps,
+    and at the stop a snapshot and a restore of what a step writes
+    (+1.0-1.1 us a step over the unrolled floor for a one-kernel step on an
+    H200: ``benchmarks/results/exact-stop-h200-2026-11-28/``). ``check_every=1``
+    pays a trip per step: +4.6 us over the unrolled floor for a one-kernel
     step fed back (its check kernel also copies a fed pair of up to 256 KiB;
     a larger pair alternates with the swapped twin behind one IF per two
     steps, +5.2), +4.45 in place. ``check_every=K`` pays one trip per K steps:
@@ -319,11 +369,18 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     fixed, count = _check_count(steps)
     flag_bytes = _check_until(until)
     even = bool(pairs) and ping_pong == "auto"
-    k = None if unroll is None else _check_unroll(unroll, even and until is None)  # until: check_every's rule
-    every = _check_every(check_every, until, k, even)
+    speculative = until is not None and check_every is None
+    # With check_every, check_every's rule (it is K); else unroll's (the speculative trip is K unguarded steps).
+    k = None if unroll is None else _check_unroll(unroll, even and (until is None or speculative))
+    every = None if speculative else _check_every(1 if check_every is None else check_every, until, k, even)
+    kept = _check_preserve(preserve, speculative)
+    if speculative:
+        k = k or min(_EXACT_MAX_UNROLL, default_unroll(max(1, _loop_build.step_nodes(graph)), even=even))
+        kept = _snapshotted(graph, ins, outs, until, kept)
     grad_options = _loop_grad.check_checkpoint_options(checkpoint_every, max_steps, fixed)
     return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, every or k, dict(feed or {}),
-                  ping_pong == "auto", every, grad_options)
+                  ping_pong == "auto", every, kept if speculative else None,
+                  grad_options=grad_options)
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
@@ -446,6 +503,27 @@ def _check_every(check_every: Any, until: Any, unroll: int | None, even: bool) -
     return k
 
 
+def _check_preserve(preserve: Any, speculative: bool) -> tuple:
+    """``preserve`` as device arrays; only the default exact stop snapshots them."""
+    arrays = device_arrays(preserve, "preserve") if preserve is not None else ()
+    if arrays and not speculative:
+        raise ValueError("preserve= is for the default exact stop (until= without check_every), which "
+                         "snapshots what a step writes; with check_every no step runs past the flag's trip "
+                         "speculatively, so there is nothing to undo")
+    return tuple(arrays)
+
+
+def _snapshotted(graph: CUDAGraph, ins: tuple, outs: tuple, until: DeviceArray, preserve: tuple) -> tuple:
+    """What the exact stop snapshots: static inputs and outputs, the flag, generators' states, ``preserve``."""
+    generators = tuple(g.state for g in getattr(graph, "_generators", ()))
+    seen, out = set(), []
+    for a in (*ins, *outs, asarray(until), *generators, *preserve):
+        if (a.ptr, a.nbytes) not in seen and a.nbytes > 0:
+            seen.add((a.ptr, a.nbytes))
+            out.append(a)
+    return tuple(out)
+
+
 def _check_unroll(unroll: Any, even: bool) -> int:
     k = _check_per_trip(unroll, "unroll")
     if even and k % 2:
@@ -462,15 +540,19 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
            feed: dict, swap_allowed: bool, every: int | None = None,
-           grad_options: tuple = (None, None)) -> GraphedLoop:
+           preserve: tuple | None = None, grad_options: tuple = (None, None)) -> GraphedLoop:
     if k is None:
         k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
-    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed)
+    built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed,
+                              preserve)
     self = object.__new__(GraphedLoop)
     self.graph, self.inputs, self.outputs = built.graph, ins, outs
     self.steps_run, self.count, self._count_is_own = built.done, built.count, built.own_count
     self.steps = fixed if fixed >= 0 else None
     self.unroll, self.feed, self.check_every = k, feed, every
+    self.stop = None if until is None else ("exact" if preserve is not None else "exact, a trip per step"
+                                            if every == 1 else f"every {every} steps")
+    self.snapshot_bytes = built.snapshot.nbytes if built.snapshot is not None else 0
     self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
     self._until, self._remaining, self._step, self._pdl = until, built.remaining, owner, built.pdl
     self._fn, self._lock = None, threading.Lock()

@@ -64,6 +64,8 @@ class HostReplay:
         if len(args) != len(self._inputs):
             raise TypeError(f"replay callback expects {len(self._inputs)} arrays, got {len(args)}")
         with self._lock:
+            if self._graph is None:
+                raise RuntimeError("this replayable was closed; build a new one with jaxgraph.replayable(...)")
             s = self._stream
             for static, value in zip(self._inputs, args):
                 if static.nbytes:
@@ -71,6 +73,12 @@ class HostReplay:
             with stream(s):
                 self._graph.replay()
             return tuple(to_host(out, stream=s) for out in self._outputs)
+
+    def close(self) -> None:
+        """Let go of the graph and static arrays once no replay is running (each one waits for its results)."""
+        with self._lock:
+            self._graph, self._outputs = None, ()
+            self._inputs = (None,) * len(self._inputs)  # the count stays, for the message of a later call
 
 
 # ----------------------------------------------------------------------------

@@ -14,11 +14,15 @@ the stream XLA runs the computation on::
 The handler is declared command-buffer compatible, so XLA may record it into
 its own CUDA graphs (``--xla_gpu_enable_command_buffer=...,CUSTOM_CALL``).
 
-HLO never carries a raw pointer: each Kernel gets a small integer id when it
-is first traced, and the native library maps ids to loaded ``CUkernel``
-handles. The ids are chosen in Python, so a function lowers for CUDA even on a
-machine without a GPU (``lower(lowering_platforms=("cuda",))``); where a GPU
-exists, tracing also loads the kernel into the table.
+HLO never carries a raw pointer: each Kernel gets an integer id, and the
+native library maps ids to loaded ``CUkernel`` handles. The id is what the
+kernel is: 62 bits of the SHA-256 of its cubin and symbol, not an order of
+tracing, so every process of a multi-process program lowers the same HLO for
+the same function whatever it traced before; Kernels of the same code share
+an id (one of them is in the table while any lives). The ids are chosen in
+Python, so a function lowers for CUDA even on a machine without a GPU
+(``lower(lowering_platforms=("cuda",))``); where a GPU exists, tracing also
+loads the kernel into the table.
 
 This module pairs with ``ffi/launch/launch.cc``: it encodes a call (with the
 argument checks and encoding of ``_kernels/signature.py`` that eager launches use
@@ -27,7 +31,7 @@ too) into the attributes that handler decodes.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import math
 import threading
 import weakref
@@ -113,6 +117,9 @@ def jaxgraph_launch(kernel: int, operands: Sequence[Any], results: Sequence[jax.
 
     ``params`` has one code per kernel parameter: an index ``>= 0`` into
     ``operands + results``, or ``-(k + 1)`` for the 8-byte word ``scalars[k]``.
+    The handler checks each code's range and their count against the
+    kernel's parameter count (an ``InvalidArgument`` error at run time names
+    both), so the driver never reads an argument that is not there.
     ``vmap`` runs the call once per batch element (``vmap_method="sequential"``),
     which is right for a kernel written for the unbatched shapes.
     """
@@ -125,16 +132,18 @@ def jaxgraph_launch(kernel: int, operands: Sequence[Any], results: Sequence[jax.
 
 
 def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
-    """The id naming ``kernel`` in ``jaxgraph_launch`` attributes; assigned on first use.
+    """The id naming ``kernel`` in ``jaxgraph_launch`` attributes: derived from its code (cubin and symbol).
 
-    Where a CUDA device exists, the kernel is also loaded and entered into the
-    native table (and allowed ``shared_mem`` bytes of dynamic shared memory on
-    every device), so a computation traced here can run here.
+    The same in every process, whatever else it traced, and shared by Kernels
+    of the same code. Where a CUDA device exists, the kernel is also loaded
+    and entered into the native table (and allowed ``shared_mem`` bytes of
+    dynamic shared memory on every device), so a computation traced here can
+    run here.
     """
     with _ids_lock:
         kid = _kernel_ids.get(kernel)
         if kid is None:
-            kid = _kernel_ids[kernel] = next(_next_kernel_id)
+            kid = _kernel_ids[kernel] = _code_id(kernel)
     if _driver.device_count() > 0:
         _load_kernel(kernel, kid, shared_mem)
     return kid
@@ -145,30 +154,40 @@ def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
 # ----------------------------------------------------------------------------
 
 _ids_lock = threading.Lock()
-_next_kernel_id = itertools.count(1)
 _kernel_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-_loaded: set[int] = set()  # kernel ids entered into the native table
+_codes: dict[int, bytes] = {}  # id -> the digest it was derived from (two codes never share an id)
+# Kernel id -> the first Kernel of that code traced here, kept (and so its library loaded) until the
+# process exits: compiled functions, and XLA's recordings of them, launch the kernel after the user's
+# Kernel is gone. Kernels of the same code share the id and so this one entry.
+_kept_for_xla: dict[int, Any] = {}
+
+
+def _code_id(kernel: Any) -> int:
+    """62 bits of the SHA-256 of ``kernel``'s symbol and cubin (never 0); the caller holds ``_ids_lock``."""
+    digest = hashlib.sha256(b"%s\0%s" % (kernel.lowered_name.encode(), kernel.cubin)).digest()
+    kid = int.from_bytes(digest[:8], "little") & ((1 << 62) - 1) or 1
+    if _codes.setdefault(kid, digest) != digest:  # 2**-62 per pair: say so rather than launch the wrong code
+        raise RuntimeError(f"kernel {kernel.name}: its id {kid} (from its code's SHA-256) is already another "
+                           "kernel's in this process; recompile it with any other option to change its code")
+    return kid
 
 
 def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
-    """Enter ``kernel``'s CUkernel into the launch table (once) and raise its shared-memory limit."""
-    if kid not in _loaded:
+    """Enter ``kernel``'s code into the launch table under ``kid`` (once) and raise its shared-memory limit.
+
+    The entry and the loaded library stay until the process exits, after the
+    Kernel is collected too: a command buffer XLA recorded launches the
+    kernel without calling the handler, so retiring the id would not stop it,
+    and unloading the library would leave it launching unloaded code. Kernels
+    of the same code share ``kid``: the table keeps the first one's CUkernel,
+    whose limit is the one raised.
+    """
+    kept = _kept_for_xla.get(kid)
+    if kept is None:
         handle = int(kernel.handle)  # loads the cubin into the primary context
-        native("launch").register_kernel(kid, handle, kernel.name)
-        # The kernel's library is unloaded when the Kernel is collected: retire
-        # the id first, so a stale compiled function fails cleanly.
-        weakref.finalize(kernel, _unload_kernel, kid)
-        _loaded.add(kid)
-    reserve_shared_memory(kernel, shared_mem)
-
-
-def _unload_kernel(kid: int) -> None:
-    """Finalizer: retire a kernel id in the native table (never raises)."""
-    _loaded.discard(kid)
-    try:
-        native("launch").unregister_kernel(kid)
-    except Exception:
-        pass
+        native("launch").register_kernel(kid, handle, kernel.name, len(kernel.params))
+        _kept_for_xla[kid] = kept = kernel
+    reserve_shared_memory(kept, shared_mem)
 
 
 def _check_inout(kernel: Any, inout: Any) -> frozenset:
@@ -178,11 +197,15 @@ def _check_inout(kernel: Any, inout: Any) -> frozenset:
         names = frozenset(inout)
     except TypeError:
         raise TypeError(f"inout must be a sequence of parameter names, got {inout!r}") from None
-    pointers = {p.name for p in kernel.params if p.is_pointer}
-    for name in names:
+    pointers = {p.name: p for p in kernel.params if p.is_pointer}
+    for name in sorted(names):
         if name not in pointers:
             raise ValueError(f"kernel {kernel.name}: inout names {name!r}, which is not a pointer "
                              f"parameter (pointers: {', '.join(sorted(pointers)) or 'none'})")
+        if pointers[name].is_const_pointer:  # as for a const output: XLA would get the input back as "written"
+            raise TypeError(f"kernel {kernel.name}: inout names {name}, which is {pointers[name].ctype}: the kernel "
+                            "only reads through it, so it cannot be an output; leave it out of inout=, or declare "
+                            "the parameter without const if the kernel writes it")
     return names
 
 

@@ -18,7 +18,8 @@ process alone:
 
 :func:`agree` exchanges one small record per process through the key-value
 store of JAX's distributed runtime (no device, no collective: it works with
-JAX on the CPU and answers within a timeout when a process never arrives),
+JAX on the CPU and answers within a timeout when a process never arrives;
+each round ends in one decision written once, which every process follows),
 and :func:`disagreements` turns the records into one message that every
 process raises alike; :func:`check_everywhere` runs a local check under
 both. :meth:`jaxgraph.ShardedGraph.check_devices` uses it when its mesh
@@ -33,91 +34,157 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["agree", "check_everywhere", "device_list", "disagreements", "is_mesh", "local_devices",
-           "process_count", "process_index"]
+__all__ = ["Rounds", "agree", "agree_through", "check_everywhere", "device_list", "disagreements", "is_mesh",
+           "local_devices", "process_count", "process_index"]
 
-_agreed: dict[tuple[str, str], int] = {}  # (topic, subject digest) -> agreements reached on it by this process
-_agreed_lock = threading.Lock()
+_POLL_S = 0.25  # how often a waiting process looks whether another already decided the round
 
 
 def agree(topic: str, record: dict, *, subject: Any, timeout_s: float) -> list[dict]:
     """Publish ``record`` and return every process's record, in process order.
 
     Collective: every process must call it with the same ``topic`` and
-    ``subject``. The key-value store keys come from what is agreed on, not
-    from the order of calls: ``subject`` (JSON-serialisable: the mesh's
-    devices, say) and how many agreements on that subject this process has
-    reached. A process that made other checks first, or whose earlier check
-    on the subject timed out (its record is taken back; the count moves only
-    on an agreement), meets the others on the same keys. Records are
+    ``subject``, the same number of times. The key-value store keys come
+    from what is agreed on, not from the order of calls: ``subject``
+    (JSON-serialisable: the mesh's devices, say) and how many times this
+    process called ``agree`` on it before (its round). A process that made
+    other checks first meets the others on the same keys. Records are
     JSON-serialisable dicts; what may differ between processes belongs in
     the record (compared by :func:`disagreements`), not in ``subject``.
+
+    Each round has one outcome, the same on every process that takes part:
+    a decision written once to the store (the first process to see every
+    record writes "agreed", the first whose ``timeout_s`` runs out first
+    writes "timed out"; a write finds the other one there and follows it).
+    So either every process returns the same records, or every process
+    raises the same error: a process that reaches a round the others gave
+    up on raises their error at once, and a retry is the next round on
+    every process, which never reads an earlier round's records. A process
+    that dies before publishing its record makes the round time out on
+    every other one; records are never taken back.
 
     Raises
     ------
     RuntimeError
         JAX's distributed runtime is not initialized, or a process did not
-        publish its record within ``timeout_s`` (it failed earlier, or runs
-        other code): the message names it.
+        publish its record within the first ``timeout_s`` to run out (it
+        failed earlier, or runs other code): the message names it and is
+        the same on every process. Also when the key-value store itself
+        fails (the coordinator is gone): then on this process alone.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    client = _client()
-    me, count = process_index(), process_count()
+    return agree_through(_client(), process_index(), process_count(), _ROUNDS, topic, record,
+                         subject=subject, timeout_s=timeout_s)
+
+
+class Rounds:
+    """How many agreements this process has started per (topic, subject digest): the next round's number."""
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, topic: str, digest: str) -> int:
+        """The number of this call's round; every call counts, a timed-out one too."""
+        with self._lock:
+            round_ = self._next.get((topic, digest), 0)
+            self._next[(topic, digest)] = round_ + 1
+            return round_
+
+
+_ROUNDS = Rounds()
+
+
+def agree_through(client: Any, me: int, count: int, rounds: Rounds, topic: str, record: dict, *,
+                  subject: Any, timeout_s: float) -> list[dict]:
+    """:func:`agree` on a given key-value ``client`` as process ``me`` of ``count`` (tests pass a fake store)."""
+    store = _Store(client, topic)
     digest = hashlib.sha256(json.dumps(subject, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    with _agreed_lock:
-        round_ = _agreed.get((topic, digest), 0)
+    round_ = rounds.take(topic, digest)
     prefix = f"jaxgraph/{topic}/{digest}/{round_}/"
-    # The records stay in the coordinator: a process may still be reading them
-    # when this one moves on, and each is a few hundred bytes.
-    _publish(client, prefix + str(me), json.dumps(record))
-    try:
-        records = _read_all(client, prefix, record, me, count, topic, timeout_s)
-    except BaseException:
-        _take_back(client, prefix + str(me))  # a later try on this subject must not meet this record
-        raise
-    with _agreed_lock:
-        _agreed[(topic, digest)] = round_ + 1
-    return records
+    if not store.set_once(prefix + str(me), json.dumps(record)):
+        raise RuntimeError(f"{topic}: process {me}'s record for round {round_} is already in the key-value store: "
+                           f"two processes share the index {me}, or another program uses the same coordinator")
+    decision, records = _settle(store, prefix, me, count, {me: record}, timeout_s)
+    if not decision["agreed"]:
+        missing = decision["missing"]
+        who = f"process {missing[0]}" if len(missing) == 1 else "processes " + ", ".join(map(str, missing))
+        raise RuntimeError(
+            f"{topic}: {who} did not reach this check within {decision['timeout_s']:g} s (round {round_} on this "
+            f"subject, given up by process {decision['by']} of {count}; every process raises this error); every "
+            f"process must run it, in the same order: {who} may have failed before it or be running other code")
+    for p in range(count):  # an agreed round has every record in the store, never taken back
+        if p not in records:
+            value = store.try_get(prefix + str(p))
+            if value is None:
+                raise RuntimeError(f"{topic}: process {p}'s record of round {round_} left the key-value store")
+            records[p] = json.loads(value)
+    return [records[p] for p in range(count)]
 
 
-def _read_all(client: Any, prefix: str, record: dict, me: int, count: int, topic: str,
-              timeout_s: float) -> list[dict]:
-    """Every process's record under ``prefix``, waiting at most ``timeout_s`` in all."""
+def _settle(store: "_Store", prefix: str, me: int, count: int, records: dict[int, dict],
+            timeout_s: float) -> tuple[dict, dict[int, dict]]:
+    """The round's decision (written once: the first to see every record, or to time out, decides) and the records read."""
     deadline = time.monotonic() + timeout_s
-    records = []
-    for p in range(count):
-        if p == me:
-            records.append(record)
-            continue
-        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+    look = True  # whether another process may have decided since this one last looked
+    while True:
+        if look and (found := store.try_get(prefix + "decision")) is not None:
+            return json.loads(found), records
+        missing = [p for p in range(count) if p not in records]
+        left = deadline - time.monotonic()
+        if missing and left <= 0:  # name only those still absent, not those this one had not waited for yet
+            for p in missing:
+                if (value := store.try_get(prefix + str(p))) is not None:
+                    records[p] = json.loads(value)
+            missing = [p for p in missing if p not in records]
+        if not missing or left <= 0:
+            mine = ({"agreed": True, "by": me} if not missing else
+                    {"agreed": False, "by": me, "missing": missing, "timeout_s": timeout_s})
+            store.set_once(prefix + "decision", json.dumps(mine))  # the first decision stands, this one or another
+            found = store.try_get(prefix + "decision")
+            if found is None:
+                raise RuntimeError(f"{store.topic}: the decision of {prefix} left the key-value store")
+            return json.loads(found), records
+        value = store.get(prefix + str(missing[0]), min(left, _POLL_S))
+        look = value is None
+        if value is not None:
+            records[missing[0]] = json.loads(value)
+
+
+class _Store:
+    """The few key-value operations an agreement needs, with JAX's error codes turned into results."""
+
+    def __init__(self, client: Any, topic: str) -> None:
+        self.client, self.topic = client, topic
+
+    def set_once(self, key: str, value: str) -> bool:
+        """Write ``key`` if it is absent (never overwrites); whether this call wrote it."""
         try:
-            records.append(json.loads(client.blocking_key_value_get(prefix + str(p), left_ms)))
-        except Exception as exc:  # jax.errors.JaxRuntimeError; its message says DEADLINE_EXCEEDED
-            if "DEADLINE_EXCEEDED" not in str(exc):
-                raise RuntimeError(f"{topic}: reading process {p}'s record failed: {exc}") from exc
-            raise RuntimeError(
-                f"{topic}: process {p} did not reach this check within {timeout_s:g} s (this is process {me} "
-                f"of {count}); every process must run it, in the same order: process {p} may have failed "
-                "before it or be running other code") from None
-    return records
+            self.client.key_value_set(key, value)  # allow_overwrite is False: the store refuses a second write
+        except Exception as exc:  # jax.errors.JaxRuntimeError
+            if "ALREADY_EXISTS" in str(exc):
+                return False
+            raise RuntimeError(f"{self.topic}: writing {key} to the key-value store failed: {exc}") from exc
+        return True
 
+    def get(self, key: str, timeout_s: float) -> str | None:
+        """``key``'s value, waiting at most ``timeout_s``; ``None`` when it is still absent then."""
+        try:
+            return self.client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
+        except Exception as exc:
+            if "DEADLINE_EXCEEDED" in str(exc):
+                return None
+            raise RuntimeError(f"{self.topic}: reading {key} from the key-value store failed: {exc}") from exc
 
-def _publish(client: Any, key: str, value: str) -> None:
-    """Set ``key``, replacing what an earlier, abandoned try left there."""
-    try:
-        client.key_value_set(key, value, allow_overwrite=True)
-    except TypeError:  # a jax whose client has no allow_overwrite
-        _take_back(client, key)
-        client.key_value_set(key, value)
-
-
-def _take_back(client: Any, key: str) -> None:
-    """Delete ``key`` from the store (never raises)."""
-    try:
-        client.key_value_delete(key)
-    except Exception:
-        pass
+    def try_get(self, key: str) -> str | None:
+        """``key``'s value now, or ``None`` when it is absent."""
+        try:
+            return self.client.key_value_try_get(key)
+        except Exception as exc:
+            if "NOT_FOUND" in str(exc):
+                return None
+            raise RuntimeError(f"{self.topic}: reading {key} from the key-value store failed: {exc}") from exc
 
 
 def disagreements(records: Sequence[dict], fields: dict[str, str]) -> list[str]:

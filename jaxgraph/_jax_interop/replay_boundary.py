@@ -28,6 +28,7 @@ keeps that record and says what to do when a replayable is called after it.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import functools
 import itertools
@@ -63,6 +64,7 @@ __all__ = [
     "result_shapes",
     "retire",
     "set_capture_policy",
+    "sweep_copy_rings",
     "varying_axes",
 ]
 
@@ -235,6 +237,8 @@ class ReplayState:
         self.graph_id = graph_id
         self.devices: dict[int, bool] = {}  # device -> still registered
         self.closed = False
+        # device -> (recorded, streams) of its retired graph (:func:`retire`): what freeing must respect
+        self.uses: dict[int, tuple[bool, tuple[int, ...]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -275,7 +279,14 @@ class ReplayState:
                 if device < 0 or d == device:
                     self.devices[d] = False
         if self.graph_id > 0:
-            retire(self.graph_id, device)
+            for d, recorded, streams in retire(self.graph_id, device):
+                with self._lock:
+                    self.uses[d] = (recorded, streams)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a stream capture (XLA's command buffer) recorded a graph of it, as far as retired."""
+        return any(recorded for recorded, _ in self.uses.values())
 
     def retire_callback(self, device: int) -> Callable[[], None]:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
@@ -501,7 +512,8 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
     kernels jaxgraph did not launch receive as arguments (else they are
     copied); ``drop_unreferenced`` leaves out of the call the inputs no node
     refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
-    by their index before that). ``Registration.info`` is :func:`describe_graph`
+    by their index before that; a pair naming an input or output that does
+    not exist is a ``ValueError``, checked before anything is read). ``Registration.info`` is :func:`describe_graph`
     of the entry just made.
     """
     _driver.ensure_context(source.device)
@@ -510,6 +522,7 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
         [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
         bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
         int(source.exec), ring_functions(source.device, source.template, native("replay").device_launch_nodes()))
+    _memory.when_no_capture(sweep_copy_rings)  # rings of graphs retired since: here no lock is held
     return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
 
 
@@ -529,13 +542,44 @@ def describe_graph(graph_id: int, device: int) -> GraphInfo:
                      int(d["copy_nodes"]))
 
 
-def retire(graph_id: int, device: int = -1) -> None:
-    """Take ``graph_id`` out of the table on ``device`` (every device when -1); never raises."""
+def retire(graph_id: int, device: int = -1) -> list[tuple[int, bool, tuple[int, ...]]]:
+    """Take ``graph_id`` out of the table on ``device`` (every device when -1); never raises.
+
+    Returns, per device it was still registered on, ``(device, recorded,
+    streams)``: whether a stream capture (XLA's command buffer) recorded its
+    nodes, and the streams its calls launched on (what freeing its memory must
+    wait for). Read after the detach, which stops further calls.
+    """
     # At once: the graph's owner may destroy the template and executable
     # a conditional graph's entry uses as soon as this returns.
     _native_quietly("detach_graph", graph_id, device)
+    try:
+        uses = [(int(d), bool(r), tuple(int(s) for s in streams))
+                for d, r, streams in native("replay").graph_uses(graph_id, device)]
+    except Exception:  # finalizers and destroy callbacks never raise
+        uses = []
     # Drops executables, which must not happen in the middle of a capture.
     _memory.when_no_capture(functools.partial(_native_quietly, "unregister_graph", graph_id, device))
+    return uses
+
+
+def sweep_copy_rings() -> None:
+    """Free the copy rings (``ffi/replay/copy_ring.h``) of retired graphs whose calls have finished; never raises.
+
+    A graph's destructor only hands its ring over (it may run under the graph
+    table's lock or on XLA's handler thread, where waiting for the device can
+    deadlock); this frees them, without waiting, from a thread that holds no
+    lock: after a registration, after a retire (``unregister_graph`` sweeps
+    too), and at exit. A ring whose calls are still running waits for a later sweep.
+    """
+    import sys
+
+    if "jaxgraph._replay" not in sys.modules:  # nothing registered: nothing to free
+        return
+    try:
+        native("replay").sweep_copy_rings()
+    except Exception:
+        pass
 
 
 def _native_quietly(call: str, graph_id: int, device: int) -> None:
@@ -543,3 +587,7 @@ def _native_quietly(call: str, graph_id: int, device: int) -> None:
         getattr(native("replay"), call)(graph_id, device)
     except Exception:  # finalizers and destroy callbacks never raise
         pass
+
+
+# At exit too: the rings of graphs retired last (a ring still in use is left to the process's end).
+atexit.register(lambda: _memory.when_no_capture(sweep_copy_rings))

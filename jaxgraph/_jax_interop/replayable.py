@@ -43,7 +43,7 @@ from .replay_boundary import BufferBinding, ReplayPath, ReplayState
 from .replay_contract import (VIA_CHOICES, ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type,
                               check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
 
-__all__ = ["Replayable", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
+__all__ = ["Replayable", "release", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
 
 def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
                     backward: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -135,7 +135,9 @@ class Replayable:
        current keeps replaying the graph as captured, instead of raising.
        That never touches freed memory: this object keeps the graph, the
        static arrays, the graph's memory pools, its capture inputs and the
-       :class:`~jaxgraph.Kernel` objects it launched alive. Build a new replayable
+       :class:`~jaxgraph.Kernel` objects it launched alive, and once it is
+       closed or collected, what such a recording uses is kept until the
+       process exits (:meth:`close`). Build a new replayable
        and a new jitted function after a reset; with command buffers off
        (``--xla_gpu_enable_command_buffer=``), the old function raises.
     """
@@ -169,7 +171,9 @@ class Replayable:
         # replayable (and its graph id) goes as soon as the last reference does.
         self._fn = replay_function(spec, via, host, self._state, backward)
         self.__name__ = "replayable"  # how jax.jit names the function
-        self._finalizer = weakref.finalize(self, self._state.retire)
+        # The finalizer holds the state, the list of what is kept and the host replay, never self
+        # (close() runs it too).
+        self._finalizer = weakref.finalize(self, release, self._state, self._keep, host)
         if source is not None:
             self._attach(source, *statics)
             if borrowed_exec and source.lend_exec is not None:
@@ -297,7 +301,23 @@ class Replayable:
         self._attach(source, inputs, outputs)
 
     def close(self) -> None:
-        """Retire the graph id now (idempotent); calls afterwards raise ``RuntimeError``."""
+        """Retire the graph id and let go of the device memory it holds, now (idempotent).
+
+        What goes: the native table's entries (clone, executables), and this
+        object's hold on the graphs, static arrays, graph memory pools and
+        kernels, so their memory is freed unless something else still holds
+        it (the caller's own references to the static arrays, say). A static
+        array is freed only after the replays already queued on XLA's stream.
+        Collecting the replayable does the same.
+
+        Afterwards, calling it (or :meth:`add_device`) raises ``RuntimeError``,
+        and so does a compiled function that calls it, each time jaxgraph's
+        handler runs. One exception: where XLA recorded the replay into its
+        own command buffer, XLA replays that recording without asking
+        jaxgraph (until its buffers move): its kernels, static arrays and pool
+        memory are then kept until the process exits instead of freed, so the
+        recording never touches freed memory or unloaded code.
+        """
         self._finalizer()
 
     def _attach(self, source: ReplaySource, inputs: tuple, outputs: tuple) -> None:
@@ -314,6 +334,48 @@ class Replayable:
         # graph must keep working, so only an explicit reset() retires it, and
         # everything goes when this object does.
         self._keep.append((source.graph, inputs, outputs, handle, source.owners))
+
+
+# What replayables that XLA recorded into a command buffer held, kept until exit: the recording
+# launches the graph's nodes (its kernels, static arrays, pool memory) without asking jaxgraph.
+_KEPT_FOR_RECORDINGS: list = []
+
+
+def release(state: ReplayState, keep: list, host: Any = None) -> None:
+    """Retire ``state``'s graph id everywhere and let go of ``keep`` (a replayable's finalizer; never raises).
+
+    Kept until exit where a stream capture recorded the graph (see
+    :meth:`Replayable.close`); otherwise each static array jaxgraph
+    allocated is freed only after the work queued by then on every stream
+    its replays launched on (XLA's), not just its own stream's. ``host``
+    (``via="callback"``, whose replays finish before they return) lets go
+    of its graph and arrays too.
+    """
+    state.retire()
+    if host is not None and hasattr(host, "close"):
+        host.close()
+    held, keep[:] = list(keep), []
+    if state.recorded:
+        _KEPT_FOR_RECORDINGS.append(held)
+        return
+    try:
+        _order_frees_after_replays(state, held)
+    except Exception:  # finalizers never raise
+        pass
+
+
+def _order_frees_after_replays(state: ReplayState, held: list) -> None:
+    """``record_stream`` each static array of ``held`` on the streams its device's replays used."""
+    from .._cuda.memory import Allocation
+    from .._cuda.stream import Stream
+
+    for _graph, inputs, outputs, _handle, _owners in held:
+        for array in (*inputs, *outputs):
+            _, streams = state.uses.get(array.device, (False, ()))
+            if not isinstance(array.owner, Allocation):
+                continue  # memory another library owns and frees
+            for handle in streams:
+                array.record_stream(Stream.from_handle(handle, device=array.device))
 
 
 def replayable(graph: CUDAGraph | Graph, inputs: Sequence[Any], outputs: Sequence[Any], *,

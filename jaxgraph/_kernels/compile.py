@@ -3,26 +3,25 @@
 Compiling needs NVRTC but no GPU: with ``arch`` given (e.g. ``"sm_90"``) it
 works on a CPU-only machine. Cubins are cached on disk under
 ``$JAXGRAPH_CACHE_DIR`` (default ``$XDG_CACHE_HOME/jaxgraph/kernels``, or
-``~/.cache/jaxgraph/kernels`` without ``XDG_CACHE_HOME``), keyed by the
-source, the kernel name, the options, the architecture and NVRTC's version.
+``~/.cache/jaxgraph/kernels`` without ``XDG_CACHE_HOME``), keyed by what
+changes the cubin: the source and the headers it includes, the kernel name,
+the options, the architecture, the NVRTC build and the CUDA headers' version.
+Entries are checked against their digest, and a directory someone else can
+write is not used (``_kernels/cubin_cache.py`` says how).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import os
 import re
-import tempfile
-import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .cubin import is_cubin
+from .cubin_cache import cache_directory, cache_key, read_entry, write_entry
 from .._cuda.driver import CudaUnavailableError
 
 __all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "default_arch", "kernel_display_name",
@@ -62,7 +61,24 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
         A real GPU architecture such as ``"sm_90"`` (:func:`check_arch`);
         default: the current device's.
     cache_dir : path, optional
-        Where cubins are kept; ``False``-y env ``JAXGRAPH_CACHE_DIR=""`` disables.
+        Where cubins are kept (default ``$JAXGRAPH_CACHE_DIR``, else
+        ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``);
+        ``JAXGRAPH_CACHE_DIR=""`` turns the cache off. A directory owned by
+        another user or writable by its group or everyone is not used (one
+        ``RuntimeWarning`` names it; the kernel is compiled). Directories
+        jaxgraph creates are ``0700``, its files ``0600``.
+
+    Notes
+    -----
+    The cache key covers the source, the contents of every header its
+    ``#include`` directives may resolve to on the include path (followed
+    recursively: NVRTC cannot list the headers it opened; a computed
+    ``#include MACRO`` is not followed), ``name``, every option, ``arch``,
+    the NVRTC build (version and library files) and ``CUDA_VERSION`` of each
+    ``cuda.h`` on the include path. A cached cubin is loaded only if it
+    matches the SHA-256 stored with it; one that does not is compiled again
+    (one ``RuntimeWarning``), as is an entry whose metadata is not what
+    jaxgraph writes.
 
     Raises
     ------
@@ -84,17 +100,18 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
     check_arch(arch)
     # ProgramOptions asks the current device for a default arch: give it ours.
     opts = _check_or_create_options(options, ProgramOptions, arch)
-    key = _cache_key(source, name, opts, arch)
-    directory = _cache_directory(cache_dir)
+    directory = cache_directory(cache_dir)
+    key = cache_key(source, name, opts, arch) if directory is not None else ""
     if directory is not None:
-        cached = _read_cache(directory, key, name, arch)
+        cached = read_entry(directory, key)
         if cached is not None:
-            return cached
+            cubin, lowered, path = cached
+            return CompiledKernel(cubin, name, lowered, arch, path, True)
     cubin, lowered = _nvrtc_compile(source, name, opts)
     if not is_cubin(cubin):  # never cache (or load) what is not a cubin
         raise CompileError(f"NVRTC returned no cubin for kernel {name!r} (arch={arch!r}): {len(cubin)} bytes "
                            f"that are not an ELF image")
-    path = _write_cache(directory, key, cubin, lowered) if directory is not None else None
+    path = write_entry(directory, key, cubin, lowered) if directory is not None else None
     return CompiledKernel(cubin, name, lowered, arch, path, False)
 
 
@@ -291,66 +308,3 @@ def _include_hint(log: str) -> str:
             "(a jaxgraph dependency: pip install \"nvidia-cuda-runtime>=13.0,<14\") or a CUDA toolkit "
             f"(CUDA_HOME, /usr/local/cuda); {where}. Pass options={{'include_path': [...]}} to add "
             "your own.")
-
-
-def _cache_key(source: str, name: str, opts: Any, arch: str) -> str:
-    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
-    text = json.dumps(
-        {"source": source, "name": name, "options": fields, "arch": arch, "nvrtc": nvrtc_version()},
-        sort_keys=True, default=repr,
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _cache_directory(cache_dir: Any) -> Path | None:
-    if cache_dir is None:
-        env = os.environ.get("JAXGRAPH_CACHE_DIR")
-        if env == "":
-            return None
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        cache_dir = env or Path(base) / "jaxgraph" / "kernels"
-    return Path(cache_dir)
-
-
-def _read_cache(directory: Path, key: str, name: str, arch: str) -> CompiledKernel | None:
-    cubin_path = directory / f"{key}.cubin"
-    meta_path = directory / f"{key}.json"
-    try:
-        cubin = cubin_path.read_bytes()
-        lowered = json.loads(meta_path.read_text())["lowered_name"]
-    except (OSError, ValueError, KeyError):
-        return None
-    if not is_cubin(cubin):  # e.g. an empty file some older version cached: compile again
-        return None
-    return CompiledKernel(cubin, name, lowered, arch, cubin_path, True)
-
-
-def _write_cache(directory: Path, key: str, cubin: bytes, lowered: str) -> Path | None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        # Write-then-rename, so concurrent processes never read half a file.
-        for suffix, data in ((".json", json.dumps({"lowered_name": lowered}).encode()), (".cubin", cubin)):
-            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, directory / f"{key}{suffix}")
-    except OSError as exc:
-        _warn_unwritable(directory, exc)  # it costs a recompile in every process: say so, once
-        return None
-    return directory / f"{key}.cubin"
-
-
-_warned_dirs: set = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_unwritable(directory: Path, exc: OSError) -> None:
-    """Warn once per directory that cubins cannot be cached there (every process then compiles again)."""
-    with _warned_lock:
-        if directory in _warned_dirs:
-            return
-        _warned_dirs.add(directory)
-    warnings.warn(f"jaxgraph cannot write its kernel cache at {directory} ({type(exc).__name__}: {exc}), so "
-                  "every process compiles its kernels again; pass cache_dir= or set JAXGRAPH_CACHE_DIR to a "
-                  "writable directory (JAXGRAPH_CACHE_DIR= turns the cache off and this warning with it)",
-                  RuntimeWarning, stacklevel=4)

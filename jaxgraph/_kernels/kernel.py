@@ -44,7 +44,10 @@ class Kernel(KernelLaunching):
         NVRTC options, e.g. ``{"std": "c++17", "use_fast_math": True}``.
     signature : str, optional
         The parameter list, e.g. ``"float* y, const float* x, float a, int n"``,
-        when it cannot be read from ``source`` (macros, typedefs).
+        when it cannot be read from ``source`` (macros, typedefs). Where the
+        source's list can be read, the types must agree with it, ``const``
+        included (``float* x`` for the source's ``const float* x`` is a
+        ``TypeError`` naming the parameter).
     arch : str, optional
         Compile for this GPU architecture (``"sm_90"``) instead of the current
         device's; this is how to compile on a machine without a GPU. Virtual
@@ -53,6 +56,10 @@ class Kernel(KernelLaunching):
     cache_dir : path, optional
         Cubin cache directory (default ``$JAXGRAPH_CACHE_DIR``, else
         ``$XDG_CACHE_HOME/jaxgraph/kernels`` or ``~/.cache/jaxgraph/kernels``).
+        Entries are keyed by everything that changes the cubin, included
+        headers too, and checked against their SHA-256 when loaded; a
+        directory others can write is not used (a warning says so). See
+        :func:`jaxgraph.compile_kernel`.
 
     Raises
     ------
@@ -178,6 +185,14 @@ class Kernel(KernelLaunching):
         launches the kernel on XLA's stream, in order with the XLA operations
         around it; XLA may record it into its command buffers.
 
+        Once traced (on a machine with a GPU), the kernel's code stays loaded
+        until the process exits, after this Kernel is collected too: a
+        compiled function, or XLA's recording of it, may launch it at any
+        later time without asking jaxgraph, and jaxgraph cannot see when JAX
+        drops its executable. So ``f = jax.jit(lambda x: k.jax_call(...))``
+        keeps working after ``k`` is rebound. What stays is the code (the
+        cubin, loaded once per process), never data.
+
         Parameters
         ----------
         *args
@@ -190,7 +205,8 @@ class Kernel(KernelLaunching):
               write every element it is expected to produce). A ``const T*``
               parameter is refused as an output: the kernel cannot write it;
             - a pointer the kernel reads *and* writes: a JAX array, with the
-              parameter's name in ``inout``;
+              parameter's name in ``inout`` (a ``const T*`` parameter is
+              refused there too);
             - a scalar: a Python number (or numpy scalar of the exact type),
               converted to the parameter's C type and baked into the
               compiled function as an attribute. Traced values cannot be
@@ -218,7 +234,8 @@ class Kernel(KernelLaunching):
         TypeError
             Wrong number of arguments, something other than an array for a
             pointer, an array of the wrong dtype for a typed pointer, a
-            ``jax.ShapeDtypeStruct`` for a ``const`` pointer, a scalar
+            ``jax.ShapeDtypeStruct`` for a ``const`` pointer or a
+            ``const`` pointer named in ``inout``, a scalar
             that does not fit its C type, or ``grid``, ``block``,
             ``shared_mem`` or ``inout`` of the wrong type.
         ValueError

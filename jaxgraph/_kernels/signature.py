@@ -199,7 +199,10 @@ def check_against_source(kernel: str, given: tuple[Param, ...], source: str, nam
 
     Where the source's list cannot be read (macros, typedefs: why
     ``signature=`` exists) nothing is compared. An untyped pointer
-    (``void*``, ``float4*``) on either side matches any pointer.
+    (``void*``, ``float4*``) on either side matches any pointer of the same
+    constness: ``const`` on the pointee must agree (``float* x`` for the
+    source's ``const float* x`` is refused, and the reverse), since it says
+    which buffers the kernel only reads (``jax_call`` outputs, graph binding).
     """
     try:
         declared = parse_signature(find_signature(source, name))
@@ -208,7 +211,8 @@ def check_against_source(kernel: str, given: tuple[Param, ...], source: str, nam
     if len(declared) != len(given):
         return  # the compiled kernel's parameter sizes say it (_cubin.check_param_sizes)
     for g, d in zip(given, declared):
-        if g.is_pointer != d.is_pointer or (g.dtype is not None and d.dtype is not None and g.dtype != d.dtype):
+        if (g.is_pointer != d.is_pointer or (g.dtype is not None and d.dtype is not None and g.dtype != d.dtype)
+                or g.is_const_pointer != d.is_const_pointer):
             raise TypeError(f"kernel {kernel}: signature= gives parameter {g.name} as {g.ctype}, but the source "
                             f"declares {d.ctype} {d.name}; pass the source's types (or leave signature= out)")
 

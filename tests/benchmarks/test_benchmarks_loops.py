@@ -27,6 +27,7 @@ def test_driver_loops_runs_only_the_loop_modes_in_every_setting():
     cfg = run.build_config(args)
     assert cfg.loops and cfg.ns == (1, 10, 100)
     assert cfg.runs("loop_k8") and cfg.runs("xla_fori") and cfg.runs("jit_fori") and cfg.runs("raw")
+    assert cfg.runs("xla_while") and cfg.runs("loop_until") and cfg.runs("loop_until_k1")
     assert not cfg.runs("jit_loop") and not cfg.runs("jax_calls") and not cfg.runs("capture_1000")
     assert config.RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
     assert run.build_config(run.parse_args(["--loops", "--ns", "10", "--modes", "loop_k2"])).modes == ("loop_k2",)
@@ -72,6 +73,29 @@ def test_loop_markdown_puts_idiomatic_jax_first_and_the_stops_over_the_floor():
     assert "| on | 1 | jnp_while / loop_jit_until_k8 | 10.00x |" in text
     assert "### Device stops over the unrolled floor (nojax, us per step)" in text
     assert "| 1 | 1.000 | 1.100 (+0.10) | 5.500 (+4.50) | 1.600 (+0.60) | 1.200 (+0.20) |" in text
+
+
+def test_loop_markdown_states_the_exact_stop_targets_at_each_sides_best_setting():
+    nojax = worker_record("nojax", 1.0, {"loop_unrolled": 1.0, "loop_until": 2.2, "loop_until_k1": 5.2}, ns=("1",))
+    on = worker_record("on", 2.0, {"loop_jit_until": 2.5, "xla_while": 12.0}, ns=("1",))
+    while_ = worker_record("while", 2.0, {"loop_jit_until": 2.4, "xla_while": 7.2}, ns=("1",))
+    meta = {"schema": 1, "date": "2026-11-28T10:00:00+00:00", "quick": False, "device": {},
+            "config": {"repeats": 3, "loops": True}, "versions": {}}
+    text = run_report.markdown(stats.merge(meta, {"nojax": nojax, "on": on, "while": while_}))
+    assert "### Exact stop: the targets (us per step)" in text
+    assert "| 1 | +1.20 | 14.40 (while) | 4.800 (while) | 3.00x |" in text  # worker_record scales by raw
+    assert "| on | 1 | xla_while / loop_jit_until | 4.80x |" in text
+
+
+def test_xla_while_mode_checks_and_times_on_cpu():
+    from benchmarks.harness import loop_modes
+
+    mode = loop_modes.xla_while(lambda x: x + np.float32(1), 3, np.random.default_rng())
+    assert mode.per_call == 3 * config.fori_trips(3) and mode.info["steps"] == config.fori_trips(3)
+    mode.calls = 2
+    assert mode.sample() > 0
+    with pytest.raises(AssertionError, match="expected x"):
+        loop_modes.xla_while(lambda x: x + np.float32(2), 3, np.random.default_rng())
 
 
 def test_loop_markdown_per_step_and_same_process_ratios(tmp_path):

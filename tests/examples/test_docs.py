@@ -61,7 +61,8 @@ def test_the_docs_build_with_no_warnings(built):
     assert "WARNING" not in log, log
     for page in ("index", "getting-started", "api", "performance", "build", "architecture", "changelog",
                  "release", "guide/kernels", "guide/capture", "guide/hooks", "guide/branches-loops", "guide/jit",
-                 "guide/graphed-callables", "guide/several-gpus", "guide/several-hosts", "guide/interop"):
+                 "guide/graphed-callables", "guide/several-gpus", "guide/several-hosts", "guide/interop",
+                 "guide/compare"):
         assert (out / f"{page}.html").is_file(), page
 
 

@@ -35,12 +35,15 @@ SMALL = {
 PRINTS = {
     "quickstart": ["3 kernel"],                                  # print(g): the graph's summary
     "gray_scott": ["[4/4]", "vs idiomatic JAX", "XLA: fused kernels as jax_calls", "columns x3 (12x12 tiles, 32x8 threads) device loop in jax.jit",
-                   "GraphedLoop"],
+                   "GraphedLoop", "vs the same kernels via jax_call"],
     "poisson_solver": ["every Jacobi solution matches", "every CG solution is within tolerance",
                        "idiomatic JAX: jnp sweep in a jitted lax.while_loop", "jax.scipy.sparse.linalg.cg",
                        "jaxgraph: CG device loop, exact stop, in jax.jit",
                        "jaxgraph: single block, exact stop, in jax.jit",
-                       "jaxgraph: single-block CG, every-4 stop, eager"],
+                       "jaxgraph: single-block CG, every-4 stop, eager",
+                       "idiomatic JAX, fair: 8 sweeps a while_loop trip", "XLA: the cg_fused kernel as 8 jax_calls",
+                       "XLA (single block): the kernel as a jax_call in a while_loop",
+                       "vs the same kernels via jax_call"],
     "inverse_diffusion": ["the device gradient matches jax.grad and finite differences", "gradient descent"],
     "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "speedup (jit)"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],

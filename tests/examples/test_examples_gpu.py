@@ -66,9 +66,10 @@ def test_jacobi_stops_where_numpy_does(n, per_step):
     u_e, s_e = ps.jacobi_eager(graphed, loop, prob)()
     assert int(s_e.numpy()[0]) == int(sweeps)
     np.testing.assert_array_equal(u_e.numpy(), u)  # the same kernel, the same stop: the same bits
-    u_x, s_x = (np.asarray(a) for a in kernels.xla_jacobi(100_000)(f))
-    assert int(s_x) == int(sweeps)
-    np.testing.assert_array_equal(u_x, u)
+    for per_trip in (1, 8):  # the kernel via jax_call, one launch a while_loop trip or eight: the same stop
+        u_x, s_x = (np.asarray(a) for a in kernels.xla_jacobi(100_000, per_trip)(f))
+        assert int(s_x) == int(sweeps), per_trip
+        np.testing.assert_array_equal(u_x, u)
     if ps.has_check_every():
         _, every = kernels.jacobi_loop(100_000, check_every=4)
         u_k, s_k = (np.asarray(a) for a in ps.jacobi_in_jit(every)(f))
@@ -94,6 +95,10 @@ def test_cg_matches_scipy_and_its_stops_agree(n, per_step):
     assert abs(int(its_e.numpy()[0]) - int(its)) <= 1  # b.b from numpy here, from XLA in jit: last bits differ
     check.cg("eager", x_e.numpy())
     check.cg("jax.scipy", np.asarray(ps.jax_scipy_cg(prob, 10_000)(b)))
+    for per_trip in (1, 4):  # the kernel via jax_call in a while_loop: the same kernels, the same bits
+        x_x, its_x = (np.asarray(a) for a in kernels.xla_cg(10_000, ps.jnp_operator, per_trip)(b))
+        assert int(its_x) == int(its), per_trip
+        np.testing.assert_array_equal(x_x, x)
     if ps.has_check_every():
         _, every = kernels.cg_loop(10_000, check_every=4)
         x_k, its_k = (np.asarray(a) for a in ps.cg_in_jit(every, ps.jnp_operator)(b))

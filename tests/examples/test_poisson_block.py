@@ -209,6 +209,9 @@ def test_block_jacobi_on_the_gpu_is_the_model(n, per_launch):
     u_k, s_k = (np.asarray(a) for a in pb.jacobi_in_jit(every)(f))
     assert int(s_k) == want_sweeps
     np.testing.assert_array_equal(u_k, want_u)
+    u_x, s_x = (np.asarray(a) for a in kernels.xla_jacobi(10**5)(f))  # the kernel via jax_call, no graph
+    assert int(s_x) == want_sweeps
+    np.testing.assert_array_equal(u_x, want_u)
 
 
 @pytest.mark.gpu
@@ -236,3 +239,6 @@ def test_block_cg_on_the_gpu_is_the_model(n, per_launch):
     x_k, its_k = (np.asarray(a) for a in pb.cg_in_jit(every)(b))
     assert int(its_k) == want_its
     np.testing.assert_array_equal(x_k, want_x)
+    x_x, its_x = (np.asarray(a) for a in kernels.xla_cg(10**4)(b))  # the kernel via jax_call, no graph
+    assert int(its_x) == want_its
+    np.testing.assert_array_equal(x_x, want_x)

@@ -13,6 +13,7 @@ entries), ``set_max_executables``, ``internals.counters`` and ``internals.descri
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,92 @@ def test_the_ring_size_is_a_thousand_calls_and_must_be_positive():
         assert p.set_copy_ring_slots(previous) == 8
     finally:
         p.set_copy_ring_slots(previous)
+
+
+def test_no_device_wide_synchronize_where_a_graph_or_its_ring_is_destroyed():
+    # A graph's destructor may run under the graph table's exclusive lock or on XLA's handler
+    # thread: a device-wide synchronize there deadlocks with a psum in flight (device 0 waits for
+    # device 1, whose handler waits for the lock). The ring only joins the retired rings there;
+    # a sweep, holding no lock, frees those whose calls have finished.
+    import re
+
+    ffi = Path(__file__).resolve().parents[2] / "ffi"
+    for path in sorted(ffi.rglob("*.[ch]*")):
+        text = path.read_text()
+        for call in ("cudaDeviceSynchronize", "cuCtxSynchronize", "DeviceSynchronize"):
+            assert call not in text, f"{path.name} calls {call}"
+    ring = next(ffi.rglob("copy_ring.h")).read_text()
+    release = re.search(r"inline void CopyRing::Release\(int device\) \{(.*?)\n\}", ring, re.S).group(1)
+    assert not re.search(r"\bcu[A-Z]|\bcuda[A-Z]", release), release  # no CUDA call at all: a list push
+    sweep = re.search(r"inline size_t SweepRetiredRings\(\) \{(.*?)\n\}", ring, re.S).group(1)
+    locked, freeing = sweep.split("if (finished.empty())")
+    assert "lock_guard" in locked and "cudaFree" not in locked and "lock" not in freeing, sweep
+
+
+HOLD_UNTIL = r"""
+extern "C" __global__ void hold_until(unsigned long long flag_address, long long cycles) {
+  volatile int* flag = (volatile int*)flag_address;  // pinned host memory: [released, gave up]
+  long long start = clock64();
+  while (flag[0] == 0) {
+    if (clock64() - start > cycles) { flag[1] = 1; return; }
+  }
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", [20, 4096], ids=["threshold_lowered", "4096_kernels"])
+def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
+    # Other work holds the device (a kernel on another stream that runs until the host releases
+    # it); retiring a graph with copy nodes and its ring must not wait for it under the table's
+    # lock: a thread that needs the table (as another device's handler would) goes on at once.
+    # 4096 kernels: the default threshold (kDeviceLaunchNodes), no knob.
+    import ctypes
+    import threading
+    import time
+
+    from jaxgraph._cuda import driver as _driver
+    from jaxgraph._cuda.driver import check
+
+    if kernels == 4096:
+        g, x_s, y_s, step = _spin_chain(kernels, 0)
+    else:
+        g, x_s, y_s, step = _large(lambda: _spin_chain(kernels, 1000))
+    assert describe_graph(step.graph_id, g.device).copy_nodes == 2
+    f = jax.jit(step)
+    x0 = rng.integers(-1000, 1000, N).astype(np.float32)
+    y = f(jnp.asarray(x0))
+    np.testing.assert_array_equal(np.asarray(y), x0 + kernels)  # the ring was used
+    drv = _driver.driver()
+    flags = drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE
+    host = int(check(drv.cuMemHostAlloc(8, flags), "cuMemHostAlloc"))
+    ctypes.memset(host, 0, 8)
+    flag = (ctypes.c_int32 * 2).from_address(host)
+    address = int(check(drv.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+    hold = jaxgraph.Kernel(HOLD_UNTIL, "hold_until")
+    other = jaxgraph.Stream()
+    hold[1, 1, 0, other](address, 40_000_000_000)  # gives up by itself after ~20 s (then flag[1] = 1)
+    try:
+        closer = threading.Thread(target=step.close, daemon=True)
+        closer.start()
+        time.sleep(0.5)  # the close reaches the table
+        looked = []
+        looker = threading.Thread(target=lambda: looked.append(native_replay().live_graphs()), daemon=True)
+        start = time.monotonic()
+        looker.start()
+        looker.join(10)
+        took = time.monotonic() - start
+    finally:
+        flag[0] = 1  # release the held kernel
+        other.synchronize()
+    closer.join(60)
+    looker.join(60)
+    assert flag[1] == 0, "the held kernel gave up: something waited for it while holding what this test needed"
+    assert looked and took < 10, took
+    assert not closer.is_alive()
+    del f, step
+    assert native_replay().sweep_copy_rings() == 0 and native_replay().retired_copy_rings() == 0
+    check(drv.cuMemFreeHost(host), "cuMemFreeHost")
 
 
 def _large(capture, slots=None):
@@ -105,6 +192,8 @@ def test_calls_queued_past_the_ring_wait_for_the_device_and_stay_exact(rng):
     del f, step
     for c, out in enumerate(outs):
         np.testing.assert_array_equal(np.asarray(out), x0 + (c + 1) * kernels, err_msg=f"retired, call {c}")
+    # Its calls done, the ring is freed by the next sweep (nothing waited for the device to free it).
+    assert native_replay().sweep_copy_rings() == 0 and native_replay().retired_copy_rings() == 0
 
 
 @pytest.mark.gpu

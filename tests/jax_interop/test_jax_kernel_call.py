@@ -3,7 +3,7 @@
 Every test draws fresh random inputs. Graph replay in jit is in test_jax_gpu.py.
 
 Tests internals (listed in tests/README.md): ``_cuda.native`` launch table,
-``_kernel_call.kernel_id``; a collected kernel leaves the native launch table.
+``_kernel_call.kernel_id``; a collected kernel stays in the native launch table.
 """
 
 import gc
@@ -21,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from conftest import enable_x64  # noqa: E402
 from support.graph_helpers import JAX_SRC, jax_kernels  # noqa: E402
+from support.kernel_sources import INC  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -120,15 +121,73 @@ def test_kernel_call_under_vmap(kernels, rng):
     np.testing.assert_allclose(np.asarray(f(xs, ys)), np.float32(0.5) * xs + ys, rtol=1e-6, atol=1e-6)
 
 
-def test_collected_kernel_is_retired_from_the_launch_table():
-    from jaxgraph._jax_interop import kernel_call as _kernel_call
+def test_a_collected_kernel_stays_in_the_launch_table_for_the_functions_that_call_it(rng):
+    # A compiled function (or XLA's recording of it) may launch the kernel after its Kernel is gone:
+    # the entry and the loaded code stay until the process exits (tests/jax_interop/test_recorded_lifetime.py
+    # does the same under command buffers, in fresh processes).
+    import weakref
+
     from jaxgraph._cuda import native as _native
 
     launch = _native.native("launch")
     k = jaxgraph.Kernel(JAX_SRC, "inc")
-    _kernel_call.kernel_id(k)
-    gc.collect()  # kernels of earlier tests that wait for a collection (held in cycles) go first
+    f = jax.jit(lambda y: k.jax_call(y, N, inout=("y",)))
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+    gc.collect()
     live = launch.live_kernels()
+    ref = weakref.ref(k)
     del k
     gc.collect()
-    assert launch.live_kernels() == live - 1
+    assert ref() is None and launch.live_kernels() == live
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+
+
+def test_kernels_of_the_same_code_share_an_id_that_outlives_any_one_of_them(rng):
+    # The id is the code's (the same in every process); the table keeps the first Kernel of that code traced
+    # (and its library) until the process exits, so a function traced with any of them keeps working after
+    # all of them are collected.
+    import weakref
+
+    from jaxgraph._jax_interop import kernel_call as _kernel_call
+    from jaxgraph._cuda import native as _native
+
+    launch = _native.native("launch")
+    source = INC.replace("inc(", "inc_shared(")
+    first, second = jaxgraph.Kernel(source, "inc_shared"), jaxgraph.Kernel(source, "inc_shared")
+    f = jax.jit(lambda y: first.jax_call(y, N, inout=("y",)))
+    g = jax.jit(lambda y: second.jax_call(y, N, inout=("y",)))
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g(x)), x + 1, rtol=1e-6)
+    assert _kernel_call.kernel_id(first) == _kernel_call.kernel_id(second)
+    gc.collect()
+    live = launch.live_kernels()
+    ref = weakref.ref(second)
+    del second, g
+    gc.collect()
+    assert ref() is None and launch.live_kernels() == live
+    x = rng.standard_normal(N).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None and launch.live_kernels() == live     # the code stays for f (and XLA's recordings)
+    np.testing.assert_allclose(np.asarray(f(x)), x + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("params", [[1], [1, -1, -1]])
+def test_a_launch_with_another_number_of_parameter_codes_than_the_kernel_has_is_refused(kernels, params):
+    # jaxgraph_launch takes one code per kernel parameter; the handler compares the count with the kernel's
+    # (inc(float* y, int n): 2), so the driver never reads arguments that are not there.
+    from jaxgraph._jax_interop import kernel_call as _kernel_call
+
+    k = kernels["inc"]
+    kid = _kernel_call.kernel_id(k)
+    f = jax.jit(lambda y: _kernel_call.jaxgraph_launch(
+        kid, [y], [jax.ShapeDtypeStruct((N,), jnp.float32)], grid=(N // 256, 1, 1), block=(256, 1, 1),
+        shared_mem=0, params=params, scalars=[N], input_output_aliases={0: 0}))
+    with pytest.raises(Exception, match=f"kernel inc takes 2 parameters, but the call passes {len(params)} "
+                                        "parameter codes"):
+        np.asarray(f(jnp.zeros(N, jnp.float32)))

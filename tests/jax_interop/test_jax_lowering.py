@@ -9,8 +9,11 @@ Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``Re
 registration.
 """
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -141,6 +144,60 @@ def test_kernel_ids_are_stable_per_kernel_and_distinct_between_kernels(saxpy, su
     assert _kernel_call.kernel_id(saxpy) > 0
 
 
+# Builds and traces kernels in the order given by argv, then lowers a jax_call of the one named last.
+ID_ORDER = r'''
+import hashlib, sys
+import jax, jaxgraph
+from jaxgraph._jax_interop import kernel_call as _kernel_call
+from support.kernel_sources import SAXPY, SUM_DIFF_INTERLEAVED
+sources = {"saxpy": SAXPY, "sum_diff_interleaved": SUM_DIFF_INTERLEAVED}
+kernels = {name: jaxgraph.Kernel(sources[name], name, arch="sm_90") for name in sys.argv[1:]}
+ids = {name: _kernel_call.kernel_id(k) for name, k in kernels.items()}
+y = jax.ShapeDtypeStruct((8,), "float32")
+f = jax.jit(lambda y, x: kernels["saxpy"].jax_call(y, x, 2.0, 8, inout=("y",)))
+text = f.trace(y, y).lower(lowering_platforms=("cuda",)).as_text()
+print("IDS", ids["saxpy"], ids["sum_diff_interleaved"], hashlib.sha256(text.encode()).hexdigest())
+'''
+
+
+def test_kernel_ids_depend_on_the_kernel_not_on_the_order_a_process_traced_kernels(tmp_path):
+    # Every process of a multi-process program must lower the same HLO for the same function, whatever it
+    # traced before (as replays' call attributes do): the id is what the kernel is (its code), not a count.
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXGRAPH_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
+    seen = []
+    for order in (["saxpy", "sum_diff_interleaved"], ["sum_diff_interleaved", "saxpy"]):
+        done = subprocess.run([sys.executable, "-c", ID_ORDER, *order], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (line,) = [line for line in done.stdout.splitlines() if line.startswith("IDS ")]
+        seen.append(line.split()[1:])
+    assert seen[0] == seen[1], seen                       # the same ids, the same lowered text
+    assert seen[0][0] != seen[0][1]                        # and distinct kernels have distinct ids
+
+
+def test_kernels_of_the_same_code_share_an_id(saxpy):
+    again = jaxgraph.Kernel(SAXPY, "saxpy", arch=ARCH)
+    assert again is not saxpy and _kernel_call.kernel_id(again) == _kernel_call.kernel_id(saxpy)
+    other = jaxgraph.Kernel(SAXPY, "saxpy", {"use_fast_math": True}, arch=ARCH)   # other code, other id
+    assert (other.cubin != saxpy.cubin) == (_kernel_call.kernel_id(other) != _kernel_call.kernel_id(saxpy))
+
+
+@pytest.mark.parametrize("pair, message", [
+    ((5, 0), "alias names input 5, which does not exist (the graph has 1 inputs)"),
+    ((-1, 0), "alias names input -1, which does not exist"),
+    ((0, 3), "alias names output 3, which does not exist (the graph has 1 outputs)"),
+    ((0, -2), "alias names output -2, which does not exist"),
+])
+def test_graph_registration_checks_alias_indices_before_using_them(pair, message):
+    # The native table renumbers aliased inputs through a table of one entry per input (drop_unreferenced):
+    # an index out of range is refused first, before the graph, the device or CUDA is looked at.
+    replay = _native.native("replay")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        replay.register_graph(0, 0, 0, [(0, 4)], [(0, 4)], [pair], {}, True, False, True, [], 0, [])
+
+
 X = np.zeros(8, np.float32)        # an operand (a constant once traced)
 
 
@@ -156,6 +213,10 @@ X = np.zeros(8, np.float32)        # an operand (a constant once traced)
     ((X, f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads, so it "
                                          r"cannot be a new output \(a jax.ShapeDtypeStruct\)"),
     ((f32(8), f32(8), 1.0, 8), {}, TypeError, r"parameter x is const float\*, which the kernel only reads"),
+    # ... nor a read-write one: inout= would hand XLA back the input as if the kernel had written it.
+    ((f32(8), X, 1.0, 8), {"inout": ("x",)}, TypeError, r"inout names x, which is const float\*: the kernel only "
+                                                         r"reads through it, so it cannot be an output"),
+    ((X, X, 1.0, 8), {"inout": ("y", "x")}, TypeError, r"inout names x, which is const float\*"),
     # Launch geometry over CUDA's limits, named at trace time (no device needed).
     ((f32(8), X, 1.0, 8), {"block": 2048}, ValueError, r"block \(2048, 1, 1\) has 2048 along x, over the limit "
                                                          r"of 1024 \(CUDA's limit for every GPU"),

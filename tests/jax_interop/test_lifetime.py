@@ -4,8 +4,9 @@ A function that captures a graph and returns only the replayable is the
 natural way to write a step: the replayable holds its graph, the graph's
 executable, memory and kernels until it is closed or collected, so nothing
 is retired when the graph object goes out of scope. An explicit ``reset()``
-still retires it. Collecting the replayable frees all of it: the native
-table's entry and the graph's memory.
+still retires it. Closing or collecting the replayable frees all of it: the
+native table's entry and the graph's memory (closed replayables the caller
+still holds too).
 
 Tests internals (listed in tests/README.md): ``_cuda.native`` live graphs, ``_cuda.memory._pools``; what a
 replayable frees when it goes.
@@ -111,6 +112,37 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
     regained = free_device_bytes() - (free_before - held)
     print(f"after collection: {regained / MiB:.0f} MiB of {held / MiB:.0f} MiB back")
     assert regained >= BIG * 0.95
+
+
+@pytest.mark.parametrize("via", ["ffi", "callback"])
+def test_closed_replayables_the_caller_still_holds_give_their_device_memory_back(via, rng):
+    # Closed but still referenced (a list of steps, a notebook's variables), their jitted functions
+    # too: their graphs, static arrays and pools go all the same; each refuses calls with a clear error.
+    x = rng.standard_normal(N).astype(np.float32)
+    xj = jnp.asarray(x).block_until_ready()
+    gc.collect()
+    free_before = free_device_bytes()
+    steps = [make_step(via, scratch_bytes=64 * MiB)[0] for _ in range(6)]
+    jitted = [jax.jit(step) for step in steps]
+    for f in jitted:
+        np.testing.assert_allclose(np.asarray(f(xj)), axpb_ref(x), rtol=1e-6, atol=1e-6)
+    gc.collect()
+    held = free_before - free_device_bytes()
+    assert held >= 6 * 64 * MiB * 0.95, held
+    for step in steps:
+        step.close()
+    assert not any(step._state.recorded for step in steps)  # a lone replay: XLA records no command buffer
+    gc.collect()
+    regained = free_device_bytes() - (free_before - held)
+    print(f"after close: {regained / MiB:.0f} MiB of {held / MiB:.0f} MiB back, the replayables still held")
+    assert regained >= 6 * 64 * MiB * 0.95
+    with pytest.raises(RuntimeError, match="this replayable was closed"):
+        steps[0](xj)
+    with pytest.raises(Exception, match="was closed|reset or destroyed"):  # the handler or the host replay
+        np.asarray(jitted[0](xj))
+    y = rng.standard_normal(N).astype(np.float32)  # and a new step works in the memory they gave back
+    step = make_step(via, scratch_bytes=64 * MiB)[0]
+    np.testing.assert_allclose(np.asarray(jax.jit(step)(jnp.asarray(y))), axpb_ref(y), rtol=1e-6, atol=1e-6)
 
 
 def test_a_graphed_callable_returned_alone_keeps_working(rng):

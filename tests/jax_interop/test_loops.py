@@ -104,8 +104,9 @@ def test_own_count_filled_by_replay(k, rng):
 @pytest.mark.parametrize("stop_at,steps", [(1, 20), (3, 20), (6, 20), (8, 20), (50, 20), (5, 5), (2, 0)])
 def test_until_flag_stops_exactly(k, rng, stop_at, steps):
     s = make_step(k, rng, stop_at)
-    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
-    assert loop.check_every == 1
+    loop = jaxgraph.graphed_loop(s.g, steps, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y],
+                                 preserve=[s.counter])  # the speculative steps' counts are undone too
+    assert loop.check_every is None and loop.stop == "exact"
     s.flag.fill_(1)  # a stale flag from an earlier run: the loop clears it at launch
     run_and_check(loop, s, rng, min(stop_at, steps))
     assert "WHILE" in loop.summary()
@@ -114,7 +115,8 @@ def test_until_flag_stops_exactly(k, rng, stop_at, steps):
 @pytest.mark.gpu
 def test_until_with_count_from_device(k, rng):
     s = make_step(k, rng)
-    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y])
+    loop = jaxgraph.graphed_loop(s.g, feed={0: 0}, until=s.flag, inputs=[s.x, s.b], outputs=[s.y],
+                                 preserve=[s.counter])
     for stop_at, steps in ((7, 100), (100, 9), (4, 4)):
         s.stop.copy_(np.array([stop_at], np.int32))
         run_and_check(loop, s, rng, min(stop_at, steps), steps=steps, both_halves=False)

@@ -202,6 +202,16 @@ def test_processes_that_traced_differently_still_agree_and_lower_one_program(cpu
     assert seen[0]["calls"] == ["call = 1 : i64, graph = 7"], seen
 
 
+def test_a_process_that_arrives_after_the_others_gave_up_raises_their_error_and_the_retry_agrees(cpu_results):
+    # The real key-value store of jax.distributed: the round's decision is written once and read by both.
+    out, text = cpu_results
+    seen = [scenario(r, "late_process", text) for r in out]
+    assert len({s["first"] for s in seen}) == 1, seen  # the same error on both: nobody runs the step
+    assert seen[0]["first"].startswith("RuntimeError: check_devices: process 1 did not reach this check within 1 s "
+                                       "(round 0 on this subject, given up by process 0 of 2"), seen
+    assert all(s["retry"] == [0] for s in seen), seen
+
+
 def test_a_process_that_never_arrives_is_named_after_the_timeout(cpu_results):
     out, text = cpu_results
     for r in out:

@@ -70,7 +70,8 @@ def test_an_empty_cubin_from_nvrtc_is_an_error_and_not_cached(tmp_path, monkeypa
 def test_an_invalid_cached_cubin_is_compiled_again(tmp_path):
     first = jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path)
     first.cache_path.write_bytes(b"")            # what an older version could have cached for compute_90
-    again = jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path)
+    with pytest.warns(RuntimeWarning, match="does not match the digest recorded with it"):
+        again = jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path)
     assert not again.cache_hit and is_cubin(again.cubin)
     assert again.cache_path.read_bytes() == again.cubin   # the entry is repaired
     assert jaxgraph.Kernel(ADD_ONE, "add_one", arch="sm_90", cache_dir=tmp_path).cache_hit
@@ -135,6 +136,11 @@ def test_a_signature_that_disagrees_with_the_source_is_refused_at_compile_time(s
     ("float* y, const float* x, int a, int n", "parameter a as int, but the source declares float a"),
     ("int* y, const float* x, float a, int n", "parameter y as int*, but the source declares float* y"),
     ("float* y, long long x, float a, int n", "parameter x as long long, but the source declares const float* x"),
+    # const is part of the type: it says which buffers a kernel only reads (jax_call outputs, graph binding).
+    ("float* y, float* x, float a, int n", "parameter x as float*, but the source declares const float* x"),
+    ("float* y, void* x, float a, int n", "parameter x as void*, but the source declares const float* x"),
+    ("const float* y, const float* x, float a, int n", "parameter y as const float*, but the source declares "
+                                                       "float* y"),
 ])
 def test_a_signature_of_the_right_sizes_but_other_types_is_refused(signature, message, tmp_path):
     with pytest.raises(TypeError, match=re.escape(f"kernel axpy<float>: signature= gives {message}")):

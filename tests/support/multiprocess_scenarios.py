@@ -161,13 +161,26 @@ def cpu_scenarios(rank, world, seed):
                 "digest": digest(text), "calls": [re.search(r"call = \d+ : i64, graph = \d+", line).group(0)
                                                   for line in replays(text)]}
 
+    def late_process():
+        # Process 1 reaches the check after process 0 gave up: both raise process 0's error (process 1
+        # reads the round's decision), then the retry is a fresh round on both and agrees.
+        import time
+
+        late = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(
+            platform="gpu", local_hardware_id=0, process_index=p, id=200 + p) for p in range(world)]),
+            axis_names=("x",))  # a mesh of its own: round 0 on its subject
+        if rank == 1:
+            time.sleep(4)
+        first = error(lambda: spec(7).check_devices(late, timeout_s=1))
+        return {"first": first, "retry": list(spec(7).check_devices(late, timeout_s=60))}
+
     def silent_process():  # last: process 1 never arrives at the check
         if rank == 1:
             return {"error": None}
         return {"error": error(lambda: spec(7).check_devices(gpu_mesh, timeout_s=2))}
 
     for fn in (gloo_psum, lowering, lowering_with_ids_of_creation_order, check_agrees, missing_graph,
-               closed_graph, shapes_differ, ids_differ, traced_differently, silent_process):
+               closed_graph, shapes_differ, ids_differ, traced_differently, late_process, silent_process):
         out[fn.__name__] = run(fn)
     return out
 
