@@ -82,12 +82,14 @@ class GraphedCallable:
     def _create(cls, name: str, in_tree: Any, out_tree: Any, out_slots: Sequence[int], step: Replayable, *,
                 graph: CUDAGraph | None = None, backward_graph: CUDAGraph | None = None,
                 static_inputs: Sequence[DeviceArray] = (), static_outputs: Sequence[DeviceArray] = (),
-                keep: Sequence[Any] = ()) -> "GraphedCallable":
+                keep: Sequence[Any] = (), backward_parts: tuple | None = None) -> "GraphedCallable":
         """Build from parts; :func:`make_graphed_callables` captures them (tests use this directly).
 
         ``out_slots`` maps each output leaf to one of ``step``'s outputs (a
         callable may return one array twice); ``keep`` holds what must live as
-        long as this object (the pool, the backward replayable).
+        long as this object (the pool, the backward replayable). ``backward_parts``
+        is ``(static cotangents, static gradients, grad slots, inputs the backward
+        reads)``, what ``jax.grad`` of a ``graphed_loop`` of this step needs.
         """
         self = object.__new__(cls)
         self.__name__ = name  # how jax.jit names the function
@@ -97,6 +99,7 @@ class GraphedCallable:
         self.graph, self.backward_graph = graph, backward_graph
         self._static_in, self._static_out = tuple(static_inputs), tuple(static_outputs)
         self._keep = tuple(keep)
+        self._backward_parts = backward_parts
         return self
 
     # -- introspection --------------------------------------------------------------
@@ -306,17 +309,18 @@ def make_graphed_callables(callables: Callable[..., Any] | tuple, sample_args: t
 def _graphed(e: Entry, pool: Any) -> GraphedCallable:
     """The replayables of ``e``'s graphs, wrapped as its graphed callable."""
     keep: list = [pool]
-    vjp = None
+    vjp = parts = None
     if e.backward_graph is not None:
         inputs = [*e.static_in, *e.static_out, *e.static_ct]
         # No copies for what the backward never reads: those inputs are left out.
         bwd, used = replayable_of_referenced(e.backward_graph, inputs, e.static_grad)
         vjp = _vjp_backward(bwd, used, len(e.static_in), e.static_out, e.grad_slots)
         keep.append(bwd)
+        parts = (tuple(e.static_ct), tuple(e.static_grad), tuple(e.grad_slots), tuple(used))
     step = replayable(e.graph, inputs=e.static_in, outputs=e.static_out, backward=vjp)
     return GraphedCallable._create(e.name, e.in_tree, e.out_tree, e.out_slots, step, graph=e.graph,
                                    backward_graph=e.backward_graph, static_inputs=e.static_in,
-                                   static_outputs=e.static_out, keep=keep)
+                                   static_outputs=e.static_out, keep=keep, backward_parts=parts)
 
 
 def _vjp_backward(step: Any, used: Sequence[bool], n_in: int, outputs: Sequence[Any],

@@ -67,6 +67,7 @@ from .._graphs import loop_build as _loop_build
 from .._cuda.array import DeviceArray, asarray
 from .._cuda.checks import device_arrays
 from .graphed_callables import GraphedCallable, flat_statics
+from . import loop_grad as _loop_grad
 from .._graphs.cuda_graph import CUDAGraph
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
@@ -142,6 +143,18 @@ class GraphedLoop:
         """One line per node of the loop graph (see :meth:`CUDAGraph.summary`)."""
         return self.graph.summary()
 
+    def checkpoint_memory(self, steps: int | None = None) -> dict:
+        """What ``jax.grad`` of this loop holds on the device (``docs/guide/gradients.md``).
+
+        Returns ``{"checkpoint_every": C, "slots": S, "ring": C, "state_bytes": ...,
+        "device_bytes": (S + C) * state_bytes, "residual_bytes": S * state_bytes}``:
+        the loop keeps S checkpoint slots (``S = ceil(R / C)``, R = ``steps`` or
+        the loop's ``max_steps``) and a ring of C states for the recomputation;
+        XLA keeps the S checkpoints once more as the residual between the
+        forward and the backward.
+        """
+        return _loop_grad.checkpoint_memory(self, steps)
+
     # -- eager --------------------------------------------------------------------
 
     def replay(self, steps: int | None = None) -> None:
@@ -213,7 +226,9 @@ class GraphedLoop:
                 # Copied, not bound: the fed buffers sit in the step's child graphs, which
                 # binding cannot reach (so they are copied either way), and the rest is 4-byte
                 # counters. This is the path checked on the H100 (command buffers off/on/defaults).
-                self._fn = replayable(self.graph, inputs=ins, outputs=outs, bind="copy")
+                # jax.grad runs the checkpointed loops of _jax_interop/loop_grad.py.
+                self._fn = _loop_grad.differentiable(self, replayable(self.graph, inputs=ins, outputs=outs,
+                                                                      bind="copy"))
             return self._fn
 
 
@@ -221,7 +236,8 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
                  feed: Mapping[int, int] | None = None, unroll: int | None = None,
                  until: DeviceArray | None = None, check_every: int | None = None,
                  inputs: Sequence[DeviceArray] | None = None, outputs: Sequence[DeviceArray] | None = None,
-                 ping_pong: str = "auto", preserve: Sequence[DeviceArray] = ()) -> GraphedLoop:
+                 ping_pong: str = "auto", preserve: Sequence[DeviceArray] = (),
+                 checkpoint_every: int | None = None, max_steps: int | None = None) -> GraphedLoop:
     """Build one CUDA graph that runs ``step`` R times in a single launch.
 
     Parameters
@@ -285,6 +301,15 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         flag (a counter, an accumulator that is no static array of the
         step). They are snapshotted with the static arrays on the stopping
         step and restored after the loop.
+    checkpoint_every : int, optional
+        For ``jax.grad`` of the loop (a step captured with ``backward=``): C,
+        the steps between two checkpoints of the fed state (1 to 256).
+        Default: about sqrt(R). The gradient holds ``ceil(R / C) + C`` states
+        (:meth:`GraphedLoop.checkpoint_memory`; ``docs/guide/gradients.md``).
+    max_steps : int, optional
+        For ``jax.grad`` of a loop whose count is chosen per launch: the most
+        steps a differentiated launch runs (it sizes the checkpoint slots);
+        a launch asked for more returns NaN outputs and gradients.
 
     Returns
     -------
@@ -354,8 +379,10 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     if speculative:
         k = k or min(_EXACT_MAX_UNROLL, default_unroll(max(1, _loop_build.step_nodes(graph)), even=even))
         kept = _snapshotted(graph, ins, outs, until, kept)
+    grad_options = _loop_grad.check_checkpoint_options(checkpoint_every, max_steps, fixed)
     return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, every or k, dict(feed or {}),
-                  ping_pong == "auto", every, kept if speculative else None)
+                  ping_pong == "auto", every, kept if speculative else None,
+                  grad_options=grad_options)
 
 
 def default_unroll(nodes_per_step: int, even: bool = True) -> int:
@@ -515,7 +542,7 @@ def _check_unroll(unroll: Any, even: bool) -> int:
 def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
            count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int | None,
            feed: dict, swap_allowed: bool, every: int | None = None,
-           preserve: tuple | None = None) -> GraphedLoop:
+           preserve: tuple | None = None, grad_options: tuple = (None, None)) -> GraphedLoop:
     if k is None:
         k = default_unroll(max(1, _loop_build.step_nodes(graph)), even=bool(pairs) and swap_allowed)
     built = _loop_build.build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed,
@@ -531,5 +558,6 @@ def _build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, f
     self.ping_pong = built.ping_pong if pairs or not feed else "in place"  # every fed pair one buffer
     self._until, self._remaining, self._step, self._pdl = until, built.remaining, owner, built.pdl
     self._fn, self._lock = None, threading.Lock()
+    self._checkpoint_every, self._max_steps = grad_options
     self.__name__ = "graphed_loop"  # how jax.jit names the function
     return self

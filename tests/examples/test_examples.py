@@ -28,6 +28,7 @@ SMALL = {
     "gray_scott": ["--quick"],
     "poisson_solver": ["--quick"],
     "adaptive_ode": ["--quick"],
+    "inverse_diffusion": ["--quick"],
     "compare_command_buffers": ["--ns", "10", "--repeats", "1", "--target-ms", "1", "--settings", "off,on"],
 }
 # What else a GPU run must print (beyond "matches").
@@ -43,6 +44,7 @@ PRINTS = {
                        "idiomatic JAX, fair: 8 sweeps a while_loop trip", "XLA: the cg_fused kernel as 8 jax_calls",
                        "XLA (single block): the kernel as a jax_call in a while_loop",
                        "vs the same kernels via jax_call"],
+    "inverse_diffusion": ["the device gradient matches jax.grad and finite differences", "gradient descent"],
     "adaptive_ode": ["matches the numpy model", "t_end reached exactly", "vs same kernel"],
     "compare_command_buffers": ["N = 10 kernels", "| off: XLA command buffers off", "| on: XLA command buffers on"],
     "interop_cupy_torch": ["mixing kernels of jaxgraph", "eager replay of the mixed graph matches numpy",
