@@ -96,3 +96,47 @@ def test_every_runtime_floor_is_an_exact_release_that_floors_sh_can_pin():
     assert project["optional-dependencies"]["cuda13"] == ["jax[cuda13]>=0.7.2"]
     script = (REPO / "tests" / "floors.sh").read_text()
     assert "pyproject.toml" in script and '-c "$work/runtime.txt"' in script
+
+
+# ---------------------------------------------------------------------------
+# The package's metadata
+# ---------------------------------------------------------------------------
+
+
+def test_the_sdist_leaves_the_benchmark_results_out(sdist_names):
+    """About 4 MB of committed measurements build nothing; the sources of the benchmarks stay."""
+    assert (REPO / "benchmarks" / "results").is_dir()
+    assert not any(n.startswith("benchmarks/results/") for n in sdist_names), \
+        [n for n in sdist_names if n.startswith("benchmarks/results/")][:5]
+    assert "benchmarks/run.py" in sdist_names
+
+
+def test_classifiers_say_what_the_package_declares():
+    project = PYPROJECT["project"]
+    classifiers = project["classifiers"]
+    assert len(set(classifiers)) == len(classifiers)
+    for required in ("License :: OSI Approved :: Apache Software License", "Environment :: GPU :: NVIDIA CUDA :: 13",
+                     "Topic :: Scientific/Engineering", "Operating System :: POSIX :: Linux",
+                     "Programming Language :: C++"):
+        assert required in classifiers, required
+    assert project["license"] == {"text": "Apache-2.0"} and "Apache License" in (REPO / "LICENSE").read_text()
+    # The Python versions listed start at requires-python's floor and are consecutive.
+    floor = re.fullmatch(r">=\s*3\.(\d+)", project["requires-python"])
+    assert floor, project["requires-python"]
+    minors = sorted(int(c.rsplit(".", 1)[1]) for c in classifiers
+                    if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert minors[0] == int(floor.group(1)) and minors == list(range(minors[0], minors[-1] + 1)), minors
+    assert project["authors"] and all(a.get("name") for a in project["authors"])
+    assert {"jax", "cuda"} <= set(project["keywords"])
+
+
+def test_project_urls_are_a_complete_set_under_one_home_when_set():
+    """Commented out until the project has a public home (pyproject.toml says why); when set, all four."""
+    urls = PYPROJECT["project"].get("urls")
+    text = (REPO / "pyproject.toml").read_text()
+    if urls is None:
+        assert "# [project.urls]" in text and "project.urls" in (REPO / "docs" / "release.md").read_text()
+        return
+    assert {"Documentation", "Source", "Changelog", "Issues"} <= set(urls), urls
+    assert all(u.startswith("https://") and "<" not in u for u in urls.values()), urls
+    assert urls["Changelog"].startswith(urls["Source"]) and urls["Issues"].startswith(urls["Source"]), urls
