@@ -63,3 +63,7 @@ def kernel_cases(u0: np.ndarray, steps: int) -> dict:
     loop = jaxgraph.graphed_loop(graphed, steps, feed={0: 0})  # output 0 feeds input 0
     u = jnp.asarray(u0)
     return {"jax_call": (kernel_loop, (u,)), "device loop": (lambda u: loop(u), (u,))}
+
+
+if __name__ == "__main__":  # a helper module: run, it says what it is and where the example is
+    print('examples/compare_factory.py is a factory for python -m jaxgraph.compare, not an example: run python -m jaxgraph.compare examples/compare_factory.py:make_case')

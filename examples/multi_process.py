@@ -119,7 +119,25 @@ def worker() -> int:
     print(f"process {rank}/{world}: shard_map step over {world} processes ({N} floats each, psum across "
           "processes): matches numpy", flush=True)
     sg.close()
+    finish()
     return 0
+
+
+def finish() -> None:
+    """A final barrier, then jax.distributed.shutdown() in every process: a run that succeeded ends quietly.
+
+    Process 0 hosts the coordination service. Left to interpreter exit, it may
+    go while another process's client still watches it, and gRPC logs
+    "WatchTasksAsync failed ... Connection refused" on that process. After the
+    barrier every process has finished its work; shutdown() is collective (each
+    waits for all at a shutdown barrier), and process 0 stops the service only
+    after its own client has passed that barrier, so the coordinator goes last.
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("examples/multi_process.py: done")
+    jax.distributed.shutdown()
 
 
 def initialize() -> None:

@@ -312,3 +312,7 @@ def model_solve(prob, method, per_launch=PER_LAUNCH, most=10**6):
         if flag[0]:
             return state, int(count[0]), launches
     raise AssertionError(f"the {method} model did not converge within {most} sweeps (iterations)")
+
+
+if __name__ == "__main__":  # a helper module: run, it says what it is and where the example is
+    print('examples/poisson_block.py is a helper module of examples/poisson_solver.py (its single-block fast path for small grids), not an example: run python examples/poisson_solver.py')

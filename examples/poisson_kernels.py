@@ -220,3 +220,7 @@ def cg_eager(graphed, loop, prob, operator):
         return x, count
 
     return run
+
+
+if __name__ == "__main__":  # a helper module: run, it says what it is and where the example is
+    print('examples/poisson_kernels.py is a helper module of examples/poisson_solver.py (its device-loop solvers), not an example: run python examples/poisson_solver.py')

@@ -19,8 +19,10 @@ import pytest
 import jaxgraph
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# An example runs as a program; a module beside it that it imports (poisson_kernels.py) does not.
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+# Modules beside the examples that are not examples: run, each says so in one line (and whose it is).
+HELPERS = {"poisson_block": "examples/poisson_solver.py", "poisson_kernels": "examples/poisson_solver.py",
+           "compare_factory": "python -m jaxgraph.compare examples/compare_factory.py:make_case"}
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.py") if p.stem not in HELPERS)
 HAS_GPU = jaxgraph.device_count() > 0
 
 # Small sizes, so each example runs in seconds.
@@ -67,6 +69,8 @@ def test_example_runs_and_checks_itself(path):
         assert "matches" in output, output
         for text in PRINTS.get(path.stem, []):
             assert text in output, output
+        # A run that succeeded ends quietly: no coordination-service errors at shutdown (multi_process.py).
+        assert "WatchTasksAsync" not in output and "Connection refused" not in output, output
     else:
         assert "none found" in output, output
 
@@ -135,3 +139,46 @@ def test_multi_process_worker_without_a_gpu_says_so_and_exits_0():
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "a CUDA GPU is needed" in result.stdout and "Traceback" not in result.stderr, result.stderr
+
+
+def test_every_example_takes_help_and_every_helper_is_listed():
+    """A module of examples/ is an example (argparse: --help says what it shows) or one of HELPERS."""
+    for path in EXAMPLES:
+        assert "argparse" in path.read_text(), f"{path.name}: an example without --help, or a helper missing from HELPERS"
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_a_helper_module_run_says_what_it_is_and_exits_0(name):
+    code, output = run_example(ROOT / "examples" / f"{name}.py")
+    assert code == 0, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and f"examples/{name}.py is a" in lines[0] and "not an example" in lines[0], output
+    assert HELPERS[name] in lines[0], output
+
+
+def test_multi_process_shutdown_on_the_cpu_ends_every_process_quietly():
+    """multi_process.finish (final barrier, then jax.distributed.shutdown) over two CPU processes (gloo)."""
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import jax, multi_process; multi_process.initialize(); "
+              "print('joined', jax.process_index(), jax.process_count(), flush=True); multi_process.finish(); "
+              "print('shut down', flush=True); print('initialized after:', jax.distributed.is_initialized())")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                   JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo", PYTHONUNBUFFERED="1")
+        env.pop("LOCAL_RANK", None)
+        procs.append(subprocess.Popen([sys.executable, "-c", script, str(ROOT / "examples")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, output
+        assert f"joined {rank} 2" in output and "shut down" in output and "initialized after: False" in output, output
+        assert "WatchTasksAsync" not in output and "Connection refused" not in output, output
