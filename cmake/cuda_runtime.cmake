@@ -22,7 +22,8 @@ string(CONCAT _cuda_where
   "and takes them from, in order: CUDAToolkit_ROOT or CUDA_HOME; NVIDIA's pip wheels in the "
   "building Python (${Python_EXECUTABLE} -m pip install \"nvidia-cuda-runtime>=13.0,<14\" "
   "\"nvidia-cuda-crt>=13.0,<14\", or install without --no-build-isolation, which fetches them); "
-  "a CUDA toolkit found by CMake's FindCUDAToolkit (nvcc on PATH, CUDA_PATH, /usr/local/cuda).")
+  "a CUDA toolkit found by CMake's FindCUDAToolkit (nvcc on PATH, CUDA_PATH, /usr/local/cuda). "
+  "The docs' Troubleshooting page (docs/troubleshooting.md) gives each build error's fix.")
 
 # Sets <prefix>_INCLUDE and <prefix>_LIBRARY when `root` holds every file the
 # build needs, else <prefix>_MISSING to what it lacks.

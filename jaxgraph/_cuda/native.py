@@ -39,7 +39,8 @@ def native(name: str) -> Any:
         raise RuntimeError(
             f"jaxgraph's native extension jaxgraph._{name} is not built or does not load ({exc}); "
             f"reinstall jaxgraph from its checkout: {_INSTALL} (BUILD.md: where the build takes "
-            "CUDA from, and building without a package registry)"
+            "CUDA from, and building without a package registry; the docs' Troubleshooting page: "
+            "each build error's fix)"
         ) from None
 
 

@@ -87,3 +87,12 @@ def test_build_md_points_to_the_page_and_keeps_no_copy_of_its_entries():
     assert "found no CUDA headers and static runtime" not in build  # the page holds the build errors now
     index = (ROOT / "docs" / "index.md").read_text()
     assert "\ntroubleshooting\n" in index
+
+
+def test_build_errors_name_the_page():
+    """The errors a failed or missing build gives point to the page by its title (the docs have no fixed URL)."""
+    cmake = (ROOT / "cmake" / "cuda_runtime.cmake").read_text()
+    native = (ROOT / "jaxgraph" / "_cuda" / "native.py").read_text()
+    assert "Troubleshooting page (docs/troubleshooting.md)" in cmake
+    assert "the docs' Troubleshooting page" in native
+    assert PAGE.read_text().startswith("# Troubleshooting\n")
