@@ -41,8 +41,8 @@ SENSOR_OFFSET = 24    # the sensor: this many cells right of the centre
 LEVEL = 0.01          # the stopped run ends when the sensor reads this
 TILE = 16             # the kernels' thread blocks are TILE x TILE
 
-SOURCE = r"""
-// One step: out = u + kappa * (L u), L the periodic 5-point Laplacian.
+HEAT = r"""
+// One step: out = u + kappa * (L u), L the periodic 5-point Laplacian; a thread per cell.
 extern "C" __global__ void heat(float* out, const float* u, const float* kappa, int n) {
   int i = blockIdx.y * blockDim.y + threadIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n || j >= n) return;
@@ -50,7 +50,15 @@ extern "C" __global__ void heat(float* out, const float* u, const float* kappa, 
   int left = i * n + (j + n - 1) % n, right = i * n + (j + 1) % n, c = i * n + j;
   out[c] = u[c] + kappa[c] * (u[up] + u[down] + u[left] + u[right] - 4.0f * u[c]);
 }
-// Its adjoint: for a cotangent ct of out, gu = ct + L(kappa ct) (L is symmetric), gk = ct * (L u).
+"""
+REACHED = r"""
+// The stop: set done once the sensor (element `at`) reads at least `level`.
+extern "C" __global__ void reached(int* done, const float* u, int at, float level) {
+  if (u[at] >= level) done[0] = 1;
+}
+"""
+HEAT_BWD = r"""
+// The step's adjoint: for a cotangent ct of out, gu = ct + L(kappa ct) (L is symmetric), gk = ct (L u).
 extern "C" __global__ void heat_bwd(float* gu, float* gk, const float* u, const float* kappa,
                                     const float* ct, int n) {
   int i = blockIdx.y * blockDim.y + threadIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -61,11 +69,8 @@ extern "C" __global__ void heat_bwd(float* gu, float* gk, const float* u, const 
   gu[c] = ct[c] + kappa[up] * ct[up] + kappa[down] * ct[down] + kappa[left] * ct[left]
           + kappa[right] * ct[right] - 4.0f * kappa[c] * ct[c];
 }
-// The stop: set done once the sensor (element `at`) reads at least `level`.
-extern "C" __global__ void reached(int* done, const float* u, int at, float level) {
-  if (u[at] >= level) done[0] = 1;
-}
 """
+SOURCE = HEAT + REACHED + HEAT_BWD
 
 
 # ----------------------------------------------------------------------------
