@@ -14,6 +14,8 @@ Run:  python examples/multi_process.py                 # starts one process per 
 3. One jitted shard_map step replays every process's graph on its shard,
    between XLA ops and a psum across processes; each process checks its shard
    and the sum against numpy.
+4. Every process ends with a final barrier and jax.distributed.shutdown(),
+   so a run that succeeded ends without coordination-service errors.
 
 What each process needs, from any launcher: the coordinator's address
 (MASTER_ADDR, MASTER_PORT), the number of processes (WORLD_SIZE), its index
