@@ -6,7 +6,11 @@ files others write, so that nothing is copied by hand:
 - ``performance/<stem>.md`` for every ``benchmarks/results/<stem>.md`` (and its
   ``<stem>.png`` plot where there is one): the results as committed, links
   between them kept, links to JSON files left as text;
-- ``api.md``'s entries come from ``jaxgraph.__all__`` (``api_entries`` below);
+- ``generated/jaxgraph.<name>.rst``, one page per public name, which
+  ``sphinx.ext.autosummary`` writes from the tables in ``api.rst`` (with
+  ``_templates/autosummary/``); ``tests/examples/test_api_docs.py`` checks that
+  the tables list every name in ``jaxgraph.__all__``, ``jaxgraph.diagnostics``
+  and ``jaxgraph.compare``;
 - ``build.md`` and ``changelog.md`` include ``BUILD.md`` and ``CHANGELOG.md``.
 
 ``when-it-helps.md`` is not made here: ``docs/measured_pages.py`` fills it from
@@ -14,9 +18,12 @@ files others write, so that nothing is copied by hand:
 committed as written (``templates/`` is left out of the site).
 """
 
+import enum
+import inspect
 import pathlib
-import re
+import shutil
 import sys
+import typing
 
 DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -33,12 +40,14 @@ version = release = jaxgraph.__version__
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "myst_parser",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "templates"]  # templates: docs/measured_pages.py fills them
+exclude_patterns = ["_build", "templates", "_templates", "_inv"]  # templates: docs/measured_pages.py fills them
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "deflist"]
@@ -48,14 +57,130 @@ myst_heading_anchors = 3
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
-napoleon_use_ivar = True  # an "Attributes" section as fields: properties keep their own entries
+napoleon_use_ivar = False  # an "Attributes" section as entries of their own, each with its text
+napoleon_preprocess_types = True  # "tuple of int", "numpy.dtype or None": each name linked where it can be
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
-# The results tables are written by benchmark scripts whose headings may skip a level.
-suppress_warnings = ["myst.header"]
+# Members only: no "Bases:" line (the bases of CUDAGraph and Kernel are private mixins whose
+# methods api pages list as the class's own, with :inherited-members:).
+autodoc_default_options = {"members": True}
+autodoc_typehints_description_target = "documented_params"  # no "args (Any)" for a factory-made class
+
+# One page per public name (api.rst's tables), written at build time into generated/.
+autosummary_generate = True
+autosummary_generate_overwrite = True
+autosummary_imported_members = False
+templates_path = ["_templates"]
+# graph/Graph, stream/Stream, switch/Switch: distinct page names where a file system folds case.
+autosummary_filename_map = {f"jaxgraph.{n}": f"jaxgraph.{n}-function"
+                            for n in ("graph", "stream", "switch")}
+
+# Links to Python, NumPy and JAX from local copies of their inventories only: the build must
+# not need the network (CI has none). docs/_inv/README.md says how to refresh them; without
+# a file, names from that project are left as plain text.
+_INVENTORIES = {
+    "python": "https://docs.python.org/3",
+    "numpy": "https://numpy.org/doc/stable",
+    "jax": "https://docs.jax.dev/en/latest",
+}
+intersphinx_mapping = {name: (url, str(DOCS / "_inv" / f"{name}.inv"))
+                       for name, url in _INVENTORIES.items() if (DOCS / "_inv" / f"{name}.inv").is_file()}
+intersphinx_timeout = 5
+
+
+def _is_private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def internal_constructor(cls):
+    """Whether users never call ``cls(...)``: its ``__init__`` takes ``(*args, **kwargs)`` only to
+    refuse them (``Replayable``: made by ``jaxgraph.replayable``), an argument only jaxgraph passes
+    (``DeviceArray``'s ``_token``), or a type of jaxgraph's internals (``Switch``'s region)."""
+    try:
+        sig = inspect.signature(cls.__init__)
+        hints = typing.get_type_hints(cls.__init__)
+    except (TypeError, ValueError, NameError):
+        return False
+    params = list(sig.parameters.values())[1:]
+    if [p.kind for p in params] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+        return True
+    public = {id(getattr(jaxgraph, n)) for n in jaxgraph.__all__}
+    return any(_is_private(p.name) for p in params) or any(
+        isinstance(h, type) and h.__module__.startswith("jaxgraph._") and id(h) not in public
+        for h in hints.values())
+
+
+def _signature_as_called(app, what, name, obj, options, signature, return_annotation):
+    """Signatures as users call them: none for a class whose constructor is internal (its page
+    says which function makes one), and no argument only jaxgraph passes (``_token``)."""
+    if signature is None or not name.startswith("jaxgraph"):
+        return None
+    if what in ("class", "exception"):
+        return ("", return_annotation) if internal_constructor(obj) else None
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    for p in params:  # "(x, *, _token=None)" -> "(x)"; keeps what autodoc wrote for the rest
+        if _is_private(p.name):
+            signature = signature.replace(f", {p.name}={p.default!r}", "").replace(f", {p.name}", "")
+    return signature.replace(", *)", ")").replace("(*)", "()"), return_annotation
+
+
+def attributes_section(doc):
+    """The names a numpy-style docstring's "Attributes" section lists (``a, b : int`` gives both)."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    names = []
+    for i, line in enumerate(lines):
+        if line.strip() == "Attributes" and i + 1 < len(lines) and set(lines[i + 1].strip()) == {"-"}:
+            for entry in lines[i + 2:]:
+                if entry and not entry[0].isspace():
+                    if entry.startswith("..") or (entry.strip() and set(entry.strip()) == {"-"}):
+                        break
+                    names += [n.strip() for n in entry.split(" : ")[0].split(",")]
+    return set(names)
+
+
+_documented_attributes = set()  # the class being documented: its "Attributes" section's names
+
+
+def _note_attributes(app, what, name, obj, options, lines):
+    if what in ("class", "exception"):
+        _documented_attributes.clear()
+        _documented_attributes.update(attributes_section(obj.__doc__))
+
+
+def _skip_foreign_and_bare(app, what, name, obj, skip, options):
+    """Document a class's own members and those of jaxgraph's private mixins as its own, but not
+    what Python's ``RuntimeError``, ``tuple`` or ``str`` give it, and each attribute once: a
+    property or field that the class's "Attributes" section describes is not listed again, nor
+    one with no text of its own."""
+    if skip or _is_private(name):
+        return None
+    if what in ("class", "exception") and name in _documented_attributes and not callable(obj):
+        return True
+    func = getattr(obj, "fget", None) or getattr(obj, "__func__", None) or obj
+    module = getattr(func, "__module__", None) or getattr(getattr(func, "__objclass__", None), "__module__", None)
+    if callable(func) and not (module or "").startswith("jaxgraph"):  # str.maketrans, tuple.count
+        return True
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):  # a NamedTuple's field
+        return True
+    if not callable(func) and not isinstance(obj, (property, enum.Enum)):
+        doc = getattr(obj, "__doc__", None)
+        if not (doc or "").strip() or doc is getattr(type(obj), "__doc__", None):  # a slot, a bare annotation
+            return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", _signature_as_called)
+    app.connect("autodoc-process-docstring", _note_attributes)
+    app.connect("autodoc-skip-member", _skip_foreign_and_bare)
+
 
 html_theme = "furo"
 html_title = f"jaxgraph {release}"
 
+# generated/ holds only what this build writes: a name gone from api.rst leaves no stale page.
+shutil.rmtree(DOCS / "generated", ignore_errors=True)
 write_results_pages(REPO / "benchmarks" / "results", DOCS / "performance")

@@ -104,3 +104,9 @@ from ._jax_interop.sharded import capture_per_device as capture_per_device
 from ._jax_interop.sharded import ShardedGraph as ShardedGraph
 
 __version__ = "0.1.0"
+
+
+def __dir__() -> list[str]:
+    """``dir(jaxgraph)``: the public API, not the private modules it is built from."""
+    loaded = {n for n in ("compare", "diagnostics") if n in globals()}  # public submodules, once imported
+    return sorted(set(__all__) | loaded | {n for n in globals() if n.startswith("__") and n != "__dir__"})

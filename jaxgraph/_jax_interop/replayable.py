@@ -199,7 +199,7 @@ class Replayable:
 
     @property
     def graph_id(self) -> int:
-        """Its id in the native graph table: the ``graph`` attribute of its ``jaxgraph_replay`` calls."""
+        """Its id in the native graph table, the ``graph`` attribute of its ``jaxgraph_replay`` calls."""
         return self._spec.graph_id
 
     @property
@@ -214,7 +214,7 @@ class Replayable:
 
     @property
     def bindings(self) -> dict[int, list[BufferBinding]]:
-        """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
+        """Per live device, how each static buffer meets XLA's buffer (bound, copied or unused) and why."""
         if self._via != "ffi":
             return {}
         return {d: _replay_boundary.describe_bindings(self.graph_id, d) for d in self._state.live_devices}

@@ -31,6 +31,8 @@ __all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "de
 class CompileError(RuntimeError):
     """NVRTC rejected the source; the message holds NVRTC's log."""
 
+    __module__ = "jaxgraph"  # shown as jaxgraph.CompileError, where users import it from
+
 
 @dataclass(frozen=True)
 class CompiledKernel:
