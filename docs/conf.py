@@ -23,7 +23,6 @@ import inspect
 import pathlib
 import shutil
 import sys
-import typing
 
 DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
@@ -31,6 +30,7 @@ sys.path.insert(0, str(DOCS))
 
 import jaxgraph  # noqa: E402  (installed: autodoc needs the package, not the extension)
 
+from api_pages import attributes_section, internal_constructor, is_private  # noqa: E402
 from results_pages import write_results_pages  # noqa: E402
 
 project = "jaxgraph"
@@ -88,28 +88,6 @@ intersphinx_mapping = {name: (url, str(DOCS / "_inv" / f"{name}.inv"))
 intersphinx_timeout = 5
 
 
-def _is_private(name):
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-
-
-def internal_constructor(cls):
-    """Whether users never call ``cls(...)``: its ``__init__`` takes ``(*args, **kwargs)`` only to
-    refuse them (``Replayable``: made by ``jaxgraph.replayable``), an argument only jaxgraph passes
-    (``DeviceArray``'s ``_token``), or a type of jaxgraph's internals (``Switch``'s region)."""
-    try:
-        sig = inspect.signature(cls.__init__)
-        hints = typing.get_type_hints(cls.__init__)
-    except (TypeError, ValueError, NameError):
-        return False
-    params = list(sig.parameters.values())[1:]
-    if [p.kind for p in params] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
-        return True
-    public = {id(getattr(jaxgraph, n)) for n in jaxgraph.__all__}
-    return any(_is_private(p.name) for p in params) or any(
-        isinstance(h, type) and h.__module__.startswith("jaxgraph._") and id(h) not in public
-        for h in hints.values())
-
-
 def _signature_as_called(app, what, name, obj, options, signature, return_annotation):
     """Signatures as users call them: none for a class whose constructor is internal (its page
     says which function makes one), and no argument only jaxgraph passes (``_token``)."""
@@ -122,23 +100,9 @@ def _signature_as_called(app, what, name, obj, options, signature, return_annota
     except (TypeError, ValueError):
         return None
     for p in params:  # "(x, *, _token=None)" -> "(x)"; keeps what autodoc wrote for the rest
-        if _is_private(p.name):
+        if is_private(p.name):
             signature = signature.replace(f", {p.name}={p.default!r}", "").replace(f", {p.name}", "")
     return signature.replace(", *)", ")").replace("(*)", "()"), return_annotation
-
-
-def attributes_section(doc):
-    """The names a numpy-style docstring's "Attributes" section lists (``a, b : int`` gives both)."""
-    lines = inspect.cleandoc(doc or "").splitlines()
-    names = []
-    for i, line in enumerate(lines):
-        if line.strip() == "Attributes" and i + 1 < len(lines) and set(lines[i + 1].strip()) == {"-"}:
-            for entry in lines[i + 2:]:
-                if entry and not entry[0].isspace():
-                    if entry.startswith("..") or (entry.strip() and set(entry.strip()) == {"-"}):
-                        break
-                    names += [n.strip() for n in entry.split(" : ")[0].split(",")]
-    return set(names)
 
 
 _documented_attributes = set()  # the class being documented: its "Attributes" section's names
@@ -155,7 +119,7 @@ def _skip_foreign_and_bare(app, what, name, obj, skip, options):
     what Python's ``RuntimeError``, ``tuple`` or ``str`` give it, and each attribute once: a
     property or field that the class's "Attributes" section describes is not listed again, nor
     one with no text of its own."""
-    if skip or _is_private(name):
+    if skip or is_private(name):
         return None
     if what in ("class", "exception") and name in _documented_attributes and not callable(obj):
         return True

@@ -15,6 +15,7 @@ __all__ = [
     "BufferBinding",
     "capture_per_device",
     "compile_kernel",
+    "CompiledKernel",
     "CompileError",
     "CudaError",
     "CUDAGraph",
@@ -76,6 +77,7 @@ from ._cuda.stream import stream as stream
 from ._cuda.stream import synchronize as synchronize
 from ._kernels.compile import compile_kernel as compile_kernel
 from ._kernels.compile import CompileError as CompileError
+from ._kernels.compile import CompiledKernel as CompiledKernel
 from ._kernels.kernel import Kernel as Kernel
 from ._kernels.signature import Param as Param
 from ._graphs.capture_contexts import Graph as Graph
