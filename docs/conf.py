@@ -136,7 +136,25 @@ def _skip_foreign_and_bare(app, what, name, obj, skip, options):
     return None
 
 
+def _defining_module(app, modname, fullname):
+    """The [source] link of a class shown as ``jaxgraph.X`` (``jaxgraph.CompileError``, whose
+    ``__module__`` is ``"jaxgraph"``): the private module whose source defines it."""
+    if modname != "jaxgraph" or not fullname:
+        return None
+    cls = fullname.split(".")[0]  # "CudaError" or "CudaError.__init__"
+    obj = getattr(sys.modules[modname], cls, None)
+    if not inspect.isclass(obj) or obj.__module__ != "jaxgraph":
+        return None
+    for name, module in list(sys.modules.items()):
+        if name.startswith("jaxgraph._") and vars(module).get(cls) is obj:
+            source = pathlib.Path(getattr(module, "__file__", "") or "")
+            if source.suffix == ".py" and f"class {cls}(" in source.read_text():
+                return name
+    return None
+
+
 def setup(app):
+    app.connect("viewcode-follow-imported", _defining_module)
     app.connect("autodoc-process-signature", _signature_as_called)
     app.connect("autodoc-process-docstring", _note_attributes)
     app.connect("autodoc-skip-member", _skip_foreign_and_bare)
