@@ -121,6 +121,18 @@ class MemPool:
 
     Users rarely make one directly: use :func:`graph_pool_handle` or
     :meth:`CUDAGraph.pool`.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device whose memory it holds (default: the current device).
+
+    Attributes
+    ----------
+    device : int
+        The device ordinal.
+    id : int
+        The pool's number in this process, the ``id`` of its ``(0, id)`` handle.
     """
 
     _ids = itertools.count(1)
