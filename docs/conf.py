@@ -8,9 +8,10 @@ files others write, so that nothing is copied by hand:
   between them kept, links to JSON files left as text;
 - ``generated/jaxgraph.<name>.rst``, one page per public name, which
   ``sphinx.ext.autosummary`` writes from the tables in ``api.rst`` (with
-  ``_templates/autosummary/``); ``tests/examples/test_api_docs.py`` checks that
-  the tables list every name in ``jaxgraph.__all__``, ``jaxgraph.diagnostics``
-  and ``jaxgraph.compare``;
+  ``_templates/autosummary/``); ``tests/examples/test_docs.py`` checks that the
+  tables list every name in ``jaxgraph.__all__``, ``jaxgraph.diagnostics.__all__``
+  and ``jaxgraph.compare.__all__`` (``api_pages.py``), and
+  ``tests/examples/test_api_docs.py`` that their docstrings parse;
 - ``build.md`` and ``changelog.md`` include ``BUILD.md`` and ``CHANGELOG.md``.
 
 ``when-it-helps.md`` is not made here: ``docs/measured_pages.py`` fills it from
@@ -47,7 +48,8 @@ extensions = [
     "myst_parser",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "templates", "_templates", "_inv"]  # templates: docs/measured_pages.py fills them
+exclude_patterns = ["_build", "templates", "_templates", "_inv"]  # templates: docs/measured_pages.py fills them;
+# _templates: autosummary's; _inv: intersphinx inventories
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "deflist"]
@@ -61,8 +63,8 @@ napoleon_use_ivar = False  # an "Attributes" section as entries of their own, ea
 napoleon_preprocess_types = True  # "tuple of int", "numpy.dtype or None": each name linked where it can be
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
-# Members only: no "Bases:" line (the bases of CUDAGraph and Kernel are private mixins whose
-# methods api pages list as the class's own, with :inherited-members:).
+# Members only: no "Bases:" line (CUDAGraph's and Kernel's bases are private mixins, whose
+# methods each class's page lists as its own: :inherited-members: in _templates/autosummary/).
 autodoc_default_options = {"members": True}
 autodoc_typehints_description_target = "documented_params"  # no "args (Any)" for a factory-made class
 
