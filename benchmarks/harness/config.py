@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgraph.compare.settings import SETTINGS as XLA_SETTINGS
+
 __all__ = [
     "COUNTERS", "DEFAULT_SETTINGS", "FLOOR", "FULL", "JAX_MODES", "LOOPS", "LOOP_CHECK_EVERY", "LOOP_JAX_MODES",
     "LOOP_NOJAX_MODES", "LOOP_UNROLLS", "MIXED_MODES", "MIXED_REPLAYS", "MODE_INFO", "NOJAX_MODES", "QUICK",
@@ -26,16 +28,11 @@ class Setting:
     label: str
 
 
-# One process per XLA flag setting: XLA reads XLA_FLAGS once, when its backend starts.
+# One process per XLA flag setting: XLA reads XLA_FLAGS once, when its backend starts. The JAX
+# settings' flags are jaxgraph.compare's (one definition for the benchmarks and the users' tool).
 SETTINGS = {
     "nojax": Setting("nojax", False, None, "no JAX: raw floor, g.replay(), torch, capture, eager launch"),
-    "off": Setting("off", True, "--xla_gpu_enable_command_buffer=", "XLA command buffers off"),
-    "on": Setting("on", True, "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
-                  "--xla_gpu_graph_min_graph_size=1", "XLA command buffers on (FUSION,CUSTOM_CALL, min size 1)"),
-    "defaults": Setting("defaults", True, None, "JAX defaults (XLA_FLAGS unset)"),
-    # XLA's opt-in command buffers for loops and branches: the fori_loop itself becomes a CUDA graph node.
-    "while": Setting("while", True, "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL "
-                     "--xla_gpu_graph_min_graph_size=1", "XLA command buffers with WHILE,CONDITIONAL (min size 1)"),
+    **{key: Setting(key, True, _xla.xla_flags, _xla.label) for key, _xla in XLA_SETTINGS.items()},
 }
 DEFAULT_SETTINGS = ("nojax", "off", "on", "defaults")  # a plain run; --loops adds "while"
 

@@ -130,8 +130,8 @@ def jnp_fori(n: int, rng: np.random.Generator) -> Mode:
     return mode
 
 
-def jnp_while(n: int, rng: np.random.Generator) -> Mode:
-    """Idiomatic JAX with a data-dependent stop: ``lax.while_loop`` while ``i < R and x[0] < 1e30``."""
+def _data_stopped(name: str, step: Any, n: int, rng: np.random.Generator) -> Mode:
+    """``lax.while_loop`` while ``i < R and x[0] < 1e30``, N ``step``\\ s a trip: a loop that stops on its data."""
     import jax
 
     r = fori_trips(n)
@@ -143,13 +143,18 @@ def jnp_while(n: int, rng: np.random.Generator) -> Mode:
     def body(c):
         i, x = c
         for _ in range(n):
-            x = x + np.float32(1)
+            x = step(x)
         return i + 1, x
 
     f = jax.jit(lambda x: jax.lax.while_loop(cond, body, (np.int32(0), x))[1])
-    mode = _loop_mode("jnp_while", f, r * n, rng, inputs=1)
+    mode = _loop_mode(name, f, r * n, rng, inputs=1)
     mode.info["steps"] = r
     return mode
+
+
+def jnp_while(n: int, rng: np.random.Generator) -> Mode:
+    """Idiomatic JAX with a data-dependent stop: ``lax.while_loop`` while ``i < R and x[0] < 1e30``."""
+    return _data_stopped("jnp_while", lambda x: x + np.float32(1), n, rng)
 
 
 def xla_fori(one_kernel: Any, n: int, rng: np.random.Generator) -> Mode:
@@ -170,24 +175,7 @@ def xla_fori(one_kernel: Any, n: int, rng: np.random.Generator) -> Mode:
 
 def xla_while(one_kernel: Any, n: int, rng: np.random.Generator) -> Mode:
     """``lax.while_loop`` while ``i < R and x[0] < 1e30`` of trips of N ``jax_call``\\ s: XLA's data-stopped loop."""
-    import jax
-
-    r = fori_trips(n)
-
-    def cond(c):
-        i, x = c
-        return (i < r) & (x[0] < np.float32(1e30))
-
-    def body(c):
-        i, x = c
-        for _ in range(n):
-            x = one_kernel(x)
-        return i + 1, x
-
-    f = jax.jit(lambda x: jax.lax.while_loop(cond, body, (np.int32(0), x))[1])
-    mode = _loop_mode("xla_while", f, r * n, rng, inputs=1)
-    mode.info["steps"] = r
-    return mode
+    return _data_stopped("xla_while", one_kernel, n, rng)
 
 
 def nojax_factories(kernel: Any, chain: Chain, stream: Any, rng: np.random.Generator) -> list:

@@ -24,6 +24,20 @@ FACTORIES = str(HERE / "compare_factories.py")
 FAST = dict(rounds=3, target_ms=1.0, timeout_s=120.0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _workers_on_the_cpu():
+    """The tool's mechanics are tested with its workers' JAX on the CPU, on a GPU machine too: a worker
+    starts in about a second instead of initialising CUDA, and these tests start over a hundred
+    (``test_compare_gpu.py`` runs the tool on the GPU)."""
+    saved = os.environ.get("JAX_PLATFORMS")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    yield
+    if saved is None:
+        os.environ.pop("JAX_PLATFORMS", None)
+    else:
+        os.environ["JAX_PLATFORMS"] = saved
+
+
 @pytest.fixture(scope="module")
 def agreeing():
     """The labelled pair (a fori_loop and an already-jitted scan) under all four settings."""

@@ -5,8 +5,10 @@ the docstrings (autodoc, numpy style), BUILD.md, CHANGELOG.md and the committed
 benchmark results (docs/results_pages.py). Code blocks follow the README's
 rules (tests/examples/test_readme.py): a ```python block whose first line starts with
 ``# continues`` runs after the blocks before it on the same page. A chain whose
-first line is ``# runs without a GPU`` runs here on the CPU; every chain runs on
-a GPU (the GPU suite).
+first line is ``# runs without a GPU`` runs here on the CPU, up to its first block
+whose first line starts with ``# continues on a GPU`` (docs/tutorial.md: the `jnp`
+stage and the kernel's compilation run here, the stages after them on a GPU);
+every chain runs whole on a GPU (the GPU suite).
 """
 
 import importlib.util
@@ -26,6 +28,7 @@ DOCS = REPO / "docs"
 # The hand-written pages (docs/performance/ is generated from benchmarks/results/ at build time).
 PAGES = sorted(p for p in DOCS.rglob("*.md") if not {"_build", "performance"} & set(p.relative_to(DOCS).parts))
 CPU_MARK = "# runs without a GPU"
+GPU_FROM = "# continues on a GPU"   # a CPU chain's part from this block on runs on a GPU only
 
 
 def page_chains(pages=PAGES):
@@ -35,7 +38,14 @@ def page_chains(pages=PAGES):
 
 CHAINS = page_chains()
 IDS = [f"{p.relative_to(DOCS)}:{line}" for p, line, _ in CHAINS]
-CPU_CHAINS = [c for c in CHAINS if c[2].lstrip().startswith(CPU_MARK)]
+
+
+def cpu_part(code: str) -> str:
+    """What of a chain runs on the CPU: the blocks before the first marked ``# continues on a GPU``."""
+    return re.split(rf"^{re.escape(GPU_FROM)}", code, maxsplit=1, flags=re.M)[0]
+
+
+CPU_CHAINS = [(p, line, cpu_part(code)) for p, line, code in CHAINS if code.lstrip().startswith(CPU_MARK)]
 
 
 @pytest.fixture(scope="module")

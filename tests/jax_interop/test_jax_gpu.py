@@ -161,9 +161,9 @@ def test_replay_grad_through_a_captured_backward_graph(kernels, rng):
 
 
 def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
-    from jaxgraph._cuda import native as _native
+    from jaxgraph.diagnostics import native_module
 
-    replay = _native.native("replay")
+    replay = native_module("replay")
     g, x_s, y_s = capture_chain(kernels, launches=3)
     gc.collect()
     step = jaxgraph.replayable(g, [x_s], [y_s])
@@ -182,9 +182,9 @@ def test_reset_graph_is_a_clear_error_never_a_stale_launch(kernels, rng):
 
 
 def test_collected_replayable_unregisters_its_graph(kernels):
-    from jaxgraph._cuda import native as _native
+    from jaxgraph.diagnostics import native_module
 
-    replay = _native.native("replay")
+    replay = native_module("replay")
     g, x_s, y_s = capture_chain(kernels, launches=2)
     gc.collect()  # let replayables of earlier tests go first
     live = replay.live_graphs()

@@ -127,9 +127,9 @@ def test_a_collected_kernel_stays_in_the_launch_table_for_the_functions_that_cal
     # does the same under command buffers, in fresh processes).
     import weakref
 
-    from jaxgraph._cuda import native as _native
+    from jaxgraph.diagnostics import native_module
 
-    launch = _native.native("launch")
+    launch = native_module("launch")
     k = jaxgraph.Kernel(JAX_SRC, "inc")
     f = jax.jit(lambda y: k.jax_call(y, N, inout=("y",)))
     x = rng.standard_normal(N).astype(np.float32)
@@ -151,9 +151,9 @@ def test_kernels_of_the_same_code_share_an_id_that_outlives_any_one_of_them(rng)
     import weakref
 
     from jaxgraph._jax_interop import kernel_call as _kernel_call
-    from jaxgraph._cuda import native as _native
+    from jaxgraph.diagnostics import native_module
 
-    launch = _native.native("launch")
+    launch = native_module("launch")
     source = INC.replace("inc(", "inc_shared(")
     first, second = jaxgraph.Kernel(source, "inc_shared"), jaxgraph.Kernel(source, "inc_shared")
     f = jax.jit(lambda y: first.jax_call(y, N, inout=("y",)))

@@ -34,7 +34,7 @@ import pytest
 import jaxgraph
 from support.graph_helpers import JAX_SRC, run_xla_worker
 from support.internals import spec_replayable
-from jaxgraph._cuda.native import native
+from jaxgraph.diagnostics import native_module as native
 from jaxgraph._jax_interop import kernel_call as _kernel_call, replayable as _replayable
 
 F32 = jax.ShapeDtypeStruct((16,), jnp.float32)
