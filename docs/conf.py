@@ -6,7 +6,12 @@ files others write, so that nothing is copied by hand:
 - ``performance/<stem>.md`` for every ``benchmarks/results/<stem>.md`` (and its
   ``<stem>.png`` plot where there is one): the results as committed, links
   between them kept, links to JSON files left as text;
-- ``api.md``'s entries come from ``jaxgraph.__all__`` (``api_entries`` below);
+- ``generated/jaxgraph.<name>.rst``, one page per public name, which
+  ``sphinx.ext.autosummary`` writes from the tables in ``api.rst`` (with
+  ``_templates/autosummary/``); ``tests/examples/test_docs.py`` checks that the
+  tables list every name in ``jaxgraph.__all__``, ``jaxgraph.diagnostics.__all__``
+  and ``jaxgraph.compare.__all__`` (``api_pages.py``), and
+  ``tests/examples/test_api_docs.py`` that their docstrings parse;
 - ``build.md`` and ``changelog.md`` include ``BUILD.md`` and ``CHANGELOG.md``.
 
 ``when-it-helps.md`` is not made here: ``docs/measured_pages.py`` fills it from
@@ -14,8 +19,10 @@ files others write, so that nothing is copied by hand:
 committed as written (``templates/`` is left out of the site).
 """
 
+import enum
+import inspect
 import pathlib
-import re
+import shutil
 import sys
 
 DOCS = pathlib.Path(__file__).resolve().parent
@@ -24,6 +31,7 @@ sys.path.insert(0, str(DOCS))
 
 import jaxgraph  # noqa: E402  (installed: autodoc needs the package, not the extension)
 
+from api_pages import attributes_section, internal_constructor, is_private  # noqa: E402
 from results_pages import write_results_pages  # noqa: E402
 
 project = "jaxgraph"
@@ -33,12 +41,15 @@ version = release = jaxgraph.__version__
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "myst_parser",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "templates"]  # templates: docs/measured_pages.py fills them
+exclude_patterns = ["_build", "templates", "_templates", "_inv"]  # templates: docs/measured_pages.py fills them;
+# _templates: autosummary's; _inv: intersphinx inventories
 root_doc = "index"
 
 myst_enable_extensions = ["colon_fence", "deflist"]
@@ -48,14 +59,112 @@ myst_heading_anchors = 3
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
-napoleon_use_ivar = True  # an "Attributes" section as fields: properties keep their own entries
+napoleon_use_ivar = False  # an "Attributes" section as entries of their own, each with its text
+napoleon_preprocess_types = True  # "tuple of int", "numpy.dtype or None": each name linked where it can be
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
-# The results tables are written by benchmark scripts whose headings may skip a level.
-suppress_warnings = ["myst.header"]
+# Members only: no "Bases:" line (CUDAGraph's and Kernel's bases are private mixins, whose
+# methods each class's page lists as its own: :inherited-members: in _templates/autosummary/).
+autodoc_default_options = {"members": True}
+autodoc_typehints_description_target = "documented_params"  # no "args (Any)" for a factory-made class
+
+# One page per public name (api.rst's tables), written at build time into generated/.
+autosummary_generate = True
+autosummary_generate_overwrite = True
+autosummary_imported_members = False
+templates_path = ["_templates"]
+# graph/Graph, stream/Stream, switch/Switch: distinct page names where a file system folds case.
+autosummary_filename_map = {f"jaxgraph.{n}": f"jaxgraph.{n}-function"
+                            for n in ("graph", "stream", "switch")}
+
+# Links to Python, NumPy and JAX from local copies of their inventories only: the build must
+# not need the network (CI has none). docs/_inv/README.md says how to refresh them; without
+# a file, names from that project are left as plain text.
+_INVENTORIES = {
+    "python": "https://docs.python.org/3",
+    "numpy": "https://numpy.org/doc/stable",
+    "jax": "https://docs.jax.dev/en/latest",
+}
+intersphinx_mapping = {name: (url, str(DOCS / "_inv" / f"{name}.inv"))
+                       for name, url in _INVENTORIES.items() if (DOCS / "_inv" / f"{name}.inv").is_file()}
+intersphinx_timeout = 5
+
+
+def _signature_as_called(app, what, name, obj, options, signature, return_annotation):
+    """Signatures as users call them: none for a class whose constructor is internal (its page
+    says which function makes one), and no argument only jaxgraph passes (``_token``)."""
+    if signature is None or not name.startswith("jaxgraph"):
+        return None
+    if what in ("class", "exception"):
+        return ("", return_annotation) if internal_constructor(obj) else None
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    for p in params:  # "(x, *, _token=None)" -> "(x)"; keeps what autodoc wrote for the rest
+        if is_private(p.name):
+            signature = signature.replace(f", {p.name}={p.default!r}", "").replace(f", {p.name}", "")
+    return signature.replace(", *)", ")").replace("(*)", "()"), return_annotation
+
+
+_documented_attributes = set()  # the class being documented: its "Attributes" section's names
+
+
+def _note_attributes(app, what, name, obj, options, lines):
+    if what in ("class", "exception"):
+        _documented_attributes.clear()
+        _documented_attributes.update(attributes_section(obj.__doc__))
+
+
+def _skip_foreign_and_bare(app, what, name, obj, skip, options):
+    """Document a class's own members and those of jaxgraph's private mixins as its own, but not
+    what Python's ``RuntimeError``, ``tuple`` or ``str`` give it, and each attribute once: a
+    property or field that the class's "Attributes" section describes is not listed again, nor
+    one with no text of its own."""
+    if skip or is_private(name):
+        return None
+    if what in ("class", "exception") and name in _documented_attributes and not callable(obj):
+        return True
+    func = getattr(obj, "fget", None) or getattr(obj, "__func__", None) or obj
+    module = getattr(func, "__module__", None) or getattr(getattr(func, "__objclass__", None), "__module__", None)
+    if callable(func) and not (module or "").startswith("jaxgraph"):  # str.maketrans, tuple.count
+        return True
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):  # a NamedTuple's field
+        return True
+    if not callable(func) and not isinstance(obj, (property, enum.Enum)):
+        doc = getattr(obj, "__doc__", None)
+        if not (doc or "").strip() or doc is getattr(type(obj), "__doc__", None):  # a slot, a bare annotation
+            return True
+    return None
+
+
+def _defining_module(app, modname, fullname):
+    """The [source] link of a class shown as ``jaxgraph.X`` (``jaxgraph.CompileError``, whose
+    ``__module__`` is ``"jaxgraph"``): the private module whose source defines it."""
+    if modname != "jaxgraph" or not fullname:
+        return None
+    cls = fullname.split(".")[0]  # "CudaError" or "CudaError.__init__"
+    obj = getattr(sys.modules[modname], cls, None)
+    if not inspect.isclass(obj) or obj.__module__ != "jaxgraph":
+        return None
+    for name, module in list(sys.modules.items()):
+        if name.startswith("jaxgraph._") and vars(module).get(cls) is obj:
+            source = pathlib.Path(getattr(module, "__file__", "") or "")
+            if source.suffix == ".py" and f"class {cls}(" in source.read_text():
+                return name
+    return None
+
+
+def setup(app):
+    app.connect("viewcode-follow-imported", _defining_module)
+    app.connect("autodoc-process-signature", _signature_as_called)
+    app.connect("autodoc-process-docstring", _note_attributes)
+    app.connect("autodoc-skip-member", _skip_foreign_and_bare)
+
 
 html_theme = "furo"
 html_title = f"jaxgraph {release}"
 
+# generated/ holds only what this build writes: a name gone from api.rst leaves no stale page.
+shutil.rmtree(DOCS / "generated", ignore_errors=True)
 write_results_pages(REPO / "benchmarks" / "results", DOCS / "performance")

@@ -15,6 +15,7 @@ __all__ = [
     "BufferBinding",
     "capture_per_device",
     "compile_kernel",
+    "CompiledKernel",
     "CompileError",
     "CudaError",
     "CUDAGraph",
@@ -76,6 +77,7 @@ from ._cuda.stream import stream as stream
 from ._cuda.stream import synchronize as synchronize
 from ._kernels.compile import compile_kernel as compile_kernel
 from ._kernels.compile import CompileError as CompileError
+from ._kernels.compile import CompiledKernel as CompiledKernel
 from ._kernels.kernel import Kernel as Kernel
 from ._kernels.signature import Param as Param
 from ._graphs.capture_contexts import Graph as Graph
@@ -104,3 +106,9 @@ from ._jax_interop.sharded import capture_per_device as capture_per_device
 from ._jax_interop.sharded import ShardedGraph as ShardedGraph
 
 __version__ = "0.1.0"
+
+
+def __dir__() -> list[str]:
+    """``dir(jaxgraph)``: the public API, not the private modules it is built from."""
+    loaded = {n for n in ("compare", "diagnostics") if n in globals()}  # public submodules, once imported
+    return sorted(set(__all__) | loaded | {n for n in globals() if n.startswith("__") and n != "__dir__"})

@@ -45,7 +45,11 @@ class DeviceArray:
     ptr : int
         Device address of the first element.
     shape : tuple of int
+        The length of each dimension.
     dtype : numpy.dtype
+        The element type.
+    nbytes : int
+        Bytes of memory the elements take, ``size * itemsize``.
     device : int
         Device ordinal.
     owner : object

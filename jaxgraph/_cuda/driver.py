@@ -47,6 +47,8 @@ class CudaError(RuntimeError):
         The result it returned; ``result.name`` is e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
     """
 
+    __module__ = "jaxgraph"  # shown as jaxgraph.CudaError, where users import it from
+
     def __init__(self, call: str, result: Any, detail: str = ""):
         self.call = call
         self.result = result
@@ -62,6 +64,8 @@ class CudaError(RuntimeError):
 
 class CudaUnavailableError(RuntimeError):
     """CUDA cannot be used here: no driver, no device, or no cuda-bindings."""
+
+    __module__ = "jaxgraph"  # shown as jaxgraph.CudaUnavailableError, where users import it from
 
 
 # ----------------------------------------------------------------------------

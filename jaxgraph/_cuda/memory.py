@@ -121,6 +121,18 @@ class MemPool:
 
     Users rarely make one directly: use :func:`graph_pool_handle` or
     :meth:`CUDAGraph.pool`.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device whose memory it holds (default: the current device).
+
+    Attributes
+    ----------
+    device : int
+        The device ordinal.
+    id : int
+        The pool's number in this process, the ``id`` of its ``(0, id)`` handle.
     """
 
     _ids = itertools.count(1)
@@ -147,7 +159,7 @@ class MemPool:
         with self._lock:
             return sum(size * len(addrs) for size, addrs in self._free.items())
 
-    def token(self) -> "PoolHandle":
+    def token(self) -> tuple[int, int]:
         """The opaque token naming this pool (what :meth:`CUDAGraph.pool` returns)."""
         return PoolHandle(self)
 
@@ -229,7 +241,7 @@ class PoolHandle(tuple):
 _pools: "weakref.WeakValueDictionary[int, MemPool]" = weakref.WeakValueDictionary()
 
 
-def graph_pool_handle(device: int | None = None) -> PoolHandle:
+def graph_pool_handle(device: int | None = None) -> tuple[int, int]:
     """Return a token for a new graph memory pool, to share between captures.
 
     Pass it as ``pool=`` to several :func:`graph` / :meth:`CUDAGraph.capture_begin`

@@ -31,7 +31,6 @@ from .._cuda.checks import CAPTURE_MODES, capture_mode
 from .cuda_graph import CUDAGraph, handles_of
 from .handles import CaptureState
 from .hooks import RemovableHandle
-from .._cuda.memory import PoolHandle
 from .._cuda.stream import Stream, current_stream
 
 __all__ = ["Graph", "cuda_graph_of", "graph", "is_current_stream_capturing"]
@@ -211,7 +210,7 @@ class Graph:
         """Delete the captured graph; the object can capture again."""
         self._cuda_graph.reset()
 
-    def pool(self) -> PoolHandle:
+    def pool(self) -> tuple[int, int]:
         """Return an opaque token naming this graph's memory pool, for sharing."""
         return self._cuda_graph.pool()
 

@@ -42,6 +42,7 @@ Mechanism and driver calls: ``_graphs/conditional_nodes.py`` (nodes, bodies), ``
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .._cuda import capture_registry as _captures
@@ -191,17 +192,20 @@ class _Region:
 class if_then(_Region):
     """Context manager: the work inside runs at each replay where ``pred[0] != 0``.
 
-    Parameters
-    ----------
-    pred : device array
-        One element, bool or int32, read on the device when the region is reached.
-
     Yields the open region. Needs CUDA 12.4. If the body raises, the region
     and its capture are discarded when the capture ends (``graph()`` does that
     as the exception passes).
+
+    Parameters
+    ----------
+    pred : DeviceArray
+        One element, bool or int32, read on the device when the region is reached.
     """
 
     _kind, _name = "if", "if_then"
+
+    def __init__(self, pred: Any):
+        super().__init__(pred)
 
 
 class while_loop(_Region):
@@ -214,6 +218,9 @@ class while_loop(_Region):
 
     _kind, _name = "while", "while_loop"
 
+    def __init__(self, pred: Any):
+        super().__init__(pred)
+
 
 class IfElse:
     """What ``with jaxgraph.if_else(pred) as branch`` yields: ``branch.then`` and ``branch.otherwise``.
@@ -221,6 +228,13 @@ class IfElse:
     Enter ``then`` first (if at all), then ``otherwise``; work outside both
     but inside the ``if_else`` block goes to the branch captured at that moment
     (THEN until ``otherwise`` is entered).
+
+    Attributes
+    ----------
+    then : context manager
+        Entering it captures the work that runs where ``pred[0] != 0``.
+    otherwise : context manager
+        Entering it captures the work that runs at the other replays.
     """
 
     def __init__(self, region: Region):
@@ -241,7 +255,7 @@ class Switch:
     def __len__(self) -> int:
         return len(self._region.bodies)
 
-    def case(self, i: int) -> "_Branch":
+    def case(self, i: int) -> AbstractContextManager[None]:
         """The context capturing case ``i``."""
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self):
             raise IndexError(f"jaxgraph.switch: case {i!r} is out of range for {len(self)} cases")

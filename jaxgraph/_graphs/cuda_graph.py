@@ -23,7 +23,6 @@ from .._cuda.driver import CudaError
 from .handles import CaptureState, GraphHandles, require_capturing, require_ended
 from .hooks import GraphHookMethods, GraphHooks, fire_destroy
 from .inspect_nodes import GraphIntrospection
-from .._cuda.memory import PoolHandle
 from .._cuda.native import native
 from .conditional_regions import ConditionalMethods
 from .replay_source import ReplaySource
@@ -258,7 +257,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
 
     # -- pools ------------------------------------------------------------------
 
-    def pool(self) -> PoolHandle:
+    def pool(self) -> tuple[int, int]:
         """Return an opaque token naming this graph's memory pool.
 
         Pass it as ``pool=`` to another capture to let that graph share this
@@ -273,7 +272,7 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
                                "use jaxgraph.graph_pool_handle() for a token before capturing")
         return pool.token()
 
-    def pools(self) -> list[PoolHandle]:
+    def pools(self) -> list[tuple[int, int]]:
         """Return tokens for all memory pools this graph keeps alive (its own first)."""
         return [p.token() for p in self._handles.inputs.pools]
 

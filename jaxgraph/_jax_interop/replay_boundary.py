@@ -103,23 +103,23 @@ class ReplayPath(str, enum.Enum):
     """How a call of a :class:`~jaxgraph.Replayable` replays its graph inside ``jax.jit``.
 
     Each path has its own counter in the native extension, named by its value
-    (``jaxgraph._replay.counters()["splice_nodes"]``). ``Replayable.replay_paths``
+    (``jaxgraph.diagnostics.counters()["splice_nodes"]``). ``Replayable.replay_paths``
     says which paths a replayable's calls can take.
     """
 
     LAUNCH = "launch"
     """``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer)."""
     SPLICE_NODES = "splice_nodes"
-    """XLA records a command buffer: the graph's nodes, bound to XLA's buffers, are added to it one by one."""
+    """XLA records a command buffer, and the graph's nodes, bound to XLA's buffers, are added to it one by one."""
     SPLICE_WHOLE = "splice_whole"
-    """XLA records a command buffer and the nodes cannot be added one by one: the static template
+    """XLA records a command buffer and the nodes cannot be added one by one, so the static template
     goes in as one child-graph node, every buffer copied."""
     UNCAPTURED_LAUNCH = "uncaptured_launch"
     """A graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can neither clone nor nest:
     launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a target XLA keeps out of its
     command buffers (it splits them around the call)."""
     HOST_CALLBACK = "host_callback"
-    """``via="callback"``: replayed from the host through ``jax.pure_callback`` (no native counter)."""
+    """With ``via="callback"``, replayed from the host through ``jax.pure_callback`` (no native counter)."""
 
     def __str__(self) -> str:
         return self.value
@@ -158,6 +158,19 @@ class BufferBinding(NamedTuple):
     ``mode`` is a :class:`BindingMode`; ``sites`` counts the kernel arguments
     that point at it (rewritten when XLA's address of a bound buffer changes);
     ``reason`` says why a buffer is copied or unused, for people (never parsed).
+
+    Attributes
+    ----------
+    kind : str
+        ``"input"`` or ``"output"``: which of the graph's static arrays.
+    index : int
+        Its position among the static inputs (or outputs).
+    mode : BindingMode
+        Bound to XLA's buffer, copied, or unused.
+    sites : int
+        How many kernel arguments point at it.
+    reason : str
+        Why it is copied or unused (empty when bound).
     """
 
     kind: str
@@ -469,7 +482,7 @@ class GraphInfo(NamedTuple):
     why such a graph's copies go on the stream.
     ``copy_nodes``: copied buffers such a graph copies by copy nodes of its
     executable (which find each call's buffers in an address ring the handler
-    fills: ``jaxgraph._graphs.copy_ring``) instead of on the stream.
+    fills, ``ffi/replay/copy_ring.h``) instead of on the stream.
     """
 
     paths: tuple

@@ -113,6 +113,19 @@ class Replayable:
     until it is closed or collected, so a function may capture a graph and
     return only the replayable. An explicit ``reset()`` of a graph retires it.
 
+    .. caution:: With XLA command buffers on, XLA records the replay into its
+       own CUDA graph (its nodes spliced in) and replays that recording
+       without calling jaxgraph again until its buffers move. After the
+       CUDAGraph is reset, a compiled function whose recording is still
+       current keeps replaying the graph as captured, instead of raising.
+       That never touches freed memory: this object keeps the graph, the
+       static arrays, the graph's memory pools, its capture inputs and the
+       :class:`~jaxgraph.Kernel` objects it launched alive, and once it is
+       closed or collected, what such a recording uses is kept until the
+       process exits (:meth:`close`). Build a new replayable
+       and a new jitted function after a reset; with command buffers off
+       (``--xla_gpu_enable_command_buffer=``), the old function raises.
+
     Attributes
     ----------
     in_shapes, out_shapes : tuple of jax.ShapeDtypeStruct
@@ -127,19 +140,6 @@ class Replayable:
         Per device, how each static buffer meets XLA's (``via="ffi"``).
     replay_paths : tuple of ReplayPath
         The ways its calls replay the graph inside ``jax.jit``.
-
-    .. caution:: With XLA command buffers on, XLA records the replay into its
-       own CUDA graph (its nodes spliced in) and replays that recording
-       without calling jaxgraph again until its buffers move. After the
-       CUDAGraph is reset, a compiled function whose recording is still
-       current keeps replaying the graph as captured, instead of raising.
-       That never touches freed memory: this object keeps the graph, the
-       static arrays, the graph's memory pools, its capture inputs and the
-       :class:`~jaxgraph.Kernel` objects it launched alive, and once it is
-       closed or collected, what such a recording uses is kept until the
-       process exits (:meth:`close`). Build a new replayable
-       and a new jitted function after a reset; with command buffers off
-       (``--xla_gpu_enable_command_buffer=``), the old function raises.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -199,7 +199,7 @@ class Replayable:
 
     @property
     def graph_id(self) -> int:
-        """Its id in the native graph table: the ``graph`` attribute of its ``jaxgraph_replay`` calls."""
+        """Its id in the native graph table, the ``graph`` attribute of its ``jaxgraph_replay`` calls."""
         return self._spec.graph_id
 
     @property
@@ -214,7 +214,7 @@ class Replayable:
 
     @property
     def bindings(self) -> dict[int, list[BufferBinding]]:
-        """Per live device, how each static buffer meets XLA's buffer: bound, copied or unused, and why."""
+        """Per live device, how each static buffer meets XLA's buffer (bound, copied or unused) and why."""
         if self._via != "ffi":
             return {}
         return {d: _replay_boundary.describe_bindings(self.graph_id, d) for d in self._state.live_devices}

@@ -31,10 +31,28 @@ __all__ = ["CompiledKernel", "CompileError", "check_arch", "compile_kernel", "de
 class CompileError(RuntimeError):
     """NVRTC rejected the source; the message holds NVRTC's log."""
 
+    __module__ = "jaxgraph"  # shown as jaxgraph.CompileError, where users import it from
+
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """A compiled kernel: its cubin and the symbol to look up in it."""
+    """A compiled kernel, as :func:`compile_kernel` returns it: its cubin and the symbol to look up in it.
+
+    Attributes
+    ----------
+    cubin : bytes
+        The ELF image for ``arch``.
+    name : str
+        The kernel as the user named it, e.g. ``"axpy<float>"``.
+    lowered_name : str
+        The symbol in the cubin, e.g. ``"_Z4axpyIfEvPT_PKS0_S0_i"``.
+    arch : str
+        The GPU architecture it was compiled for, e.g. ``"sm_90"``.
+    cache_path : pathlib.Path or None
+        Where the cubin is cached, or ``None`` when caching is off.
+    cache_hit : bool
+        Whether it came from the disk cache instead of NVRTC.
+    """
 
     cubin: bytes
     name: str            # as the user named it, e.g. "axpy<float>"
@@ -79,6 +97,11 @@ def compile_kernel(source: str, name: str, options: Any = None, *, arch: str | N
     matches the SHA-256 stored with it; one that does not is compiled again
     (one ``RuntimeWarning``), as is an entry whose metadata is not what
     jaxgraph writes.
+
+    Returns
+    -------
+    CompiledKernel
+        The cubin, the symbol to load and where it is cached.
 
     Raises
     ------

@@ -75,6 +75,13 @@ class Kernel(KernelLaunching):
         The parameter list (read or given as ``signature=``) disagrees with
         the compiled kernel's parameters.
 
+    Attributes
+    ----------
+    name : str
+        The kernel's name as given, e.g. ``"axpy<float>"``.
+    params : tuple of Param
+        Its parameters in order, as read from the source or ``signature``.
+
     Notes
     -----
     A kernel is launched as ``k[grid, block](*args)``, not called directly.

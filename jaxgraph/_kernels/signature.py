@@ -63,7 +63,7 @@ class Param:
 
     @property
     def is_const_pointer(self) -> bool:
-        """Whether this is a pointer to const data (``const float*``): the kernel only reads through it."""
+        """Whether this is a pointer to const data (``const float*``), which the kernel only reads."""
         if not self.is_pointer or self.ctype.count("*") != 1:
             return False
         return re.search(r"\bconst\b", self.ctype.split("*")[0]) is not None

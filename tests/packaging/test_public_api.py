@@ -77,3 +77,38 @@ def test_tests_of_internals_are_listed():
     for name in sorted(users - {"support/internals.py"}):
         doc = ast.get_docstring(ast.parse(files[name].read_text())) or ""
         assert "Tests internals" in doc, f"{name}: say in the module docstring which internals it tests and why"
+
+
+def test_dir_shows_the_public_api_not_the_private_modules():
+    names = dir(jaxgraph)
+    assert set(jaxgraph.__all__) <= set(names)
+    assert [n for n in names if n.startswith("_") and not n.startswith("__")] == []
+    text = pydoc.render_doc(jaxgraph, renderer=pydoc.plaintext)
+    assert "SUBMODULES" not in text
+
+
+def exception_classes():
+    """Every exception class defined in jaxgraph/, outside the comparison tool (whose ``StartError`` and
+    ``WorkerGone`` never leave it: ``jaxgraph.compare.run`` reports them as a ``Failure``)."""
+    package = pathlib.Path(jaxgraph.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "compare" in path.relative_to(package).parts:
+            continue
+        found += re.findall(r"^class (\w+)\((?:\w+\.)*\w*(?:Error|Exception|Warning)\b", path.read_text(), re.M)
+    return found
+
+
+def test_errors_are_public_and_named_as_users_import_them():
+    classes = exception_classes()
+    assert {"CompileError", "CudaError", "CudaUnavailableError"} <= set(classes)   # the scan finds them
+    for name in classes:
+        assert name in jaxgraph.__all__, f"{name} is raised to users but not importable as jaxgraph.{name}"
+        cls = getattr(jaxgraph, name)
+        assert cls.__module__ == "jaxgraph" and f"{cls.__module__}.{cls.__qualname__}" == f"jaxgraph.{name}"
+        assert repr(cls) == f"<class 'jaxgraph.{name}'>", repr(cls)
+    assert str(jaxgraph.CompileError) == "<class 'jaxgraph.CompileError'>"
+    text = pydoc.render_doc(jaxgraph, renderer=pydoc.plaintext)
+    for private in ("jaxgraph._kernels.compile.CompileError", "jaxgraph._cuda.driver.CudaError",
+                    "jaxgraph._cuda.driver.CudaUnavailableError"):
+        assert private not in text, private
