@@ -29,28 +29,11 @@ docscrape = pytest.importorskip("numpydoc.docscrape", reason="the docs extra (nu
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 sys.path.insert(0, str(DOCS))
 from api_pages import internal_constructor, is_private, public_objects, public_types  # noqa: E402
+from support.public_members import public_members  # noqa: E402
 
 OBJECTS = public_objects()
 PUBLIC_TYPES = public_types()
 SECTIONS_WITH_NAMES = ("Parameters", "Other Parameters", "Attributes")
-
-
-def members(cls):
-    """``(name, function)`` for each public method and property ``cls`` or a jaxgraph base defines."""
-    seen = set()
-    for klass in cls.__mro__:
-        if not klass.__module__.startswith("jaxgraph"):
-            continue
-        for name, attr in vars(klass).items():
-            if (is_private(name) and name != "__call__") or name in seen or name.startswith("__") and name != "__call__":
-                continue
-            seen.add(name)
-            if isinstance(attr, property):
-                yield name, attr.fget
-            elif isinstance(attr, (staticmethod, classmethod)):
-                yield name, attr.__func__
-            elif inspect.isfunction(attr):
-                yield name, attr
 
 
 def documented():
@@ -60,7 +43,7 @@ def documented():
             continue  # data (compare.SETTINGS): documented in api.rst itself
         yield qualname, obj
         if inspect.isclass(obj):
-            for name, func in members(obj):
+            for name, func in public_members(obj, call=True, first_only=True):
                 yield f"{qualname}.{name}", func
 
 

@@ -8,6 +8,7 @@ import re
 import types
 
 import jaxgraph
+from support.public_members import public_members
 
 
 def public_names():
@@ -30,22 +31,6 @@ def test_help_shows_the_api():
         assert name in text, name
 
 
-def members(cls):
-    """The public methods and properties ``cls`` (or a jaxgraph base) defines, as (name, function)."""
-    for klass in cls.__mro__:
-        if not klass.__module__.startswith("jaxgraph"):
-            continue
-        for name, attr in vars(klass).items():
-            if name.startswith("_"):
-                continue
-            if isinstance(attr, property):
-                yield name, attr.fget
-            elif isinstance(attr, (staticmethod, classmethod)):
-                yield name, attr.__func__
-            elif inspect.isfunction(attr):
-                yield name, attr
-
-
 def test_every_public_function_class_method_and_property_has_a_docstring():
     missing = []
     for name in jaxgraph.__all__:
@@ -53,7 +38,7 @@ def test_every_public_function_class_method_and_property_has_a_docstring():
         if not (obj.__doc__ or "").strip():
             missing.append(name)
         if inspect.isclass(obj):
-            missing += [f"{name}.{m}" for m, f in members(obj) if not (f.__doc__ or "").strip()]
+            missing += [f"{name}.{m}" for m, f in public_members(obj) if not (f.__doc__ or "").strip()]
     assert missing == [], f"public API without a docstring: {missing}"
 
 
