@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._kernels.kernel import Kernel
+from .._kernels.kernel_sets import KernelSets
 
 __all__ = ["CheckpointLayout", "GRAD_SOURCE", "Op", "Program", "Ref", "backward_program", "capture_program",
            "checkpoint_layout", "control_reference", "forward_program", "grad_kernels", "segments"]
@@ -442,8 +442,6 @@ _SIGNATURES = {
     "jaxgraph_grad_ops": "const unsigned long long* table",
 }
 
-_kernels: dict[int, dict[str, Kernel]] = {}
-_kernels_lock = threading.Lock()
 
 
 def grad_kernels(arch: str | None = None) -> dict[str, Kernel]:
@@ -452,15 +450,7 @@ def grad_kernels(arch: str | None = None) -> dict[str, Kernel]:
             for name, sig in _SIGNATURES.items()}
 
 
-def _loaded_kernels(device: int) -> dict[str, Kernel]:
-    """The kernels for ``device``, compiled and loaded once (before any capture: loading is not capturable)."""
-    with _kernels_lock:
-        ks = _kernels.get(device)
-        if ks is None:
-            ks = _kernels[device] = grad_kernels()
-            for k in ks.values():
-                k.handle
-        return ks
+_GRAD = KernelSets(grad_kernels)  # compiled for the loop's device, loaded once
 
 
 # ----------------------------------------------------------------------------
@@ -548,7 +538,7 @@ def capture_program(prog: Program, buffers: dict, slot_bytes: dict, step_graph: 
     from .cuda_graph import CUDAGraph
     from .conditional_regions import while_loop
 
-    ks = _loaded_kernels(device)
+    ks = _GRAD.on(device)
     ctl, ops_kernel = ks["jaxgraph_grad_ctl"], ks["jaxgraph_grad_ops"]
     tables: list = []
 

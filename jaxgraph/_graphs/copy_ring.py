@@ -20,12 +20,12 @@ The source needs no header, so neither a CUDA toolkit nor a header wheel.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from .._cuda import driver as _driver
 from .handles import node_count
 from .._kernels.kernel import Kernel
+from .._kernels.kernel_sets import KernelSets
 from .._kernels.load import node_handles
 
 __all__ = ["RING_SOURCE", "ring_kernels", "ring_functions"]
@@ -74,14 +74,15 @@ _SIGNATURES = {
     "jaxgraph_ring_advance": "unsigned long long* seq, unsigned long long* done",
 }
 
-_loaded: dict[int, dict[str, Kernel]] = {}
-_loaded_lock = threading.Lock()
 
 
 def ring_kernels(arch: str | None = None) -> dict[str, Kernel]:
     """The copy nodes' kernels compiled (not loaded) for ``arch``; CPU tests compile them this way."""
     return {name: Kernel(RING_SOURCE, name, {"include_path": []}, signature=_SIGNATURES[name], arch=arch)
             for name in _NAMES}
+
+
+_RING = KernelSets(ring_kernels)  # compiled for the graph's device, loaded once
 
 
 def ring_functions(device: int, template: Any, threshold: int) -> list[int]:
@@ -93,10 +94,5 @@ def ring_functions(device: int, template: Any, threshold: int) -> list[int]:
     """
     if threshold < 0 or node_count(_driver.driver().CUgraph(int(template))) < threshold:
         return []
-    with _loaded_lock:
-        kernels = _loaded.get(device)
-        if kernels is None:
-            kernels = _loaded[device] = ring_kernels()
-            for k in kernels.values():
-                k.handle  # noqa: B018 - load now, in this device's context (the caller made it current)
+    kernels = _RING.on(device)
     return [node_handles(kernels[name], device)[-1] for name in _NAMES]

@@ -10,7 +10,6 @@ holds everything the graph's nodes point at. ``_jax_interop/graphed_loops.py`` i
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from .._cuda.stream import current_stream
 from .handles import CaptureState, node_count
 from .cuda_graph import CUDAGraph, handles_of, replay_source
 from .._kernels.kernel import Kernel
+from .._kernels.kernel_sets import KernelSets
 from .._kernels.load import node_handles
 from .._cuda.native import native
 from .._kernels.signature import access_flags
@@ -82,7 +82,7 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
             if a.device != device:
                 raise ValueError(f"{what}: an array is on device {a.device}, the step on device {device}")
     dl = native("device_loop")
-    kernels = _control_kernels(device)
+    kernels = _CONTROL.on(device)
     step_kernels = dict(source.kernels)
     swap, copies, mode, ping_pong, fused = 0, [], 0, "none", (0, 0, 0)
     speculative = preserve is not None
@@ -360,8 +360,6 @@ _SIGNATURES = {
     "jaxgraph_loop_restore": "const unsigned long long* table, int n, const int* spec",
 }
 
-_kernels: dict[int, dict[str, Kernel]] = {}
-_kernels_lock = threading.Lock()
 
 
 def control_kernels(arch: str | None = None) -> dict[str, Kernel]:
@@ -371,18 +369,9 @@ def control_kernels(arch: str | None = None) -> dict[str, Kernel]:
             for name in _KERNEL_NAMES}
 
 
+_CONTROL = KernelSets(control_kernels)  # compiled for the step's device, loaded once
+
+
 def _pdl_arch(device: int) -> bool:
     """Programmatic dependent launch needs compute capability 9.0 (griddepcontrol)."""
     return _driver.compute_capability(device) >= (9, 0)
-
-
-def _control_kernels(device: int) -> dict[str, Kernel]:
-    """The control kernels for ``device``, compiled and loaded once (they live as long as the process)."""
-    with _kernels_lock:
-        ks = _kernels.get(device)
-        if ks is None:
-            major, minor = _driver.compute_capability(device)  # the step's device, not the current one
-            ks = _kernels[device] = control_kernels(f"sm_{major}{minor}")
-            for k in ks.values():
-                k.handle  # load now, in this device's context
-        return ks
