@@ -1,7 +1,9 @@
 """The native replay boundary: the ``jaxgraph_replay`` FFI call, the graph table, its codes and counters.
 
 This module pairs with ``ffi/replay/replay.cc`` and is the only one that calls
-it (``native("replay")``). :func:`register` enters a captured
+it (``native("replay")``). :func:`enter` does a new replayable's part in one
+call: it registers its graph, types its calls and watches the graph.
+:func:`register` enters a captured
 graph into the native table (a clone and an executable per device; for a graph
 with conditional nodes, which CUDA cannot clone, the template itself) and the
 table decides, per static buffer, whether XLA's buffer is *bound* into the
@@ -15,8 +17,8 @@ buffers, or ``jaxgraph_replay_uncaptured`` for graphs with conditional nodes,
 which XLA keeps out of them.
 
 What a replayable promises its caller (argument checks, aliases) lives in
-``replayable.py`` and ``replay_spec.py``; only the spec's shapes, graph id and
-flags reach the FFI call.
+``replay_contract.py``; only the spec's shapes, aliases, graph id and flags
+reach the FFI call.
 
 :class:`ReplayState` is the liveness of a replayable's graph id: which devices
 still have its graph, and retiring them. HLO carries only a small graph id. Resetting the CUDAGraph retires the id on
@@ -29,6 +31,7 @@ keeps that record and says what to do when a replayable is called after it.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import enum
 import functools
 import itertools
@@ -42,13 +45,14 @@ from .._cuda import driver as _driver, memory as _memory
 from .._cuda.native import native, register_ffi_targets
 from .._graphs.copy_ring import ring_functions
 
-if TYPE_CHECKING:  # the contract (replay_spec.py) imports this module for the codes
+if TYPE_CHECKING:  # only the spec's fields cross the boundary
     from .replay_contract import ReplaySpec
 
 __all__ = [
     "BindingMode",
     "BufferBinding",
     "CapturePolicy",
+    "Entry",
     "GraphInfo",
     "Registration",
     "ReplayPath",
@@ -58,6 +62,7 @@ __all__ = [
     "counters",
     "describe_bindings",
     "describe_graph",
+    "enter",
     "jaxgraph_replay",
     "register",
     "paths_from_codes",
@@ -305,6 +310,16 @@ class ReplayState:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
         return lambda: self.retire(device)
 
+    def watch(self, source: Any) -> Any:
+        """Count ``source``'s device live, and retire it when its graph is reset or destroyed.
+
+        Returns the handle of the graph's destroy callback, which holds only
+        this state, never the replayable (no reference cycle: the graph does
+        not keep the replayable alive).
+        """
+        self.add(source.device)
+        return source.on_destroy(self.retire_callback(source.device))
+
 
 # ----------------------------------------------------------------------------
 # The FFI call
@@ -524,19 +539,82 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
     ``graph_id`` 0 asks for a new id. ``trust_foreign`` binds outputs that
     kernels jaxgraph did not launch receive as arguments (else they are
     copied); ``drop_unreferenced`` leaves out of the call the inputs no node
-    refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
-    by their index before that; a pair naming an input or output that does
-    not exist is a ``ValueError``, checked before anything is read). ``Registration.info`` is :func:`describe_graph`
-    of the entry just made.
+    refers to (``Registration.kept`` says which stay). ``aliases`` are every
+    ``(input, output)`` pair XLA gives one buffer (``ReplaySpec.aliases``),
+    inputs by their index before any is left out; the table copies the inputs
+    of those between different static arrays. ``Registration.info`` is
+    :func:`describe_graph` of the entry just made.
     """
+    # A static array that is both an input and an output is one buffer; the table copies the other aliased inputs.
+    distinct = [(i, j) for i, j in aliases if inputs[i].ptr != outputs[j].ptr]
     _driver.ensure_context(source.device)
     graph_id, kept = native("replay").register_graph(
         graph_id, source.device, source.template, [(a.ptr, a.nbytes) for a in inputs],
-        [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
+        [(a.ptr, a.nbytes) for a in outputs], distinct, dict(source.kernels),
         bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
         int(source.exec), ring_functions(source.device, source.template, native("replay").device_launch_nodes()))
     _memory.when_no_capture(sweep_copy_rings)  # rings of graphs retired since: here no lock is held
     return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
+
+
+class Entry(NamedTuple):
+    """A new replayable's side of the boundary (:func:`enter`).
+
+    ``spec``: the spec its calls use (graph id, the inputs that stay operands,
+    ``uncaptured``); ``inputs``: those static inputs; ``kept``: per static input
+    given, whether it stays; ``state``: its :class:`ReplayState`, watching the
+    graph; ``handle``: the graph's destroy callback; ``ffi_call``: the FFI call
+    (:func:`jaxgraph_replay`), ``None`` on the host path.
+    """
+
+    spec: "ReplaySpec"
+    inputs: tuple
+    kept: tuple
+    state: ReplayState
+    handle: Any
+    ffi_call: Callable[..., list] | None
+
+
+def enter(source: Any, spec: "ReplaySpec", inputs: tuple, outputs: tuple, *, register_graph: bool, bind: bool = True,
+          trust_foreign: bool = False, drop_unreferenced: bool = False) -> Entry:
+    """Enter a replayable at the boundary: what :func:`~jaxgraph._jax_interop.replay_contract.check_call` returns.
+
+    With ``register_graph`` (``via="ffi"``) its graph goes into the native
+    table (:func:`register`: ``bind``, ``trust_foreign``,
+    ``drop_unreferenced``), its spec takes the id and the inputs that stay,
+    the graph is watched and the FFI call built; until the replayable holds
+    the id, a failure takes it out again. Without (the host path) there is no
+    entry in the table: graph id 0, only the graph watched.
+    """
+    if not register_graph:
+        state = ReplayState(0)
+        return Entry(spec, inputs, (True,) * len(inputs), state, state.watch(source), None)
+    graph_id, kept, info = register(source, inputs, outputs, 0, spec.aliases, bind, trust_foreign=trust_foreign,
+                                    drop_unreferenced=drop_unreferenced)
+    try:
+        spec, inputs = _keeping(spec, inputs, kept)
+        spec = dataclasses.replace(spec, graph_id=graph_id, uncaptured=info.conditionals > 0)
+        state = ReplayState(graph_id)
+        handle = state.watch(source)
+        if info.borrowed_exec and source.lend_exec is not None:  # the replay launches the CUDAGraph's executable
+            source.lend_exec(state)
+        return Entry(spec, inputs, kept, state, handle, jaxgraph_replay(spec))
+    except BaseException:
+        retire(graph_id)  # detaches and unregisters the id on every device
+        raise
+
+
+def _keeping(spec: "ReplaySpec", inputs: tuple, kept: tuple) -> tuple["ReplaySpec", tuple]:
+    """``spec`` and ``inputs`` with only the ``kept`` inputs, its aliases renumbered among them.
+
+    The table keeps every input an alias names, as it renumbers its own.
+    """
+    if all(kept):
+        return spec, inputs
+    index = {old: new for new, old in enumerate(i for i, k in enumerate(kept) if k)}
+    spec = dataclasses.replace(spec, inputs=tuple(s for s, k in zip(spec.inputs, kept) if k),
+                               aliases=tuple((index[i], j) for i, j in spec.aliases))
+    return spec, tuple(a for a, k in zip(inputs, kept) if k)
 
 
 def describe_bindings(graph_id: int, device: int) -> list[BufferBinding]:
