@@ -12,6 +12,7 @@ every chain runs whole on a GPU (the GPU suite).
 """
 
 import importlib.util
+import inspect
 import pathlib
 import re
 import subprocess
@@ -109,6 +110,33 @@ def test_every_public_name_has_a_reference_page(built):
         assert not re.search(r"jaxgraph\._\w", body), name   # native_module's "jaxgraph._<name>" is no name
     for cls in ("Replayable", "GraphedLoop", "GraphedCallable", "ShardedGraph", "DeviceArray"):
         assert re.search(rf'id="jaxgraph\.{cls}"[^>]*>.*?</dt>', pages[f"jaxgraph.{cls}"], re.S).group(0).count("args") == 0, cls
+
+
+def test_reference_pages_read_the_source_that_defines_each_name(built):
+    """jaxgraph/__init__.py names ``jaxgraph`` as the module of every public class and function
+    (``jaxgraph.Kernel``, not its private module's path); docs/conf.py points autodoc
+    and viewcode at the module that defines each one. So every page links to its source, a
+    class's members come in source order, and enum members keep their text."""
+    out, _, _ = built
+    sys.path.insert(0, str(DOCS))
+    from api_pages import attributes_section, public_objects
+
+    pages = {p.stem.removesuffix("-function"): p.read_text() for p in (out / "generated").glob("*.html")}
+    checked = 0
+    for name, obj in public_objects().items():
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        page = pages[name]
+        header = re.search(rf'id="{re.escape(name)}"[^>]*>.*?</dt>', page, re.S).group(0)
+        assert "viewcode-link" in header, f"{name}: no [source] link"
+        if inspect.isclass(obj):  # members the "Attributes" section lists come first, from the docstring
+            described = attributes_section(obj.__doc__)
+            own = [m for m in vars(obj) if not m.startswith("_") and m not in described and f'id="{name}.{m}"' in page]
+            where = [page.index(f'id="{name}.{m}"') for m in own]
+            assert where == sorted(where), f"{name}: members not in source order: {own}"
+        checked += 1
+    assert checked >= 50
+    assert "no copy" in pages["jaxgraph.BindingMode"] and "cudaGraphLaunch" in pages["jaxgraph.ReplayPath"]
 
 
 def test_every_results_file_has_its_page(built):
