@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
@@ -137,6 +138,47 @@ def test_reference_pages_read_the_source_that_defines_each_name(built):
         checked += 1
     assert checked >= 50
     assert "no copy" in pages["jaxgraph.BindingMode"] and "cudaGraphLaunch" in pages["jaxgraph.ReplayPath"]
+
+
+def test_numpy_and_jax_names_link_to_their_docs(built):
+    """References to NumPy and JAX names on the API pages (a docstring's type, an annotation, a
+    ``:class:`` role) link to their pages on numpy.org and docs.jax.dev, through the inventories
+    docs/inventories.py writes into docs/_inv/. docs/conf.py makes a reference no inventory holds
+    a warning, so the build above fails on one; here, none shows as plain code."""
+    out, _, _ = built
+    sites = ("https://numpy.org/doc/stable/", "https://docs.jax.dev/en/latest/")
+    xref = re.compile(r'(<a [^>]*>)?<code class="xref py[^"]*"><span class="pre">((?:numpy|np|jax|jnp)\.[^<]*)</span>'
+                      r'(.*?)</code>')
+    linked, unlinked = set(), []
+    for page in sorted((out / "generated").glob("*.html")):
+        text = page.read_text()
+        linked |= {name for site, name in re.findall(rf'href="({"|".join(sites)})[^"#]*#([\w.]+)"', text)}
+        unlinked += [f"{page.stem}: {name}{rest and ' ...'}" for link, name, rest in xref.findall(text)
+                     if not link or rest]
+    assert unlinked == [], f"NumPy/JAX names shown without a link (add them to docs/inventories.py): {unlinked}"
+    assert {"numpy.ndarray", "numpy.dtype", "jax.Array", "jax.ShapeDtypeStruct", "jax.Device",
+            "jax.sharding.Mesh"} <= linked, linked
+
+
+def test_the_inventories_are_what_docs_inventories_py_writes():
+    """docs/_inv/numpy.inv and jax.inv hold exactly docs/inventories.py's entries (edited there, then
+    written by running it), each pointing at the page named after it."""
+    sys.path.insert(0, str(DOCS))
+    import inventories
+
+    def entries(data: bytes) -> tuple[list[str], str]:
+        header = data.split(b"\n", 4)
+        return [h.decode() for h in header[:4]], zlib.decompress(header[4]).decode()
+
+    assert set(inventories.INVENTORIES) == {"numpy", "jax"}
+    for name, (project, table) in inventories.INVENTORIES.items():
+        committed = (DOCS / "_inv" / f"{name}.inv").read_bytes()
+        assert entries(committed) == entries(inventories.inventory(project, table)), \
+            f"docs/_inv/{name}.inv is stale: run python3 docs/inventories.py"
+        for obj, (role, uri) in table.items():
+            assert obj.startswith(f"{name}.") and role in ("py:class", "py:function") and uri.endswith(".html#$")
+            page = uri.removesuffix(".html#$").rsplit("/", 1)[-1]
+            assert page in (obj, obj.rsplit(".", 1)[0]), (obj, uri)   # its own page, or its module's
 
 
 def test_every_results_file_has_its_page(built):
