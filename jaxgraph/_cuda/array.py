@@ -375,6 +375,22 @@ def _is_jax_array(obj: Any) -> bool:
     return type(obj).__module__.startswith(("jax", "jaxlib"))
 
 
+def _foreign_device(obj: Any, ptr: int) -> int:
+    """The CUDA ordinal of the device holding a foreign array's memory.
+
+    A jax.Array says (its device's ``local_hardware_id``): XLA's allocator may
+    map memory the driver's pointer query attributes to the current context.
+    Other arrays: the driver's answer for the pointer.
+    """
+    if _is_jax_array(obj):
+        devices = obj.devices()
+        if len(devices) == 1:
+            hardware_id = getattr(next(iter(devices)), "local_hardware_id", None)
+            if isinstance(hardware_id, int):
+                return hardware_id
+    return _driver.pointer_device(ptr) if ptr else _driver.current_device()
+
+
 def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray:
     if _is_jax_array(obj):
         obj.block_until_ready()  # the pointer is only meaningful once XLA wrote it
@@ -391,7 +407,7 @@ def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray
         if tuple(strides) != tuple(reversed(expected)) and math.prod(shape) > 1:
             raise ValueError("asarray: only C-contiguous device arrays can be wrapped without a copy; "
                              "make it contiguous first")
-    device = _driver.pointer_device(ptr) if ptr else _driver.current_device()
+    device = _foreign_device(obj, ptr)
     producer_stream = cai.get("stream")
     if producer_stream not in (None, 0):
         # CAI v3: the consumer must order itself after the producer's stream.

@@ -11,8 +11,9 @@ CUDA runtime, PyTorch and CuPy) use, so memory and streams are shared freely.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = [
     "CudaError",
@@ -23,6 +24,7 @@ __all__ = [
     "context_address",
     "current_device",
     "device_count",
+    "device_current",
     "driver",
     "ensure_context",
     "pointer_device",
@@ -205,6 +207,24 @@ def set_device(device: int) -> None:
     device = _check_ordinal(device)
     _local.device = device
     ensure_context(device)
+
+
+@contextlib.contextmanager
+def device_current(device: int) -> Iterator[int]:
+    """Make ``device`` the thread's current device (and context) for a block; the previous one after.
+
+    For jaxgraph's own work on an object's device (a loop built for a graph on
+    device 1 while device 0 is current): what the block allocates lands there,
+    and the driver calls it makes run in that device's context.
+    """
+    previous = current_device()
+    if device != previous:
+        set_device(device)
+    try:
+        yield device
+    finally:
+        if current_device() != previous:
+            set_device(previous)
 
 
 def ensure_context(device: int | None = None) -> int:

@@ -75,6 +75,17 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     (K unguarded steps a trip behind their snapshot); ``None`` for the other layouts.
     """
     source = replay_source(graph)
+    # The step's device current throughout: the counters, the snapshot and its table are allocated
+    # there, and the native build reads the current context for its memcpy and conditional nodes.
+    with _driver.device_current(source.device):
+        return _build_on(source, owner, ins, outs, pairs, fixed, count, until, flag_bytes, k, swap_allowed,
+                         preserve)
+
+
+def _build_on(source: Any, owner: Any, ins: tuple, outs: tuple, pairs: list, fixed: int,
+              count: DeviceArray | None, until: DeviceArray | None, flag_bytes: int, k: int,
+              swap_allowed: bool, preserve: tuple | None) -> BuiltLoop:
+    """:func:`build`, with the step's device current."""
     device = _driver.ensure_context(source.device)
     for what, arrays in (("inputs", ins), ("outputs", outs), ("steps", (count,) if count is not None else ()),
                          ("until", (until,) if until is not None else ()), ("preserve", preserve or ())):
@@ -120,6 +131,7 @@ def build(graph: CUDAGraph, owner: Any, ins: tuple, outs: tuple, pairs: list, fi
     keep = (count, remaining, done, until, owner, *ins, *outs, watch, table, snapshot, *(preserve or ()))
 
     def attempt(pdl: bool) -> CUDAGraph:
+        _driver.ensure_context(device)  # loading the control kernels may have switched it
         template, conditionals = dl.build_loop(
             source.template, swap, copies, k, fixed, count.ptr if count is not None else 0,
             until.ptr if until is not None else 0, flag_bytes, remaining.ptr, done.ptr, functions,

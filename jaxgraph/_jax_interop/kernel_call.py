@@ -42,7 +42,7 @@ import numpy as np
 
 from .._cuda import driver as _driver
 from .._kernels.launch_limits import check_geometry
-from .._kernels.load import check_launch_limits, reserve_shared_memory
+from .._kernels.load import LoadedCode, check_launch_limits, reserve_shared_memory
 from .._cuda.native import native, register_ffi_targets
 from .._kernels.signature import check_count, check_pointer_dtype, dim3, not_an_array, scalar_word
 
@@ -156,10 +156,10 @@ def kernel_id(kernel: Any, shared_mem: int = 0) -> int:
 _ids_lock = threading.Lock()
 _kernel_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _codes: dict[int, bytes] = {}  # id -> the digest it was derived from (two codes never share an id)
-# Kernel id -> the first Kernel of that code traced here, kept (and so its library loaded) until the
-# process exits: compiled functions, and XLA's recordings of them, launch the kernel after the user's
-# Kernel is gone. Kernels of the same code share the id and so this one entry.
-_kept_for_xla: dict[int, Any] = {}
+# Kernel id -> the loaded code of the first Kernel of that code traced here (its library, not the Kernel),
+# kept until the process exits: compiled functions, and XLA's recordings of them, launch the kernel after
+# the user's Kernel is gone. Kernels of the same code share the id and so this one entry.
+_kept_for_xla: dict[int, LoadedCode] = {}
 
 
 def _code_id(kernel: Any) -> int:
@@ -179,14 +179,15 @@ def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
     Kernel is collected too: a command buffer XLA recorded launches the
     kernel without calling the handler, so retiring the id would not stop it,
     and unloading the library would leave it launching unloaded code. Kernels
-    of the same code share ``kid``: the table keeps the first one's CUkernel,
-    whose limit is the one raised.
+    of the same code share ``kid``: the table keeps the first one's loaded
+    code (a :class:`LoadedCode`, which does not keep the Kernel alive), whose
+    CUkernel's limit is the one raised.
     """
     kept = _kept_for_xla.get(kid)
     if kept is None:
-        handle = int(kernel.handle)  # loads the cubin into the primary context
-        native("launch").register_kernel(kid, handle, kernel.name, len(kernel.params))
-        _kept_for_xla[kid] = kept = kernel
+        kept = LoadedCode(kernel)  # loads the cubin into the primary context
+        native("launch").register_kernel(kid, int(kept._h_kernel), kernel.name, len(kernel.params))
+        _kept_for_xla[kid] = kept
     reserve_shared_memory(kept, shared_mem)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .._cuda import driver as _driver
 from .._cuda.array import zeros
 from .._graphs import checkpoint_loop as _ckpt
 from .graphed_callables import GraphedCallable, flat_statics
@@ -42,9 +43,10 @@ __all__ = ["LoopGradient", "RETARGET", "checkpoint_memory", "check_checkpoint_op
 
 # Retargeted steps (checkpoint_loop's ``retarget=``): the full segments run clones of the step and of
 # its backward pointed at the ring slots, and the forward alternates the step with its swapped twin, so
-# no state is copied between steps (4 launches a step instead of 6). Off until the GPU suite has run
-# it (tests/jax_interop/test_loop_grad_gpu.py runs both); the copying programs ran on an H200.
-RETARGET = False
+# no state is copied between steps (4 launches a step instead of 6). On since both ways passed
+# tests/jax_interop/test_loop_grad_gpu.py on an H200 (2026-11-28), where it was the faster
+# (benchmarks/results/nvidia-h200-grad-loop.md); a step it cannot clone runs the copying programs.
+RETARGET = True
 
 
 # ----------------------------------------------------------------------------
@@ -186,68 +188,74 @@ class LoopGradient:
         with self._lock:
             if self._built:
                 return
-            from .replayable import replayable
-
-            loop, layout, step = self.loop, self.layout, self.loop._step
-            if layout.max_steps == 0:
+            if self.layout.max_steps == 0:
                 self._built = True
                 return
-            device = loop.graph.device
-            every, slots = layout.every, layout.slots
-            ck = {i: zeros((slots, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
-            ring = {i: zeros((every, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
-            acc = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i, s, dt, n in self.parts.params}
-            lam = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i in self._lam_order}
-            _, static_grad, _, _ = step._backward_parts
-            buffers = {**{f"x{i}": self.static_in[i] for o, i in self.fed},
-                       **{f"y{o}": a for o, a in enumerate(self.static_out)},
-                       **{f"ct{o}": a for o, a in enumerate(self.static_ct)},
-                       **{f"g{s}": a for s, a in enumerate(static_grad)},
-                       **{f"ck{i}": a for i, a in ck.items()}, **{f"ring{i}": a for i, a in ring.items()},
-                       **{f"acc{i}": a for i, a in acc.items()}, **{f"lam{i}": a for i, a in lam.items()}}
-            slot_bytes = {**{f"ck{i}": self.static_in[i].nbytes for i in ck},
-                          **{f"ring{i}": self.static_in[i].nbytes for i in ring}}
-            plan = zeros((_ckpt.PLAN_WORDS,), np.int32)
-            preds = {"full": zeros((1,), np.int32), "part": zeros((1,), np.int32)}
-            r_out, r_in = zeros((1,), np.int32), zeros((1,), np.int32)
-            if self.until:
-                count = self._run_count = zeros((1,), np.int32)   # steps_run, copied in at each launch
-            else:
-                count = loop.count if layout.fixed < 0 else zeros((1,), np.int32)
-            fwd_prog, bwd_prog = _ckpt.forward_program(self.parts, every), _ckpt.backward_program(self.parts, every)
-            variants: dict = {}
-            self.mode = "copies"
-            if RETARGET and self.parts.rerun_forward:
-                self.mode = "copies: the backward reads the step's outputs"
-            elif RETARGET:
-                programs = (_ckpt.forward_program(self.parts, every, True),
-                            _ckpt.backward_program(self.parts, every, True))
-                variants, why = _ckpt.make_variants(programs, buffers, slot_bytes, step.graph, step.backward_graph)
-                if variants:
-                    (fwd_prog, bwd_prog), self.mode = programs, "retargeted"
-                else:
-                    self.mode = f"copies: {why}"
-            common = dict(buffers=buffers, slot_bytes=slot_bytes, step_graph=step.graph,
-                          backward_graph=step.backward_graph, plan=plan, preds=preds, fixed=layout.fixed,
-                          every=every, max_steps=layout.max_steps, device=device, variants=variants)
-            try:
-                fwd_graph, fwd_tables = _ckpt.capture_program(fwd_prog, count=count, r_out=r_out, **common)
-                bwd_graph, bwd_tables = _ckpt.capture_program(bwd_prog, count=r_in, r_out=zeros((1,), np.int32),
-                                                              **common)
-            finally:
-                _ckpt.destroy_variants(variants)
-            fed_ck = [ck[i] for o, i in self.fed]
-            count_in = [count] if self.until else [loop.count] if self.own_count else []
-            # Copied, not bound: the ops kernels reach the buffers through tables in device memory.
-            self._fwd = replayable(fwd_graph, inputs=[*self.static_in, *count_in],
-                                   outputs=[*self.static_out, *fed_ck, r_out], bind="copy")
-            bwd_outputs = [lam[i] for i in self._lam_order] + [acc[i] for i in self._acc_order]
-            self._bwd = replayable(bwd_graph, inputs=[*fed_ck, *[self.static_in[i] for i in self.params],
-                                                      *self.static_ct, r_in],
-                                   outputs=bwd_outputs, bind="copy")
-            self._keep = (ck, ring, acc, lam, plan, preds, r_out, r_in, count, fwd_graph, bwd_graph,
-                          fwd_tables, bwd_tables)
+            # The loop's device current: every buffer below is allocated there (device 0 may be current).
+            with _driver.device_current(self.loop.graph.device):
+                self._build_on_device()
             self._built = True
+
+    def _build_on_device(self) -> None:
+        """:meth:`_build`'s work, with the loop's device current; the caller holds the lock."""
+        from .replayable import replayable
+
+        loop, layout, step = self.loop, self.layout, self.loop._step
+        device = loop.graph.device
+        every, slots = layout.every, layout.slots
+        ck = {i: zeros((slots, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
+        ring = {i: zeros((every, *self.static_in[i].shape), self.static_in[i].dtype) for o, i in self.fed}
+        acc = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i, s, dt, n in self.parts.params}
+        lam = {i: zeros(self.static_in[i].shape, self.static_in[i].dtype) for i in self._lam_order}
+        _, static_grad, _, _ = step._backward_parts
+        buffers = {**{f"x{i}": self.static_in[i] for o, i in self.fed},
+                   **{f"y{o}": a for o, a in enumerate(self.static_out)},
+                   **{f"ct{o}": a for o, a in enumerate(self.static_ct)},
+                   **{f"g{s}": a for s, a in enumerate(static_grad)},
+                   **{f"ck{i}": a for i, a in ck.items()}, **{f"ring{i}": a for i, a in ring.items()},
+                   **{f"acc{i}": a for i, a in acc.items()}, **{f"lam{i}": a for i, a in lam.items()}}
+        slot_bytes = {**{f"ck{i}": self.static_in[i].nbytes for i in ck},
+                      **{f"ring{i}": self.static_in[i].nbytes for i in ring}}
+        plan = zeros((_ckpt.PLAN_WORDS,), np.int32)
+        preds = {"full": zeros((1,), np.int32), "part": zeros((1,), np.int32)}
+        r_out, r_in = zeros((1,), np.int32), zeros((1,), np.int32)
+        if self.until:
+            count = self._run_count = zeros((1,), np.int32)   # steps_run, copied in at each launch
+        else:
+            count = loop.count if layout.fixed < 0 else zeros((1,), np.int32)
+        fwd_prog, bwd_prog = _ckpt.forward_program(self.parts, every), _ckpt.backward_program(self.parts, every)
+        variants: dict = {}
+        self.mode = "copies"
+        if RETARGET and self.parts.rerun_forward:
+            self.mode = "copies: the backward reads the step's outputs"
+        elif RETARGET:
+            programs = (_ckpt.forward_program(self.parts, every, True),
+                        _ckpt.backward_program(self.parts, every, True))
+            variants, why = _ckpt.make_variants(programs, buffers, slot_bytes, step.graph, step.backward_graph)
+            if variants:
+                (fwd_prog, bwd_prog), self.mode = programs, "retargeted"
+            else:
+                self.mode = f"copies: {why}"
+        common = dict(buffers=buffers, slot_bytes=slot_bytes, step_graph=step.graph,
+                      backward_graph=step.backward_graph, plan=plan, preds=preds, fixed=layout.fixed,
+                      every=every, max_steps=layout.max_steps, device=device, variants=variants)
+        try:
+            fwd_graph, fwd_tables = _ckpt.capture_program(fwd_prog, count=count, r_out=r_out, **common)
+            bwd_graph, bwd_tables = _ckpt.capture_program(bwd_prog, count=r_in, r_out=zeros((1,), np.int32),
+                                                          **common)
+        finally:
+            _ckpt.destroy_variants(variants)
+        fed_ck = [ck[i] for o, i in self.fed]
+        count_in = [count] if self.until else [loop.count] if self.own_count else []
+        # Copied, not bound: the ops kernels reach the buffers through tables in device memory.
+        self._fwd = replayable(fwd_graph, inputs=[*self.static_in, *count_in],
+                               outputs=[*self.static_out, *fed_ck, r_out], bind="copy")
+        bwd_outputs = [lam[i] for i in self._lam_order] + [acc[i] for i in self._acc_order]
+        self._bwd = replayable(bwd_graph, inputs=[*fed_ck, *[self.static_in[i] for i in self.params],
+                                                  *self.static_ct, r_in],
+                               outputs=bwd_outputs, bind="copy")
+        self._keep = (ck, ring, acc, lam, plan, preds, r_out, r_in, count, fwd_graph, bwd_graph,
+                      fwd_tables, bwd_tables)
 
     # -- the custom_vjp rules ----------------------------------------------------
 

@@ -25,7 +25,8 @@ from .cubin import check_param_sizes
 from .launch_limits import check_geometry, device_limits
 from .signature import Param
 
-__all__ = ["DEFAULT_SHARED_LIMIT", "KernelLoading", "check_launch_limits", "node_handles", "reserve_shared_memory"]
+__all__ = ["DEFAULT_SHARED_LIMIT", "KernelLoading", "LoadedCode", "check_launch_limits", "node_handles",
+           "reserve_shared_memory"]
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without raising its limit
 
@@ -134,6 +135,29 @@ class KernelLoading:
         check(drv.cuKernelSetAttribute(attr, shared_mem, drv.CUkernel(int(self._h_kernel)), dev),
               "cuKernelSetAttribute")
         self._shared_limits[device] = shared_mem  # this device only: another keeps its own limit
+
+
+class LoadedCode(KernelLoading):
+    """A loaded kernel's code without its :class:`~jaxgraph.Kernel`: what a launch table entry keeps.
+
+    XLA may launch a traced kernel (a compiled function, or its recording in
+    a command buffer) after the user's Kernel is collected. This holds what
+    that needs and nothing that refers back to the Kernel: the library (so
+    the CUkernel stays loaded) and the per-device shared-memory limits, the
+    same dict as the Kernel's while it lives (one CUkernel, one limit).
+    """
+
+    def __init__(self, kernel: KernelLoading):
+        if kernel._h_kernel is None:
+            kernel._load()
+        self.name = kernel.name
+        self.params = kernel.params
+        self._lock = threading.Lock()
+        self._library, self._core = kernel._library, kernel._core
+        self._h_kernel, self._function_address = kernel._h_kernel, kernel._function_address
+        self._native_launch = None
+        self._shared_limits = kernel._shared_limits
+        self._functions, self._thread_limits, self._limits_checked = {}, {}, set()
 
 
 # ----------------------------------------------------------------------------

@@ -116,14 +116,17 @@ def test_a_kernel_in_the_launch_table_keeps_its_library_after_it_is_collected():
     library = StandIn()
     ref = weakref.ref(library)
     kid = 1_000_000_000 + int(np.random.default_rng().integers(1 << 20))
-    kernel = types.SimpleNamespace(handle=0x1234, name="stand_in", params=(), _library=library, _core=None,
-                                   _shared_limit=48 * 1024)
+    kernel = StandIn()  # a loaded Kernel's attributes, as LoadedCode reads them
+    kernel.__dict__.update(name="stand_in", params=(), _library=library, _core=None, _h_kernel=0x1234,
+                           _function_address=0x1234, _shared_limits={})
+    kernel_ref = weakref.ref(kernel)
     live = launch.live_kernels()
     try:
         _kernel_call._load_kernel(kernel, kid, 0)
         del kernel, library
         gc.collect()
-        assert ref() is not None  # a recorded command buffer may still launch its code
+        assert kernel_ref() is None  # the entry does not keep the Kernel alive ...
+        assert ref() is not None  # ... but its library: a recorded command buffer may still launch its code
         assert launch.live_kernels() == live + 1  # and the handler still finds it
     finally:
         launch.unregister_kernel(kid)
@@ -227,7 +230,15 @@ def test_jitted_functions_outlive_their_kernel_and_replayable(mode, tmp_path, rn
     assert set(report["replay_after"]) <= {"exact", "error"}, report
     assert report["replay_after_new_input"] in ("exact", "error"), report
     assert report["junk_untouched"], report
-    assert report["recorded"] == (mode == "on"), report  # min graph size 1: XLA records the replay
+    if mode == "off":
+        assert not report["recorded"], report
+    # Whether XLA records the replay under "on" is XLA's choice (jax 0.11's XLA on an H200 did not, its
+    # command buffers formed from thunks): either way, never freed memory. Recorded: the recording replays
+    # exact (what it held is kept); not recorded: each call reaches the handler, which refuses clearly.
+    if report["recorded"]:
+        assert report["kept_for_recordings"] >= 1 and report["replay_after"] == ["exact"] * 3, report
+    else:
+        assert report["replay_after"] == ["error"] * 3 and report["replay_after_new_input"] == "error", report
     assert (report["kept_for_recordings"] > 0) == (mode == "on"), report
     if mode == "off":  # every call reaches the handler, which refuses the retired graph
         assert report["replay_after"] == ["error"] * 3, report

@@ -231,15 +231,26 @@ def test_outputs_on_another_device_are_refused_and_nothing_leaks(k, gpus):
     jaxgraph.set_device(d0)
     stray = jaxgraph.zeros(N)  # on device 0, returned as device 1's output too
 
-    def fn(x):
+    def returns_stray(x):
+        y = jaxgraph.empty(N)
+        k["axpb"][N // 256, 256](y, x, 1.0, 0.0, N)
+        return stray
+
+    def writes_stray(x):
         k["axpb"][N // 256, 256](stray, x, 1.0, 0.0, N)
         return stray
 
     live = live_graphs()
     with pytest.raises(ValueError, match=rf"capture_per_device, device {d1}: outputs\[0\] is on device {d0}, "
                                          rf"the graph on device {d1}"):
-        jaxgraph.capture_per_device(fn, [f32(N)], devices=gpus)
+        jaxgraph.capture_per_device(returns_stray, [f32(N)], devices=gpus)
     assert live_graphs() == live  # device 0's graph was retired with the failed capture
+    assert jaxgraph.current_device() == d0
+    # A launch writing the stray array on device 1 is refused at the launch, before any output check.
+    with pytest.raises(ValueError, match=rf"capture_per_device, device {d1}: kernel axpb: argument 'y' "
+                                         rf"\(float\*\) is on device {d0}, but the launch runs on device {d1}"):
+        jaxgraph.capture_per_device(writes_stray, [f32(N)], devices=gpus)
+    assert live_graphs() == live
     assert jaxgraph.current_device() == d0
 
 
