@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from . import _name_the_public_module
 from ._cuda.native import native as _native
 from ._jax_interop.replay_boundary import (BindingMode, BufferBinding, CapturePolicy, GraphInfo, ReplayPath, counters,
                                            describe_bindings, describe_graph, set_capture_policy)
@@ -60,3 +61,6 @@ def native_module(name: str) -> ModuleType:
         raise ValueError(f"native_module: no extension {name!r}; the extensions are 'replay', 'launch' and "
                          "'device_loop'")
     return _native(name)
+
+
+_name_the_public_module(globals(), __name__)  # jaxgraph.diagnostics.CapturePolicy, as users import it

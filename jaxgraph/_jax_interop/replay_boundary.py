@@ -85,20 +85,28 @@ class BindingMode(str, enum.Enum):
     """How one static buffer of a replayable meets XLA's buffer (``Replayable.bindings``).
 
     A ``str`` enum: ``BindingMode.BOUND == "bound"``.
+
+    Attributes
+    ----------
+    BOUND
+        ``"bound"``: the graph's kernel arguments are pointed at XLA's buffer: no copy.
+    COPIED
+        ``"copied"``: copied into the static input before the replay, or out of the static
+        output after it.
+    UNUSED
+        ``"unused"``: no node jaxgraph can read refers to it; copied in case the graph reaches it
+        through device memory (``drop_unreferenced`` leaves such inputs out of the call).
+    COPIED_BY_COST
+        ``"copied_by_cost"``: could be bound, but copying costs less: many kernel arguments point at it
+        (state updated in place by every kernel) and either the graph keeps one executable (a large
+        graph: decided at registration) or XLA's address for it kept changing (decided after some
+        calls). The ``reason`` gives the figures.
     """
 
     BOUND = "bound"
-    """The graph's kernel arguments are pointed at XLA's buffer: no copy."""
     COPIED = "copied"
-    """Copied into the static input before the replay, or out of the static output after it."""
     UNUSED = "unused"
-    """No node jaxgraph can read refers to it; copied in case the graph reaches it through
-    device memory (``drop_unreferenced`` leaves such inputs out of the call)."""
     COPIED_BY_COST = "copied_by_cost"
-    """Could be bound, but copying costs less: many kernel arguments point at it (state updated
-    in place by every kernel) and either the graph keeps one executable (a large graph: decided
-    at registration) or XLA's address for it kept changing (decided after some calls). The
-    ``reason`` gives the figures."""
 
     def __str__(self) -> str:
         return self.value
@@ -110,21 +118,31 @@ class ReplayPath(str, enum.Enum):
     Each path has its own counter in the native extension, named by its value
     (``jaxgraph.diagnostics.counters()["splice_nodes"]``). ``Replayable.replay_paths``
     says which paths a replayable's calls can take.
+
+    Attributes
+    ----------
+    LAUNCH
+        ``"launch"``: ``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer).
+    SPLICE_NODES
+        ``"splice_nodes"``: XLA records a command buffer, and the graph's nodes, bound to XLA's buffers,
+        are added to it one by one.
+    SPLICE_WHOLE
+        ``"splice_whole"``: XLA records a command buffer and the nodes cannot be added one by one, so
+        the static template goes in as one child-graph node, every buffer copied.
+    UNCAPTURED_LAUNCH
+        ``"uncaptured_launch"``: a graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can
+        neither clone nor nest: launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a
+        target XLA keeps out of its command buffers (it splits them around the call).
+    HOST_CALLBACK
+        ``"host_callback"``: with ``via="callback"``, replayed from the host through
+        ``jax.pure_callback`` (no native counter).
     """
 
     LAUNCH = "launch"
-    """``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer)."""
     SPLICE_NODES = "splice_nodes"
-    """XLA records a command buffer, and the graph's nodes, bound to XLA's buffers, are added to it one by one."""
     SPLICE_WHOLE = "splice_whole"
-    """XLA records a command buffer and the nodes cannot be added one by one, so the static template
-    goes in as one child-graph node, every buffer copied."""
     UNCAPTURED_LAUNCH = "uncaptured_launch"
-    """A graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can neither clone nor nest:
-    launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a target XLA keeps out of its
-    command buffers (it splits them around the call)."""
     HOST_CALLBACK = "host_callback"
-    """With ``via="callback"``, replayed from the host through ``jax.pure_callback`` (no native counter)."""
 
     def __str__(self) -> str:
         return self.value
@@ -141,17 +159,24 @@ class CapturePolicy(str, enum.Enum):
     copy would cost every call for nothing); ``AUTO`` suits buffers that cycle
     through more addresses than XLA keeps recordings for. The others exist to
     compare the ways (``benchmarks/capture_policies.py``).
+
+    Attributes
+    ----------
+    AUTO
+        ``"auto"``: by cost (``ffi/replay/capture_policy.h``): a bound buffer held by many kernel
+        arguments and small enough to copy cheaply is copied, the rest bound.
+    BIND
+        ``"bind"``: every bound buffer bound in the spliced nodes (no copies).
+    COPY
+        ``"copy"``: every bound buffer copied around the spliced nodes, which keep the static arrays.
+    WHOLE
+        ``"whole"``: the static template spliced as one child-graph node, every buffer copied.
     """
 
     AUTO = "auto"
-    """By cost (``ffi/replay/capture_policy.h``): a bound buffer held by many kernel arguments and small
-    enough to copy cheaply is copied, the rest bound."""
     BIND = "bind"
-    """Every bound buffer bound in the spliced nodes (no copies)."""
     COPY = "copy"
-    """Every bound buffer copied around the spliced nodes, which keep the static arrays."""
     WHOLE = "whole"
-    """The static template spliced as one child-graph node, every buffer copied."""
 
     def __str__(self) -> str:
         return self.value

@@ -191,12 +191,12 @@ class Replayable:
 
     @property
     def in_shapes(self) -> tuple:
-        """The inputs it takes, as ``jax.ShapeDtypeStruct`` objects (those of the graph's static inputs)."""
+        """The inputs it takes, as :class:`jax.ShapeDtypeStruct` objects (those of the graph's static inputs)."""
         return self._spec.inputs
 
     @property
     def out_shapes(self) -> tuple:
-        """The outputs it returns, as ``jax.ShapeDtypeStruct`` objects (those of the graph's static outputs)."""
+        """The outputs it returns, as :class:`jax.ShapeDtypeStruct` objects (those of the graph's static outputs)."""
         return self._spec.outputs
 
     @property
