@@ -17,13 +17,18 @@ the diffusivity field (``jax.value_and_grad``, jitted):
   ``jax.custom_vjp`` per step (the backward kernel as its VJP) in ``lax.scan``;
 - ``jaxgraph``: the same kernels captured as a graphed step with
   ``backward=``, in ``jaxgraph.graphed_loop``: one checkpointed forward loop
-  and one backward loop on the device (``checkpoint_every`` about sqrt(R));
-- ``jaxgraph_retarget``: the same with ``loop_grad.RETARGET`` on (clones of the
-  step and its backward pointed at the ring slots, no state copies between
-  steps); the report says which way ran (``mode``).
+  and one backward loop on the device (``checkpoint_every`` about sqrt(R)),
+  the full segments retargeted (clones of the step and its backward pointed
+  at the ring slots, no state copies between steps: jaxgraph's default);
+- ``jaxgraph_copies``: the same with ``loop_grad.RETARGET`` off (the state
+  copied between steps, what runs where a step cannot be cloned); the report
+  says which way ran (``mode``).
+
+Results written before 2026-11-28 10:30 UTC name these two ``jaxgraph_retarget`` and ``jaxgraph``.
 
 Each XLA setting (``defaults``; ``off``: command buffers off; ``on``:
-``FUSION,CUSTOM_CALL`` with min graph size 1) runs in its own process; the
+``FUSION,CUSTOM_CALL`` with min graph size 1; ``while``: ``on`` with
+``WHILE,CONDITIONAL``) runs in its own process; the
 processes of all variants and settings are started in interleaved rounds. In
 a process, a variant is compiled, checked against the ``jnp`` gradient
 (computed in the same process), warmed up and timed ``--reps`` times (wall
@@ -47,7 +52,7 @@ from jaxgraph.compare.settings import SETTINGS as XLA_SETTINGS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = {name: s.xla_flags for name, s in XLA_SETTINGS.items()}  # off, on, defaults, while (jaxgraph.compare's)
-VARIANTS = ("jnp", "jnp_checkpoint", "jax_call", "jaxgraph", "jaxgraph_retarget")
+VARIANTS = ("jnp", "jnp_checkpoint", "jax_call", "jaxgraph", "jaxgraph_copies")
 
 
 # ----------------------------------------------------------------------------
@@ -104,7 +109,7 @@ def _gradient_fn(variant, ex, n, steps):
     else:
         from jaxgraph._jax_interop import loop_grad
 
-        loop_grad.RETARGET = variant == "jaxgraph_retarget"
+        loop_grad.RETARGET = variant == "jaxgraph"
         loop = ex.make_loop(n, steps)
         held = loop.checkpoint_memory()["device_bytes"]
 
@@ -210,7 +215,7 @@ def report(records, args):
                          f"{_mb(g0['xla_temp_bytes'])} | {_mb(g0['xla_peak_bytes'])} | {_mb(g0['jaxgraph_held_bytes'])} "
                          f"| {max(g['max_rel_err_vs_jnp'] for gs in per.values() for g in gs):.1e} |")
         s = summary.get(n, {})
-        for mine in ("jaxgraph", "jaxgraph_retarget"):
+        for mine in ("jaxgraph", "jaxgraph_copies"):
             if mine not in s:
                 continue
             for base in ("jnp", "jnp_checkpoint", "jax_call"):

@@ -386,16 +386,26 @@ _is_jax_array = is_jax_object
 def _foreign_device(obj: Any, ptr: int) -> int:
     """The CUDA ordinal of the device holding a foreign array's memory.
 
-    A jax.Array says (its device's ``local_hardware_id``): XLA's allocator may
-    map memory the driver's pointer query attributes to the current context.
-    Other arrays: the driver's answer for the pointer.
+    The array says where it can: a jax.Array its device's ``local_hardware_id``,
+    others their DLPack device (torch, CuPy). Memory an allocator maps itself
+    may be attributed to the current context by the driver's pointer query
+    (XLA's on device 1 answered 0 on an H200); that query is the last resort.
     """
-    if _is_jax_array(obj):
+    if _is_jax_array(obj) and hasattr(obj, "devices"):
         devices = obj.devices()
         if len(devices) == 1:
             hardware_id = getattr(next(iter(devices)), "local_hardware_id", None)
             if isinstance(hardware_id, int):
                 return hardware_id
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        try:
+            kind, ordinal = dlpack_device()
+        except Exception:  # an exporter that cannot say: ask the driver
+            pass
+        else:
+            if int(kind) == _KDLCUDA:
+                return int(ordinal)
     return _driver.pointer_device(ptr) if ptr else _driver.current_device()
 
 

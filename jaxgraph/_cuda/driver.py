@@ -211,20 +211,37 @@ def set_device(device: int) -> None:
 
 @contextlib.contextmanager
 def device_current(device: int) -> Iterator[int]:
-    """Make ``device`` the thread's current device (and context) for a block; the previous one after.
+    """Make ``device`` the thread's current device (and context) for a block; what was current after.
 
     For jaxgraph's own work on an object's device (a loop built for a graph on
     device 1 while device 0 is current): what the block allocates lands there,
-    and the driver calls it makes run in that device's context.
+    and the driver calls it makes run in that device's context. After it, the
+    thread's jaxgraph device is the previous one and its CUDA context the one
+    that was current before (torch's, CuPy's or XLA's, whoever set it).
     """
     previous = current_device()
+    context = _current_context() if _driver_module is not None else 0
     if device != previous:
         set_device(device)
     try:
         yield device
-    finally:
-        if current_device() != previous:
-            set_device(previous)
+    except BaseException:
+        try:
+            _restore(previous, context, device)
+        except Exception:  # the block's error is the one to see
+            pass
+        raise
+    _restore(previous, context, device)
+
+
+def _restore(previous: int, context: int, device: int) -> None:
+    """:func:`device_current`'s exit: ``previous`` the thread's device, ``context`` (if any) its context."""
+    _local.device = previous
+    if context:
+        if _current_context() != context:
+            check(_driver_module.cuCtxSetCurrent(_driver_module.CUcontext(context)), "cuCtxSetCurrent")
+    elif device != previous:
+        ensure_context(previous)
 
 
 def ensure_context(device: int | None = None) -> int:

@@ -160,6 +160,7 @@ _codes: dict[int, bytes] = {}  # id -> the digest it was derived from (two codes
 # kept until the process exits: compiled functions, and XLA's recordings of them, launch the kernel after
 # the user's Kernel is gone. Kernels of the same code share the id and so this one entry.
 _kept_for_xla: dict[int, LoadedCode] = {}
+_table_lock = threading.Lock()  # _kept_for_xla and the native launch table, changed together
 
 
 def _code_id(kernel: Any) -> int:
@@ -183,12 +184,15 @@ def _load_kernel(kernel: Any, kid: int, shared_mem: int) -> None:
     code (a :class:`LoadedCode`, which does not keep the Kernel alive), whose
     CUkernel's limit is the one raised.
     """
-    kept = _kept_for_xla.get(kid)
-    if kept is None:
-        kept = LoadedCode(kernel)  # loads the cubin into the primary context
-        native("launch").register_kernel(kid, int(kept._h_kernel), kernel.name, len(kernel.params))
-        _kept_for_xla[kid] = kept
-    reserve_shared_memory(kept, shared_mem)
+    # One thread at a time: two Kernels of the same code traced at once must not leave the table
+    # launching one's library while the other's is the one kept.
+    with _table_lock:
+        kept = _kept_for_xla.get(kid)
+        if kept is None:
+            kept = LoadedCode(kernel)  # loads the cubin into the primary context
+            native("launch").register_kernel(kid, int(kept._h_kernel), kernel.name, len(kernel.params))
+            _kept_for_xla[kid] = kept
+        reserve_shared_memory(kept, shared_mem)
 
 
 def _check_inout(kernel: Any, inout: Any) -> frozenset:

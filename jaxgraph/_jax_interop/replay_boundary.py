@@ -616,16 +616,21 @@ def enter(source: Any, spec: "ReplaySpec", inputs: tuple, outputs: tuple, *, reg
         return Entry(spec, inputs, (True,) * len(inputs), state, state.watch(source), None)
     graph_id, kept, info = register(source, inputs, outputs, 0, spec.aliases, bind, trust_foreign=trust_foreign,
                                     drop_unreferenced=drop_unreferenced)
+    state = None
     try:
         spec, inputs = _keeping(spec, inputs, kept)
         spec = dataclasses.replace(spec, graph_id=graph_id, uncaptured=info.conditionals > 0)
+        ffi_call = jaxgraph_replay(spec)  # before the graph is watched or lent: nothing to undo if it fails
         state = ReplayState(graph_id)
         handle = state.watch(source)
         if info.borrowed_exec and source.lend_exec is not None:  # the replay launches the CUDAGraph's executable
             source.lend_exec(state)
-        return Entry(spec, inputs, kept, state, handle, jaxgraph_replay(spec))
+        return Entry(spec, inputs, kept, state, handle, ffi_call)
     except BaseException:
-        retire(graph_id)  # detaches and unregisters the id on every device
+        if state is not None:
+            state.retire()  # no longer live (the graph may be instantiated again); retires the id too
+        else:
+            retire(graph_id)  # detaches and unregisters the id on every device
         raise
 
 

@@ -499,9 +499,9 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
     source, inputs, outputs, spec = check_call(graph, inputs, outputs, via=via, bind=bind, backward=backward,
                                                input_output_aliases=input_output_aliases,
                                                trust_foreign_kernels=trust_foreign_kernels, side_effects=side_effects)
+    host = HostReplay(graph, inputs, outputs) if via == "callback" else None  # before the graph is watched
     entry = _replay_boundary.enter(source, spec, inputs, outputs, register_graph=via == "ffi", bind=bind == "auto",
                                    trust_foreign=trust_foreign_kernels, drop_unreferenced=drop_unreferenced)
-    host = HostReplay(graph, inputs, outputs) if via == "callback" else None
     replay = entry.ffi_call if host is None else callback_call(entry.spec.outputs, host, entry.state)
     step = Replayable._assemble(entry.spec, via, entry.state, replay, backward, host=host, bind=bind == "auto",
                                 trust_foreign=trust_foreign_kernels,

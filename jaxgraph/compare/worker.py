@@ -44,7 +44,7 @@ _DUMPED_MODULE = re.compile(r"^module_\d+\.(?P<rest>.+)_after_optimizations\.txt
 # the HLO passes: the optimized HLO has none, and the thunks after XLA's thunk passes list each one as
 # "000: kCommandBuffer ..." (nested under a while's or conditional's thunk too), in
 # module_0004.jit_step.thunk_sequence_after_thunk_passes.txt.
-_COMMAND_BUFFER_THUNK = re.compile(r"^\s*\d+:\s*kCommandBuffer\b", re.M)
+_THUNK_LINE = re.compile(r"^(?P<indent>\s*)\d+:\s*(?P<kind>k\w+)")
 _DUMPED_THUNKS = re.compile(r"^module_\d+\.(?P<module>.+)\.thunk_sequence_after_thunk_passes\.txt$")
 
 
@@ -54,8 +54,23 @@ def count_command_buffers(hlo_text: str) -> int:
 
 
 def count_command_buffer_thunks(thunks_text: str) -> int:
-    """How many command buffers a dumped thunk sequence holds (its ``kCommandBuffer`` thunks)."""
-    return len(_COMMAND_BUFFER_THUNK.findall(thunks_text))
+    """How many command buffers a dumped thunk sequence holds: its ``kCommandBuffer`` thunks.
+
+    One nested (by indentation) inside another ``kCommandBuffer`` is part of
+    that one (a loop body recorded into it), not another CUDA graph launched.
+    """
+    count, open_thunks = 0, []  # (indent, kind) of the thunks enclosing the current line
+    for line in thunks_text.splitlines():
+        m = _THUNK_LINE.match(line)
+        if m is None:
+            continue
+        indent, kind = len(m["indent"]), m["kind"]
+        while open_thunks and open_thunks[-1][0] >= indent:
+            open_thunks.pop()
+        if kind == "kCommandBuffer" and all(k != "kCommandBuffer" for _, k in open_thunks):
+            count += 1
+        open_thunks.append((indent, kind))
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -275,6 +275,9 @@ NESTED = "000: kKernel [source]\n001: kWhile [sink]\n  000: kCommandBuffer [sour
 def test_command_buffers_formed_from_thunks_are_counted_from_the_thunk_sequence(tmp_path):
     assert count_command_buffer_thunks(THUNKS) == 1 and count_command_buffer_thunks(NESTED) == 1
     assert count_command_buffer_thunks("000: kKernel [source | sink]\n") == 0
+    # a loop recorded inside a command buffer (the WHILE setting) is part of that one graph
+    inside = "000: kCommandBuffer [source]\n  000: kWhile\n    000: kCommandBuffer\n001: kCommandBuffer [sink]\n"
+    assert count_command_buffer_thunks(inside) == 2
     files = {
         "module_0004.jit_step.sm_9.0a_gpu_after_optimizations.txt": "HloModule jit_step\n",  # none in the HLO
         "module_0004.jit_step.thunk_sequence.txt": THUNKS + THUNKS,  # before the thunk passes: not counted

@@ -184,3 +184,17 @@ def test_jax_objects_are_told_from_jaxgraph_s_own():
 
 def jax_tracer_stand_in():
     return type("Tracer", (), {"__module__": "jax._src.interpreters.partial_eval"})()
+
+
+def test_a_foreign_array_s_device_is_its_own_word_before_the_driver_s(monkeypatch):
+    # XLA's memory on device 1 answered cuPointerGetAttribute(DEVICE_ORDINAL) with 0 on an H200: the
+    # device comes from the array (DLPack's device for torch or CuPy), the pointer query only without one.
+    from jaxgraph._cuda import array as _array
+
+    monkeypatch.setattr(_array._driver, "pointer_device", lambda ptr: 0)
+    on_cuda_1 = type("Foreign", (), {"__dlpack_device__": lambda self: (2, 1)})()
+    on_host = type("Foreign", (), {"__dlpack_device__": lambda self: (1, 0)})()
+    broken = type("Foreign", (), {"__dlpack_device__": lambda self: 1 / 0})()
+    assert _array._foreign_device(on_cuda_1, 0x1000) == 1
+    assert _array._foreign_device(on_host, 0x1000) == 0 and _array._foreign_device(broken, 0x1000) == 0
+    assert _array._foreign_device(object(), 0x1000) == 0

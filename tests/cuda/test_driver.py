@@ -158,3 +158,43 @@ def test_device_queries():
         jaxgraph.set_device(jaxgraph.device_count())
     with pytest.raises(TypeError):
         jaxgraph.set_device("0")
+
+
+class _FakeDriver:
+    """What device_current's exit calls of the driver module: cuCtxSetCurrent on a CUcontext."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def CUcontext(self, address):  # noqa: N802 - the driver's name
+        return address
+
+    def cuCtxSetCurrent(self, ctx):  # noqa: N802
+        self.state["context"] = ctx
+        return (0,)
+
+
+def test_device_current_restores_the_device_and_the_thread_s_own_context(monkeypatch):
+    # A block on device 1 while device 0 is jaxgraph's and another library's context (0xF00) is current:
+    # after it, jaxgraph's device is 0 again and the thread's context is 0xF00, error or not.
+    state = {"context": 0xF00}
+    primary = {0: 0xA00, 1: 0xB00}
+
+    def set_device(d):
+        monkeypatch.setattr(_driver._local, "device", d)
+        state["context"] = primary[d]
+
+    monkeypatch.setattr(_driver, "_driver_module", _FakeDriver(state))
+    monkeypatch.setattr(_driver, "_current_context", lambda: state["context"])
+    monkeypatch.setattr(_driver, "set_device", set_device)
+    monkeypatch.setattr(_driver._local, "device", 0)
+    with _driver.device_current(1) as d:
+        assert d == 1 and _driver.current_device() == 1 and state["context"] == 0xB00
+    assert _driver.current_device() == 0 and state["context"] == 0xF00
+    with pytest.raises(KeyError, match="the block's"):
+        with _driver.device_current(1):
+            raise KeyError("the block's")
+    assert _driver.current_device() == 0 and state["context"] == 0xF00
+    with _driver.device_current(0):  # the same device: nothing switched, a switch inside undone
+        state["context"] = 0xB00
+    assert _driver.current_device() == 0 and state["context"] == 0xF00
