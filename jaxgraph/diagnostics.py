@@ -31,6 +31,8 @@ What jaxgraph holds, and what it chose:
 - :func:`graph_template`: the captured graph jaxgraph keeps to replay inside
   ``jax.jit``.
 - :func:`kernel_id`: the id naming a kernel in the native launch table.
+- :func:`argument_checks`: a kernel's argument checks, without a launch
+  (device addresses and checked scalars of the arguments).
 - :func:`describe_loop`: how a graphed loop was laid out (:class:`LoopInfo`).
 
 Settings (process-wide, for tests and benchmarks that compare the ways):
@@ -54,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 from types import ModuleType
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -77,6 +79,7 @@ from ._jax_interop.replay_boundary import (BindingMode, BufferBinding, CapturePo
                                            describe_bindings, describe_graph, set_capture_policy)
 from ._jax_interop.replay_contract import check_graph_type as _check_graph_type
 from ._jax_interop.replay_contract import source_of as _source_of
+from ._kernels.eager_launch import reference_checks as _reference_checks
 from ._kernels.eager_launch import stopped_before_driver as _stopped_before_driver
 from ._kernels.kernel import Kernel
 
@@ -88,6 +91,7 @@ __all__ = [
     "LoopInfo",
     "LoopSettings",
     "ReplayPath",
+    "argument_checks",
     "captures_underway",
     "counters",
     "describe_bindings",
@@ -193,6 +197,22 @@ def kernel_id(kernel: Kernel) -> int:
     and enters it into the table, as tracing a ``jax_call`` does.
     """
     return _kernel_id(kernel)
+
+
+def argument_checks(kernel: Kernel) -> Callable[[tuple], tuple[list, tuple]]:
+    """``kernel``'s argument checks, as a function ``checks(args) -> (values, operands)`` that launches nothing.
+
+    ``values`` holds one value per parameter: a pointer's is its array's
+    device address, a scalar's the Python number checked against the
+    parameter's type and range. ``operands`` is ``args`` with foreign arrays
+    (jax.Array, CuPy, torch) wrapped as :class:`~jaxgraph.DeviceArray`. The
+    checks are the reference ones that ``kernel[grid, block](*args)`` falls
+    back to, with the same errors (``TypeError``, ``ValueError`` naming the
+    parameter). For benchmarks that hand jaxgraph's checked values to another
+    launcher (taken once, the function costs only the checks per call), and
+    tests of the checks.
+    """
+    return _reference_checks(kernel)
 
 
 class LoopInfo(NamedTuple):

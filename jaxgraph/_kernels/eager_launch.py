@@ -40,7 +40,7 @@ from .packer import ArgumentPacker, geometry, plain_ints, unpack_geometry
 from .._cuda.driver import thread_state
 from .._cuda.stream import Stream, current_stream, thread_streams
 
-__all__ = ["KernelLaunching", "MAX_LAUNCH_CONFIGS", "stopped_before_driver"]
+__all__ = ["KernelLaunching", "MAX_LAUNCH_CONFIGS", "reference_checks", "stopped_before_driver"]
 
 MAX_LAUNCH_CONFIGS = 32  # checked launch configurations kept per kernel (and geometries apart from streams)
 
@@ -315,8 +315,13 @@ def _prepared(kernel: KernelLaunching, stream: Stream, config: list) -> tuple:
 
 
 # ----------------------------------------------------------------------------
-# Launches that stop before the driver (jaxgraph.diagnostics.launches_without_driver)
+# For jaxgraph.diagnostics: the argument checks, launches that stop before the driver
 # ----------------------------------------------------------------------------
+
+
+def reference_checks(kernel: KernelLaunching) -> Callable[[tuple], tuple[list, tuple]]:
+    """``kernel``'s reference argument checks, ``(args) -> (values, operands)`` (the packer's ``values``)."""
+    return kernel._packer.values
 
 STAND_IN_FUNCTION = 0xF00  # the "loaded" function's address while launches stop before the driver
 
