@@ -104,8 +104,9 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
         check_result(x_s.numpy(), x, r)  # both halves of a fed pair
         ran = int(lp.steps_run.numpy()[0])
         assert ran == r, f"{name}: {ran} steps counted, expected {r}"
+        pdl = diagnostics.describe_loop(lp).programmatic_check
         print(f"  {name}: stop {lp.stop!r}, {lp.ping_pong}, unroll {lp.unroll}, programmatic watch/check "
-              f"{diagnostics.describe_loop(lp).programmatic_check}, snapshot {lp.snapshot_bytes} B; x + {r} checked, {ran} steps counted", flush=True)
+              f"{pdl}, snapshot {lp.snapshot_bytes} B; x + {r} checked, {ran} steps counted", flush=True)
 
     loop("exact")
     loop("exact_plain_watch", watch_pdl=False)

@@ -77,8 +77,9 @@ def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:
         if name != "unrolled":
             ran = int(lp.steps_run.numpy()[0])
             assert ran == r, f"{name}: {ran} steps counted, expected {r}"
+            pdl = diagnostics.describe_loop(lp).programmatic_check
             print(f"  {name}: {lp.ping_pong}, unroll {lp.unroll}, step as a kernel node with a programmatic "
-                  f"check: {diagnostics.describe_loop(lp).programmatic_check}; x + {r} checked, {ran} steps counted", flush=True)
+                  f"check: {pdl}; x + {r} checked, {ran} steps counted", flush=True)
 
     flag = jaxgraph.zeros(1, np.int32)
     in_place = Chain(kernel, 1, x_s=(y := jaxgraph.zeros(4096, np.float32)), y_s=y)

@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from support.graph_helpers import assert_switched_and_copied_by_nodes  # noqa: E402
+from support.graph_helpers import assert_switched_and_copied_by_nodes, driver_call  # noqa: E402
 from support.internals import counters, describe_graph, native_replay  # noqa: E402
 from support.kernel_sources import ADD_ONE, SPIN_ADD_ONE  # noqa: E402
 
@@ -94,8 +94,7 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     import threading
     import time
 
-    from jaxgraph._cuda import driver as _driver
-    from jaxgraph._cuda.driver import check
+    from cuda.bindings import driver as drv
 
     if kernels == 4096:
         g, x_s, y_s, step = _spin_chain(kernels, 0)
@@ -106,12 +105,11 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     x0 = rng.integers(-1000, 1000, N).astype(np.float32)
     y = f(jnp.asarray(x0))
     np.testing.assert_array_equal(np.asarray(y), x0 + kernels)  # the ring was used
-    drv = _driver.driver()
     flags = drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE
-    host = int(check(drv.cuMemHostAlloc(8, flags), "cuMemHostAlloc"))
+    host = int(driver_call("cuMemHostAlloc", 8, flags)[0])
     ctypes.memset(host, 0, 8)
     flag = (ctypes.c_int32 * 2).from_address(host)
-    address = int(check(drv.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+    address = int(driver_call("cuMemHostGetDevicePointer", host, 0)[0])
     hold = jaxgraph.Kernel(HOLD_UNTIL, "hold_until")
     other = jaxgraph.Stream()
     hold[1, 1, 0, other](address, 40_000_000_000)  # gives up by itself after ~20 s (then flag[1] = 1)
@@ -135,7 +133,7 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     assert not closer.is_alive()
     del f, step
     assert native_replay().sweep_copy_rings() == 0 and native_replay().retired_copy_rings() == 0
-    check(drv.cuMemFreeHost(host), "cuMemFreeHost")
+    driver_call("cuMemFreeHost", host)
 
 
 def _large(capture, slots=None):
