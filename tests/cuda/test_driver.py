@@ -49,6 +49,23 @@ def test_native_library_has_no_driver_dependency():
     assert "libcuda.so" not in out and "libcudart.so" not in out, out
 
 
+def test_ffi_targets_register_for_cuda_once():
+    _native.register_ffi_targets()
+    _native.register_ffi_targets()
+    launch, replay = _native.native("launch"), _native.native("replay")
+    assert set(launch.registrations()) == set(launch.cpu_registrations()) == {"jaxgraph_launch"}
+    assert set(replay.registrations()) == set(replay.cpu_registrations()) == {"jaxgraph_replay",
+                                                                            "jaxgraph_replay_uncaptured"}
+
+
+def test_missing_extension_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
+        _native.native("no_such_extension")
+    # The hint is the README's install step, word for word.
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme
+
+
 @pytest.mark.skipif(HAS_GPU, reason="CUDA is available here")
 def test_unavailable_is_one_clear_error():
     with pytest.raises(jaxgraph.CudaUnavailableError, match="no CUDA (driver found|device)") as info:
@@ -161,20 +178,3 @@ def test_device_queries():
         jaxgraph.set_device(jaxgraph.device_count())
     with pytest.raises(TypeError):
         jaxgraph.set_device("0")
-
-
-def test_ffi_targets_register_for_cuda_once():
-    _native.register_ffi_targets()
-    _native.register_ffi_targets()
-    launch, replay = _native.native("launch"), _native.native("replay")
-    assert set(launch.registrations()) == set(launch.cpu_registrations()) == {"jaxgraph_launch"}
-    assert set(replay.registrations()) == set(replay.cpu_registrations()) == {"jaxgraph_replay",
-                                                                            "jaxgraph_replay_uncaptured"}
-
-
-def test_missing_extension_is_a_clear_error():
-    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
-        _native.native("no_such_extension")
-    # The hint is the README's install step, word for word.
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme

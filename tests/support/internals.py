@@ -10,25 +10,17 @@ every test file that tests internals, and what for.
 
 What tests only read or set (the native replay counters and graph table, the
 capture policy, a graph's memory pool, ...) is ``jaxgraph.diagnostics``, the
-documented door; ``counters``, ``describe_graph``, ``set_capture_policy`` and
-``native_replay`` below are that door's, under the names older tests import.
+documented door. ``counters`` below is that door's, for
+``jax_interop/test_sharded_gpu.py`` until it imports it from there.
 """
 
-__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
-           "native_replay", "replayable_of_referenced", "set_capture_policy", "spec_replayable", "spec_sharded"]
+__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "replayable_of_referenced",
+           "spec_replayable", "spec_sharded"]
 
-from jaxgraph.diagnostics import counters, describe_graph, native_module, set_capture_policy
+from jaxgraph.diagnostics import counters
 from jaxgraph._jax_interop.replay_contract import ReplaySpec
 from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
 from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
-
-
-def native_replay():
-    """The native replay extension (``ffi/replay/replay.cc``): its code tables, the bind-or-copy and
-    executable-cache policies' decisions on given figures (``policy_*``), the bytes binding counts as
-    touched by a memcpy node (``memcpy_ranges``), and ``set_max_executables`` (a graph's cache held
-    small, for tests of a full cache)."""
-    return native_module("replay")
 
 
 def spec_replayable(inputs, outputs, graph_id=0, *, via="ffi", uncaptured=False, **options):
