@@ -1,6 +1,6 @@
 """jax.grad through a device loop against jax.grad of the idiomatic jnp program: time per gradient, memory.
 
-    python benchmarks/grad_loop.py                       # 256 and 512 grids, 1000 steps, 3 settings, 3 rounds
+    python benchmarks/grad_loop.py                       # 256 and 512 grids, 1000 steps, 4 settings, 3 rounds
     python benchmarks/grad_loop.py --quick               # 64 grid, 50 steps, 2 settings, 2 rounds (a smoke run)
     python benchmarks/grad_loop.py --out DIR             # also write DIR/<device>-grad-loop.{json,md}
 
@@ -43,12 +43,10 @@ import subprocess
 import sys
 import time
 
+from jaxgraph.compare.settings import SETTINGS as XLA_SETTINGS
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SETTINGS = {
-    "defaults": None,
-    "off": "--xla_gpu_enable_command_buffer=",
-    "on": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1",
-}
+SETTINGS = {name: s.xla_flags for name, s in XLA_SETTINGS.items()}  # off, on, defaults, while (jaxgraph.compare's)
 VARIANTS = ("jnp", "jnp_checkpoint", "jax_call", "jaxgraph", "jaxgraph_retarget")
 
 
@@ -253,7 +251,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--settings", default="defaults,off,on")
+    p.add_argument("--settings", default="defaults,off,on,while")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--quick", action="store_true")

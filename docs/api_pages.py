@@ -52,7 +52,7 @@ def internal_constructor(cls):
         return True
     public = public_types()
     return any(is_private(p.name) for p in params) or any(
-        isinstance(h, type) and h.__module__.startswith("jaxgraph._") and id(h) not in public
+        isinstance(h, type) and h.__module__.startswith("jaxgraph") and id(h) not in public
         for h in hints.values())
 
 

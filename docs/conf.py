@@ -22,16 +22,20 @@ committed as written (``templates/`` is left out of the site).
 import enum
 import inspect
 import pathlib
+import re
 import shutil
 import sys
+import types
 
 DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(DOCS))
 
 import jaxgraph  # noqa: E402  (installed: autodoc needs the package, not the extension)
+import jaxgraph.diagnostics  # noqa: E402,F401  (DEFINED_IN below reads its names too)
+from sphinx.util.inspect import safe_getattr  # noqa: E402
 
-from api_pages import attributes_section, internal_constructor, is_private  # noqa: E402
+from api_pages import PUBLIC_MODULES, attributes_section, internal_constructor, is_private  # noqa: E402
 from results_pages import write_results_pages  # noqa: E402
 
 project = "jaxgraph"
@@ -77,9 +81,10 @@ templates_path = ["_templates"]
 autosummary_filename_map = {f"jaxgraph.{n}": f"jaxgraph.{n}-function"
                             for n in ("graph", "stream", "switch")}
 
-# Links to Python, NumPy and JAX from local copies of their inventories only: the build must
-# not need the network (CI has none). docs/_inv/README.md says how to refresh them; without
-# a file, names from that project are left as plain text.
+# Links to Python, NumPy and JAX from local inventories only: the build must not need the
+# network (CI has none). python.inv is Debian's copy of Python's; numpy.inv and jax.inv are
+# written by docs/inventories.py, for the names our pages refer to (neither site's objects.inv
+# can be fetched here). docs/_inv/README.md says how to refresh them.
 _INVENTORIES = {
     "python": "https://docs.python.org/3",
     "numpy": "https://numpy.org/doc/stable",
@@ -88,6 +93,11 @@ _INVENTORIES = {
 intersphinx_mapping = {name: (url, str(DOCS / "_inv" / f"{name}.inv"))
                        for name, url in _INVENTORIES.items() if (DOCS / "_inv" / f"{name}.inv").is_file()}
 intersphinx_timeout = 5
+# A reference to a NumPy or JAX name that no inventory holds is a warning (an error under -W),
+# not a name shown unlinked: add it to docs/inventories.py. Other unresolved references (prose
+# types such as "callable" or "device array" in numpy-style docstrings) stay plain text.
+nitpicky = True
+nitpick_ignore_regex = [(r".*", r"(?!(numpy|np|jax|jnp)\.).*")]
 
 
 def _signature_as_called(app, what, name, obj, options, signature, return_annotation):
@@ -138,24 +148,48 @@ def _skip_foreign_and_bare(app, what, name, obj, skip, options):
     return None
 
 
-def _defining_module(app, modname, fullname):
-    """The [source] link of a class shown as ``jaxgraph.X`` (``jaxgraph.CompileError``, whose
-    ``__module__`` is ``"jaxgraph"``): the private module whose source defines it."""
-    if modname != "jaxgraph" or not fullname:
-        return None
-    cls = fullname.split(".")[0]  # "CudaError" or "CudaError.__init__"
-    obj = getattr(sys.modules[modname], cls, None)
-    if not inspect.isclass(obj) or obj.__module__ != "jaxgraph":
-        return None
+def _defined_in() -> dict[int, str]:
+    """``{id(obj): module}``: for each class and function that ``jaxgraph/__init__.py`` names
+    under a public module (``jaxgraph.Kernel``'s ``__module__`` is ``"jaxgraph"``), and each
+    private base of theirs, the private module whose source defines it."""
+    found = {}
     for name, module in list(sys.modules.items()):
-        if name.startswith("jaxgraph._") and vars(module).get(cls) is obj:
-            source = pathlib.Path(getattr(module, "__file__", "") or "")
-            if source.suffix == ".py" and f"class {cls}(" in source.read_text():
-                return name
-    return None
+        source = pathlib.Path(getattr(module, "__file__", "") or "")
+        if not name.startswith("jaxgraph._") or source.suffix != ".py":
+            continue
+        text = source.read_text()
+        for attr, obj in vars(module).items():
+            if ((inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ in PUBLIC_MODULES
+                    and re.search(rf"^(class|def) {attr}\b", text, re.M)):
+                found[id(obj)] = name
+    return found
+
+
+DEFINED_IN = _defined_in()
+
+
+def _module_of_source(obj, name, *default):
+    """autodoc's ``getattr``: the ``__module__`` of a name shown as ``jaxgraph.X`` is, for
+    autodoc alone, the private module that defines it, whose source gives the order of a class's
+    members (``autodoc_member_order``); pages and type hints still say ``jaxgraph.X``. Sphinx looks
+    up an attribute's doc-comment without this getter, so a public class describes its attributes
+    and enum members in its docstring's "Attributes" section (``BindingMode``)."""
+    if name == "__module__" and id(obj) in DEFINED_IN:
+        return DEFINED_IN[id(obj)]
+    return safe_getattr(obj, name, *default)
+
+
+def _defining_module(app, modname, fullname):
+    """The [source] link of a name shown under a public module: the private module whose source
+    defines it (``jaxgraph.Kernel`` or ``jaxgraph.Kernel.launch``: ``jaxgraph._kernels.kernel``)."""
+    if modname not in PUBLIC_MODULES or not fullname:
+        return None
+    return DEFINED_IN.get(id(getattr(sys.modules[modname], fullname.split(".")[0], None)))
 
 
 def setup(app):
+    app.add_autodoc_attrgetter(type, _module_of_source)
+    app.add_autodoc_attrgetter(types.FunctionType, _module_of_source)
     app.connect("viewcode-follow-imported", _defining_module)
     app.connect("autodoc-process-signature", _signature_as_called)
     app.connect("autodoc-process-docstring", _note_attributes)

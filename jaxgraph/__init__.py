@@ -9,6 +9,8 @@ XLA's own stream.
 CUDA is initialised on first use.
 """
 
+import typing
+
 __all__ = [
     "asarray",
     "BindingMode",
@@ -112,3 +114,38 @@ def __dir__() -> list[str]:
     """``dir(jaxgraph)``: the public API, not the private modules it is built from."""
     loaded = {n for n in ("compare", "diagnostics") if n in globals()}  # public submodules, once imported
     return sorted(set(__all__) | loaded | {n for n in globals() if n.startswith("__") and n != "__dir__"})
+
+
+def _name_the_public_module(namespace: dict, module: str) -> None:
+    """Set ``__module__`` to ``module`` on each class and function ``namespace["__all__"]`` lists,
+    and on the private bases those classes inherit from (``Kernel``'s ``KernelLaunching``).
+
+    As jax does for ``jax.Array`` (``jax._src.util.set_module``): reprs, errors, pickles and
+    ``help(jaxgraph)`` then name ``jaxgraph.Kernel``, where users import it from, instead of the
+    private module that defines it (``jaxgraph._kernels.kernel``), which may move. A private
+    base is named under ``module`` too: its methods are the public class's own, and ``help``
+    lists them as inherited from it. A class's own annotations are resolved first, in the module
+    that wrote them, so that ``typing.get_type_hints(jaxgraph.Param)`` still finds ``np`` there.
+    Costs the same as jax's: ``inspect.getsource`` finds no source for such a class (functions
+    keep theirs); the docs' [source] links find it through ``docs/conf.py``.
+
+    ``help(jaxgraph)`` still lists ``_cuda``, ``_kernels``, ... under PACKAGE CONTENTS: pydoc
+    lists every module file in ``__path__`` (``pkgutil.iter_modules``), with no hook to leave
+    one out; ``help(jax)`` lists its ``_src`` the same way.
+    """
+    for name in namespace["__all__"]:
+        obj = namespace[name]
+        if not isinstance(obj, type):
+            if obj.__module__.startswith("jaxgraph._"):
+                obj.__module__ = module
+            continue
+        for cls in reversed(obj.__mro__):
+            if cls.__module__.startswith("jaxgraph._"):
+                own = vars(cls).get("__annotations__")
+                if own:
+                    cls.__annotations__ = {k: v for k, v in typing.get_type_hints(cls, include_extras=True).items()
+                                           if k in own}
+                cls.__module__ = module
+
+
+_name_the_public_module(globals(), __name__)

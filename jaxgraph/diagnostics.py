@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from . import _name_the_public_module
 from ._cuda import stand_ins as _stand_ins
 from ._cuda.array import DeviceArray
 from ._cuda.capture_registry import any_underway as _any_underway
@@ -407,3 +408,6 @@ def launches_without_driver(kernel: Kernel, *, device: int = 0) -> Iterator[None
     """
     with _stand_ins.primary_context_assumed(int(device), 0), _stopped_before_driver(kernel):
         yield
+
+
+_name_the_public_module(globals(), __name__)  # jaxgraph.diagnostics.CapturePolicy, as users import it

@@ -24,7 +24,7 @@ from . import capture_registry as _captures, driver as _driver, memory as _memor
 from .driver import check
 from .stream import Stream, current_stream, wait_on_current
 
-__all__ = ["DeviceArray", "HOST_JAX_ARRAY_FIX", "asarray", "empty", "is_host_jax_array", "to_host", "zeros"]
+__all__ = ["DeviceArray", "HOST_JAX_ARRAY_FIX", "asarray", "empty", "is_jax_object", "is_host_jax_array", "to_host", "zeros"]
 
 _KDLCUDA = 2  # DLPack device type of CUDA memory
 
@@ -371,8 +371,16 @@ def is_host_jax_array(obj: Any) -> bool:
     return _is_jax_array(obj) and not hasattr(obj, "__cuda_array_interface__")
 
 
-def _is_jax_array(obj: Any) -> bool:
-    return type(obj).__module__.startswith(("jax", "jaxlib"))
+def is_jax_object(obj: Any) -> bool:
+    """Whether ``obj``'s type is JAX's (``jax.Array``, a tracer): its module is ``jax``, ``jax.*`` or ``jaxlib*``.
+
+    Not ``startswith("jax")`` alone: jaxgraph's own public types say ``jaxgraph``.
+    """
+    module = type(obj).__module__
+    return module == "jax" or module.startswith(("jax.", "jaxlib"))
+
+
+_is_jax_array = is_jax_object
 
 
 def _foreign_device(obj: Any, ptr: int) -> int:

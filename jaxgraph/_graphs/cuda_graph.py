@@ -216,7 +216,9 @@ class CUDAGraph(GraphHookMethods, GraphIntrospection, ConditionalMethods):
         after it, even when the launch raises.
 
         While the current stream captures, it embeds a copy of this graph there
-        as a child-graph node instead (no hooks run): see ``_graphs/embed.py``.
+        as a child-graph node instead (no hooks run; "Embedding" in the guide's
+        branches-and-loops page). A graph with conditional nodes cannot be embedded:
+        CUDA refuses them in child graphs, and this raises ``RuntimeError`` saying so.
 
         Raises ``RuntimeError`` if nothing was captured, or (with
         ``check_input_liveness``) if an external input of the capture was freed.

@@ -203,7 +203,7 @@ def make_graphed_callables(callables: Callable[..., Any] | tuple, sample_args: t
         For one callable, the tuple of its arguments (``(x,)`` for one); for a
         tuple of callables, a tuple holding one such tuple per callable.
         Arguments are pytrees (tuples, lists, dicts) of arrays only: jaxgraph
-        device arrays, ``jax.Array``, numpy arrays or CUDA arrays (CuPy, torch).
+        device arrays, :class:`jax.Array`, numpy arrays or CUDA arrays (CuPy, torch).
         Their shapes and dtypes are what the graphs are captured for.
     num_warmup_iters : int
         Eager runs of each callable (and its backward) before its capture. Default 3.

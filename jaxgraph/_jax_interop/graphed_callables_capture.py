@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._cuda.array import DeviceArray, asarray, empty, zeros
+from .._cuda.array import DeviceArray, asarray, empty, is_jax_object, zeros
 from .._graphs.capture_contexts import graph
 from .._cuda.checks import arrays_overlap, capture_mode, fmt
 from .._graphs.cuda_graph import CUDAGraph
@@ -266,7 +266,7 @@ def is_device_array(value: Any) -> bool:
 
 def _device_result(what: str, value: Any) -> DeviceArray:
     """``value`` (something a callable returned) as a DeviceArray, or a clear ``TypeError``."""
-    if not (is_device_array(value) or type(value).__module__.startswith(("jax", "jaxlib"))):
+    if not (is_device_array(value) or is_jax_object(value)):
         raise TypeError(f"{what} is a {type(value).__name__}: graphed callables return device arrays "
                         "(e.g. made with jaxgraph.empty inside the callable)")
     return asarray(value)

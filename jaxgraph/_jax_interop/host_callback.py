@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["HostReplay", "callback_replay"]
+__all__ = ["HostReplay", "callback_call", "callback_replay"]
 
 
 # ----------------------------------------------------------------------------
@@ -84,6 +84,22 @@ class HostReplay:
 # ----------------------------------------------------------------------------
 # The callback
 # ----------------------------------------------------------------------------
+
+
+def callback_call(outputs: Sequence[Any], host: Callable[..., Any], state: Any) -> Callable[..., list]:
+    """The replay call of the host path: :func:`callback_replay` of ``host``, which refuses a reset graph.
+
+    ``state`` is the replayable's ``ReplayState``: the pure_callback target
+    checks it on every call, as the FFI handler checks the graph table.
+    """
+    def host_call(*args: Any) -> Any:
+        state.check_alive()
+        return host(*args)
+
+    def call(*args: Any) -> list:
+        return callback_replay(outputs, host_call, *args)
+
+    return call
 
 
 def callback_replay(outputs: Sequence[Any], host: Callable[..., Any], *args: Any) -> list:

@@ -43,9 +43,10 @@ __all__ = ["LoopGradient", "RETARGET", "checkpoint_memory", "check_checkpoint_op
 
 # Retargeted steps (checkpoint_loop's ``retarget=``): the full segments run clones of the step and of
 # its backward pointed at the ring slots, and the forward alternates the step with its swapped twin, so
-# no state is copied between steps (4 launches a step instead of 6). Off until the GPU suite has run
-# it (tests/jax_interop/test_loop_grad_gpu.py runs both); the copying programs ran on an H200.
-RETARGET = False
+# no state is copied between steps (4 launches a step instead of 6). On since both ways passed
+# tests/jax_interop/test_loop_grad_gpu.py on an H200 (2026-11-28), where it was the faster
+# (benchmarks/results/nvidia-h200-grad-loop.md); a step it cannot clone runs the copying programs.
+RETARGET = True
 
 
 # ----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The native replay boundary: the ``jaxgraph_replay`` FFI call, the graph table, its codes and counters.
 
 This module pairs with ``ffi/replay/replay.cc`` and is the only one that calls
-it (``native("replay")``). :func:`register` enters a captured
+it (``native("replay")``). :func:`enter` does a new replayable's part in one
+call: it registers its graph, types its calls and watches the graph.
+:func:`register` enters a captured
 graph into the native table (a clone and an executable per device; for a graph
 with conditional nodes, which CUDA cannot clone, the template itself) and the
 table decides, per static buffer, whether XLA's buffer is *bound* into the
@@ -15,8 +17,8 @@ buffers, or ``jaxgraph_replay_uncaptured`` for graphs with conditional nodes,
 which XLA keeps out of them.
 
 What a replayable promises its caller (argument checks, aliases) lives in
-``replayable.py`` and ``replay_spec.py``; only the spec's shapes, graph id and
-flags reach the FFI call.
+``replay_contract.py``; only the spec's shapes, aliases, graph id and flags
+reach the FFI call.
 
 :class:`ReplayState` is the liveness of a replayable's graph id: which devices
 still have its graph, and retiring them. HLO carries only a small graph id. Resetting the CUDAGraph retires the id on
@@ -29,6 +31,7 @@ keeps that record and says what to do when a replayable is called after it.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import enum
 import functools
 import itertools
@@ -42,13 +45,14 @@ from .._cuda import driver as _driver, memory as _memory
 from .._cuda.native import native, register_ffi_targets
 from .._graphs.copy_ring import ring_functions
 
-if TYPE_CHECKING:  # the contract (replay_spec.py) imports this module for the codes
+if TYPE_CHECKING:  # only the spec's fields cross the boundary
     from .replay_contract import ReplaySpec
 
 __all__ = [
     "BindingMode",
     "BufferBinding",
     "CapturePolicy",
+    "Entry",
     "GraphInfo",
     "Registration",
     "ReplayPath",
@@ -58,6 +62,7 @@ __all__ = [
     "counters",
     "describe_bindings",
     "describe_graph",
+    "enter",
     "jaxgraph_replay",
     "register",
     "paths_from_codes",
@@ -80,20 +85,28 @@ class BindingMode(str, enum.Enum):
     """How one static buffer of a replayable meets XLA's buffer (``Replayable.bindings``).
 
     A ``str`` enum: ``BindingMode.BOUND == "bound"``.
+
+    Attributes
+    ----------
+    BOUND
+        ``"bound"``: the graph's kernel arguments are pointed at XLA's buffer: no copy.
+    COPIED
+        ``"copied"``: copied into the static input before the replay, or out of the static
+        output after it.
+    UNUSED
+        ``"unused"``: no node jaxgraph can read refers to it; copied in case the graph reaches it
+        through device memory (``drop_unreferenced`` leaves such inputs out of the call).
+    COPIED_BY_COST
+        ``"copied_by_cost"``: could be bound, but copying costs less: many kernel arguments point at it
+        (state updated in place by every kernel) and either the graph keeps one executable (a large
+        graph: decided at registration) or XLA's address for it kept changing (decided after some
+        calls). The ``reason`` gives the figures.
     """
 
     BOUND = "bound"
-    """The graph's kernel arguments are pointed at XLA's buffer: no copy."""
     COPIED = "copied"
-    """Copied into the static input before the replay, or out of the static output after it."""
     UNUSED = "unused"
-    """No node jaxgraph can read refers to it; copied in case the graph reaches it through
-    device memory (``drop_unreferenced`` leaves such inputs out of the call)."""
     COPIED_BY_COST = "copied_by_cost"
-    """Could be bound, but copying costs less: many kernel arguments point at it (state updated
-    in place by every kernel) and either the graph keeps one executable (a large graph: decided
-    at registration) or XLA's address for it kept changing (decided after some calls). The
-    ``reason`` gives the figures."""
 
     def __str__(self) -> str:
         return self.value
@@ -105,21 +118,31 @@ class ReplayPath(str, enum.Enum):
     Each path has its own counter in the native extension, named by its value
     (``jaxgraph.diagnostics.counters()["splice_nodes"]``). ``Replayable.replay_paths``
     says which paths a replayable's calls can take.
+
+    Attributes
+    ----------
+    LAUNCH
+        ``"launch"``: ``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer).
+    SPLICE_NODES
+        ``"splice_nodes"``: XLA records a command buffer, and the graph's nodes, bound to XLA's buffers,
+        are added to it one by one.
+    SPLICE_WHOLE
+        ``"splice_whole"``: XLA records a command buffer and the nodes cannot be added one by one, so
+        the static template goes in as one child-graph node, every buffer copied.
+    UNCAPTURED_LAUNCH
+        ``"uncaptured_launch"``: a graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can
+        neither clone nor nest: launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a
+        target XLA keeps out of its command buffers (it splits them around the call).
+    HOST_CALLBACK
+        ``"host_callback"``: with ``via="callback"``, replayed from the host through
+        ``jax.pure_callback`` (no native counter).
     """
 
     LAUNCH = "launch"
-    """``cudaGraphLaunch`` on XLA's stream (XLA is not recording a command buffer)."""
     SPLICE_NODES = "splice_nodes"
-    """XLA records a command buffer, and the graph's nodes, bound to XLA's buffers, are added to it one by one."""
     SPLICE_WHOLE = "splice_whole"
-    """XLA records a command buffer and the nodes cannot be added one by one, so the static template
-    goes in as one child-graph node, every buffer copied."""
     UNCAPTURED_LAUNCH = "uncaptured_launch"
-    """A graph with conditional nodes (IF, WHILE, SWITCH), which CUDA can neither clone nor nest:
-    launched on XLA's stream through ``jaxgraph_replay_uncaptured``, a target XLA keeps out of its
-    command buffers (it splits them around the call)."""
     HOST_CALLBACK = "host_callback"
-    """With ``via="callback"``, replayed from the host through ``jax.pure_callback`` (no native counter)."""
 
     def __str__(self) -> str:
         return self.value
@@ -136,17 +159,24 @@ class CapturePolicy(str, enum.Enum):
     copy would cost every call for nothing); ``AUTO`` suits buffers that cycle
     through more addresses than XLA keeps recordings for. The others exist to
     compare the ways (``benchmarks/capture_policies.py``).
+
+    Attributes
+    ----------
+    AUTO
+        ``"auto"``: by cost (``ffi/replay/capture_policy.h``): a bound buffer held by many kernel
+        arguments and small enough to copy cheaply is copied, the rest bound.
+    BIND
+        ``"bind"``: every bound buffer bound in the spliced nodes (no copies).
+    COPY
+        ``"copy"``: every bound buffer copied around the spliced nodes, which keep the static arrays.
+    WHOLE
+        ``"whole"``: the static template spliced as one child-graph node, every buffer copied.
     """
 
     AUTO = "auto"
-    """By cost (``ffi/replay/capture_policy.h``): a bound buffer held by many kernel arguments and small
-    enough to copy cheaply is copied, the rest bound."""
     BIND = "bind"
-    """Every bound buffer bound in the spliced nodes (no copies)."""
     COPY = "copy"
-    """Every bound buffer copied around the spliced nodes, which keep the static arrays."""
     WHOLE = "whole"
-    """The static template spliced as one child-graph node, every buffer copied."""
 
     def __str__(self) -> str:
         return self.value
@@ -304,6 +334,16 @@ class ReplayState:
     def retire_callback(self, device: int) -> Callable[[], None]:
         """A destroy callback for a graph: retires ``device`` (it holds only this state)."""
         return lambda: self.retire(device)
+
+    def watch(self, source: Any) -> Any:
+        """Count ``source``'s device live, and retire it when its graph is reset or destroyed.
+
+        Returns the handle of the graph's destroy callback, which holds only
+        this state, never the replayable (no reference cycle: the graph does
+        not keep the replayable alive).
+        """
+        self.add(source.device)
+        return source.on_destroy(self.retire_callback(source.device))
 
 
 # ----------------------------------------------------------------------------
@@ -524,19 +564,82 @@ def register(source: Any, inputs: Sequence[Any], outputs: Sequence[Any], graph_i
     ``graph_id`` 0 asks for a new id. ``trust_foreign`` binds outputs that
     kernels jaxgraph did not launch receive as arguments (else they are
     copied); ``drop_unreferenced`` leaves out of the call the inputs no node
-    refers to (``Registration.kept`` says which stay; ``aliases`` name inputs
-    by their index before that; a pair naming an input or output that does
-    not exist is a ``ValueError``, checked before anything is read). ``Registration.info`` is :func:`describe_graph`
-    of the entry just made.
+    refers to (``Registration.kept`` says which stay). ``aliases`` are every
+    ``(input, output)`` pair XLA gives one buffer (``ReplaySpec.aliases``),
+    inputs by their index before any is left out; the table copies the inputs
+    of those between different static arrays. ``Registration.info`` is
+    :func:`describe_graph` of the entry just made.
     """
+    # A static array that is both an input and an output is one buffer; the table copies the other aliased inputs.
+    distinct = [(i, j) for i, j in aliases if inputs[i].ptr != outputs[j].ptr]
     _driver.ensure_context(source.device)
     graph_id, kept = native("replay").register_graph(
         graph_id, source.device, source.template, [(a.ptr, a.nbytes) for a in inputs],
-        [(a.ptr, a.nbytes) for a in outputs], [tuple(p) for p in aliases], dict(source.kernels),
+        [(a.ptr, a.nbytes) for a in outputs], distinct, dict(source.kernels),
         bool(bind), bool(trust_foreign), bool(drop_unreferenced), [int(b) for b in source.bodies],
         int(source.exec), ring_functions(source.device, source.template, native("replay").device_launch_nodes()))
     _memory.when_no_capture(sweep_copy_rings)  # rings of graphs retired since: here no lock is held
     return Registration(int(graph_id), tuple(bool(k) for k in kept), describe_graph(int(graph_id), source.device))
+
+
+class Entry(NamedTuple):
+    """A new replayable's side of the boundary (:func:`enter`).
+
+    ``spec``: the spec its calls use (graph id, the inputs that stay operands,
+    ``uncaptured``); ``inputs``: those static inputs; ``kept``: per static input
+    given, whether it stays; ``state``: its :class:`ReplayState`, watching the
+    graph; ``handle``: the graph's destroy callback; ``ffi_call``: the FFI call
+    (:func:`jaxgraph_replay`), ``None`` on the host path.
+    """
+
+    spec: "ReplaySpec"
+    inputs: tuple
+    kept: tuple
+    state: ReplayState
+    handle: Any
+    ffi_call: Callable[..., list] | None
+
+
+def enter(source: Any, spec: "ReplaySpec", inputs: tuple, outputs: tuple, *, register_graph: bool, bind: bool = True,
+          trust_foreign: bool = False, drop_unreferenced: bool = False) -> Entry:
+    """Enter a replayable at the boundary: what :func:`~jaxgraph._jax_interop.replay_contract.check_call` returns.
+
+    With ``register_graph`` (``via="ffi"``) its graph goes into the native
+    table (:func:`register`: ``bind``, ``trust_foreign``,
+    ``drop_unreferenced``), its spec takes the id and the inputs that stay,
+    the graph is watched and the FFI call built; until the replayable holds
+    the id, a failure takes it out again. Without (the host path) there is no
+    entry in the table: graph id 0, only the graph watched.
+    """
+    if not register_graph:
+        state = ReplayState(0)
+        return Entry(spec, inputs, (True,) * len(inputs), state, state.watch(source), None)
+    graph_id, kept, info = register(source, inputs, outputs, 0, spec.aliases, bind, trust_foreign=trust_foreign,
+                                    drop_unreferenced=drop_unreferenced)
+    try:
+        spec, inputs = _keeping(spec, inputs, kept)
+        spec = dataclasses.replace(spec, graph_id=graph_id, uncaptured=info.conditionals > 0)
+        state = ReplayState(graph_id)
+        handle = state.watch(source)
+        if info.borrowed_exec and source.lend_exec is not None:  # the replay launches the CUDAGraph's executable
+            source.lend_exec(state)
+        return Entry(spec, inputs, kept, state, handle, jaxgraph_replay(spec))
+    except BaseException:
+        retire(graph_id)  # detaches and unregisters the id on every device
+        raise
+
+
+def _keeping(spec: "ReplaySpec", inputs: tuple, kept: tuple) -> tuple["ReplaySpec", tuple]:
+    """``spec`` and ``inputs`` with only the ``kept`` inputs, its aliases renumbered among them.
+
+    The table keeps every input an alias names, as it renumbers its own.
+    """
+    if all(kept):
+        return spec, inputs
+    index = {old: new for new, old in enumerate(i for i, k in enumerate(kept) if k)}
+    spec = dataclasses.replace(spec, inputs=tuple(s for s, k in zip(spec.inputs, kept) if k),
+                               aliases=tuple((index[i], j) for i, j in spec.aliases))
+    return spec, tuple(a for a, k in zip(inputs, kept) if k)
 
 
 def describe_bindings(graph_id: int, device: int) -> list[BufferBinding]:

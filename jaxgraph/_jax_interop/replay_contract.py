@@ -8,16 +8,18 @@ static arrays live on its device, and which inputs and outputs XLA may give
 one buffer (a static array that is both, and the caller's ``input_output_aliases``).
 What a build settles becomes a :class:`ReplaySpec`: the shapes each call is
 checked against (:meth:`ReplaySpec.check_args`) and all the FFI call needs.
+:func:`check_call` makes every check of ``replayable`` in one call and returns
+the checked arrays with their spec.
 
-What crosses the native replay boundary (binding modes, replay paths,
-counters, the capture policy) is typed in ``replay_native.py``, the one
-module that talks to ``ffi/replay/replay.cc``.
+What crosses the native replay boundary (registration, binding modes, replay
+paths, counters, the capture policy) is typed in ``replay_boundary.py``, the
+one module that talks to ``ffi/replay/replay.cc``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,15 +34,14 @@ VIA_CHOICES = ("ffi", "callback")  # replayable(via=...)
 __all__ = [
     "BIND_CHOICES",
     "VIA_CHOICES",
+    "CheckedCall",
     "ReplaySpec",
     "alias_pairs",
     "check_alias_indices",
-    "check_arguments",
+    "check_call",
     "check_devices",
     "check_graph_type",
     "check_outputs",
-    "distinct_aliases",
-    "renumber_aliases",
     "shapes_of",
     "source_of",
 ]
@@ -134,12 +135,24 @@ def check_outputs(outputs: Sequence[Any]) -> None:
 # ----------------------------------------------------------------------------
 
 
-def check_arguments(graph: Any, inputs: Any, outputs: Any, *, via: str, bind: str, backward: Any,
-                    input_output_aliases: dict[int, int] | None, trust_foreign_kernels: bool) -> tuple:
-    """:func:`~jaxgraph.replayable`'s arguments, checked before the graph's state is read.
+class CheckedCall(NamedTuple):
+    """:func:`check_call`'s answer: the graph's replay source, its static arrays, and the spec of their calls."""
 
-    Returns the static inputs and outputs as DeviceArrays and the alias pairs
-    (:func:`alias_pairs`); raises the errors ``replayable`` documents.
+    source: ReplaySource
+    inputs: tuple
+    outputs: tuple
+    spec: ReplaySpec
+
+
+def check_call(graph: Any, inputs: Any, outputs: Any, *, via: str, bind: str, backward: Any,
+               input_output_aliases: dict[int, int] | None, trust_foreign_kernels: bool,
+               side_effects: bool) -> CheckedCall:
+    """:func:`~jaxgraph.replayable`'s arguments, all checked, then the graph's state (a wrong call says so first).
+
+    Returns the graph's :class:`ReplaySource`, the static inputs and outputs as
+    DeviceArrays, and their :class:`ReplaySpec` (every input, graph id 0: the
+    native table may leave out inputs and gives the id); raises the errors
+    ``replayable`` documents.
     """
     check_choice("via", via, VIA_CHOICES)
     check_choice("bind", bind, BIND_CHOICES)
@@ -152,7 +165,10 @@ def check_arguments(graph: Any, inputs: Any, outputs: Any, *, via: str, bind: st
     check_graph_type(graph)
     aliases = alias_pairs(inputs, outputs, input_output_aliases)
     check_outputs(outputs)
-    return inputs, outputs, aliases
+    source = source_of(graph)  # the graph's state, after every argument error
+    check_devices(source.device, inputs, outputs)
+    return CheckedCall(source, inputs, outputs,
+                       ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects)))
 
 
 def alias_pairs(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> tuple:
@@ -191,19 +207,6 @@ def alias_pairs(inputs: tuple, outputs: tuple, user: dict[int, int] | None) -> t
                              f"{fmt(outputs[j])}; aliased buffers must match")
         pairs[i] = j
     return tuple(sorted(pairs.items()))
-
-
-def distinct_aliases(pairs: Sequence[tuple[int, int]], inputs: tuple, outputs: tuple) -> list:
-    """The alias ``pairs`` between different static arrays (the native table copies those inputs)."""
-    return [(i, j) for i, j in pairs if inputs[i].ptr != outputs[j].ptr]
-
-
-def renumber_aliases(user_aliases: dict[int, int] | None, kept: Sequence[bool]) -> dict[int, int] | None:
-    """``user_aliases`` with inputs numbered among the kept ones (aliased inputs are always kept)."""
-    if not user_aliases:
-        return user_aliases
-    index = {old: sum(kept[:old]) for old in range(len(kept)) if kept[old]}
-    return {index[i]: j for i, j in user_aliases.items()}
 
 
 def check_graph_type(graph: Any) -> None:

@@ -22,10 +22,15 @@ replayable goes).
 ``via="callback"``: the same replay from a ``jax.pure_callback`` through host
 memory (``_jax_interop/host_callback.py``); for JAX on the CPU, or to debug.
 
+A replayable is built in three steps, one module each: ``replay_contract.py``
+checks every argument (:func:`~jaxgraph._jax_interop.replay_contract.check_call`),
+``replay_boundary.py`` enters the graph into the native table and builds the
+FFI call (:func:`~jaxgraph._jax_interop.replay_boundary.enter`), or
+``host_callback.py`` its host replay, and this module puts the parts together.
 The function a replayable calls (:func:`replay_function`: the FFI call or the
-host callback, maybe with a VJP) is built from the replayable's parts (its spec, state and backward), never from
-the replayable itself, so no reference cycle keeps a replayable (and its graph
-id) alive after its last reference goes.
+host callback, maybe with a VJP) is built from those parts (its replay call,
+state and backward), never from the replayable itself, so no reference cycle
+keeps a replayable (and its graph id) alive after its last reference goes.
 """
 
 from __future__ import annotations
@@ -38,32 +43,23 @@ from .._graphs.capture_contexts import Graph
 from .._graphs.cuda_graph import CUDAGraph
 from .._graphs.replay_source import ReplaySource
 from . import replay_boundary as _replay_boundary
-from .host_callback import HostReplay, callback_replay
+from .host_callback import HostReplay, callback_call
 from .replay_boundary import BufferBinding, ReplayPath, ReplayState
-from .replay_contract import (VIA_CHOICES, ReplaySpec, alias_pairs, check_arguments, check_devices, check_graph_type,
-                              check_outputs, distinct_aliases, renumber_aliases, shapes_of, source_of)
+from .replay_contract import (VIA_CHOICES, ReplaySpec, check_call, check_devices, check_graph_type, check_outputs,
+                              shapes_of, source_of)
 
 __all__ = ["Replayable", "release", "replay_function", "replayable", "replayable_of_referenced", "with_vjp"]
 
-def replay_function(spec: ReplaySpec, via: str, host: Callable[..., Any] | None, state: ReplayState,
-                    backward: Callable[..., Any] | None) -> Callable[..., Any]:
-    """The FFI call (``via="ffi"``) or the host callback for ``spec``, with ``backward`` as its VJP if given."""
-    def host_call(*args: Any) -> Any:  # the pure_callback target refuses a reset graph
-        state.check_alive()
-        return host(*args)
-
-    ffi_replay = _replay_boundary.jaxgraph_replay(spec) if via == "ffi" else None  # built once, not per call
-
+def replay_function(call: Callable[..., list], backward: Callable[..., Any] | None, n_in: int,
+                    single: bool) -> Callable[..., Any]:
+    """``call`` (the FFI call or the host callback) returning its one output or a tuple; ``backward`` its VJP."""
     def primal(*args: Any) -> Any:
-        if ffi_replay is not None:
-            out = ffi_replay(*args)
-        else:
-            out = callback_replay(spec.outputs, host_call, *args)
-        return out[0] if len(out) == 1 else tuple(out)
+        out = call(*args)
+        return out[0] if single else tuple(out)
 
     if backward is None:
         return primal
-    return with_vjp(primal, backward, len(spec.inputs), len(spec.outputs) == 1)
+    return with_vjp(primal, backward, n_in, single)
 
 
 def with_vjp(primal: Callable[..., Any], backward: Callable[..., Any], n_in: int, single: bool) -> Callable[..., Any]:
@@ -147,49 +143,60 @@ class Replayable:
 
     @classmethod
     def _create(cls, spec: ReplaySpec, *, via: str, host: Callable[..., Any] | None = None,
-                backward: Callable[..., Any] | None = None, bind: bool = True, trust_foreign: bool = False,
-                source: ReplaySource | None = None, statics: tuple = ((), ()),
-                borrowed_exec: bool = False) -> "Replayable":
-        """Build from a spec; :func:`replayable` does the device work (tests use this directly).
+                backward: Callable[..., Any] | None = None) -> "Replayable":
+        """A replayable of ``spec`` alone, holding no graph (tests use this directly).
 
-        ``bind`` and ``trust_foreign`` are how the first graph was registered:
-        :meth:`add_device` registers the others the same way. ``source`` is
-        that graph, held with its static arrays ``statics`` (inputs, outputs);
-        ``borrowed_exec``: the replay launches the CUDAGraph's own executable.
+        ``spec.graph_id`` is registered elsewhere or not at all; ``host`` is
+        the host function of ``via="callback"``. :func:`replayable` builds
+        its own from the boundary's :class:`~jaxgraph._jax_interop.replay_boundary.Entry`.
         """
         if backward is not None and not callable(backward):
             raise TypeError(f"backward must be callable (e.g. another replayable), got {type(backward).__name__}")
         check_choice("via", via, VIA_CHOICES)
+        state = ReplayState(spec.graph_id)
+        call = _replay_boundary.jaxgraph_replay(spec) if via == "ffi" else callback_call(spec.outputs, host, state)
+        return cls._assemble(spec, via, state, call, backward, host=host)
+
+    @classmethod
+    def _assemble(cls, spec: ReplaySpec, via: str, state: ReplayState, call: Callable[..., list],
+                  backward: Callable[..., Any] | None, *, host: Any = None, bind: bool = True,
+                  trust_foreign: bool = False, held: tuple | None = None) -> "Replayable":
+        """The replayable of its parts: ``spec``, the liveness ``state`` and the replay ``call``.
+
+        ``bind`` and ``trust_foreign`` are how the first graph was registered:
+        :meth:`add_device` registers the others the same way. ``held`` is what
+        the first graph's replays need kept alive (:func:`held_for`).
+        """
         self = object.__new__(cls)
         self._spec = spec
         self._via = via
-        self._state = ReplayState(spec.graph_id)
-        self._keep: list = []  # graphs, static arrays and callback handles kept alive
+        self._state = state
+        self._keep: list = [] if held is None else [held]  # graphs, static arrays and callback handles kept alive
         self._bind = bool(bind)
         self._trust_foreign = bool(trust_foreign)
-        # Built from the parts, never from self: no reference cycle, so the
-        # replayable (and its graph id) goes as soon as the last reference does.
-        self._fn = replay_function(spec, via, host, self._state, backward)
-        self.__name__ = "replayable"  # how jax.jit names the function
         # The finalizer holds the state, the list of what is kept and the host replay, never self
         # (close() runs it too).
-        self._finalizer = weakref.finalize(self, release, self._state, self._keep, host)
-        if source is not None:
-            self._attach(source, *statics)
-            if borrowed_exec and source.lend_exec is not None:
-                source.lend_exec(self._state)
+        self._finalizer = weakref.finalize(self, release, state, self._keep, host)
+        try:
+            # Built from the parts, never from self: no reference cycle, so the
+            # replayable (and its graph id) goes as soon as the last reference does.
+            self._fn = replay_function(call, backward, len(spec.inputs), len(spec.outputs) == 1)
+        except BaseException:
+            self.close()  # until the replayable is returned, a failure must not leave its graph id registered
+            raise
+        self.__name__ = "replayable"  # how jax.jit names the function
         return self
 
     # -- introspection ------------------------------------------------------------
 
     @property
     def in_shapes(self) -> tuple:
-        """The inputs it takes, as ``jax.ShapeDtypeStruct`` objects (those of the graph's static inputs)."""
+        """The inputs it takes, as :class:`jax.ShapeDtypeStruct` objects (those of the graph's static inputs)."""
         return self._spec.inputs
 
     @property
     def out_shapes(self) -> tuple:
-        """The outputs it returns, as ``jax.ShapeDtypeStruct`` objects (those of the graph's static outputs)."""
+        """The outputs it returns, as :class:`jax.ShapeDtypeStruct` objects (those of the graph's static outputs)."""
         return self._spec.outputs
 
     @property
@@ -289,9 +296,8 @@ class Replayable:
         if source.device in self._state.devices:
             raise ValueError(f"add_device: device {source.device} already has a graph in this replayable")
         check_devices(source.device, inputs, outputs)
-        info = _replay_boundary.register(source, inputs, outputs, self.graph_id,
-                                    distinct_aliases(self._spec.aliases, inputs, outputs), self._bind,
-                                    trust_foreign=self._trust_foreign).info
+        info = _replay_boundary.register(source, inputs, outputs, self.graph_id, self._spec.aliases, self._bind,
+                                         trust_foreign=self._trust_foreign).info
         if info.conditionals and not self._spec.uncaptured:
             self._state.drop(source.device)  # retire what was registered; the device may be added again
             raise ValueError(f"add_device: the graph on device {source.device} has conditional nodes and the "
@@ -322,18 +328,21 @@ class Replayable:
 
     def _attach(self, source: ReplaySource, inputs: tuple, outputs: tuple) -> None:
         """Hold ``source``'s graph, memory and the static arrays; retire its device when the graph is reset."""
-        self._state.add(source.device)
-        # The destroy callback holds only the state, never this object, so the
-        # graph does not keep the replayable alive (no reference cycle).
-        handle = source.on_destroy(self._state.retire_callback(source.device))
-        # Everything the captured kernels touch must outlive every replay,
-        # including replays of an XLA command buffer that recorded this graph
-        # and keeps replaying it after a reset: the static arrays, the graph's
-        # memory pools, the external inputs and kernels of its capture. The
-        # graph object itself is held too: a replayable returned without its
-        # graph must keep working, so only an explicit reset() retires it, and
-        # everything goes when this object does.
-        self._keep.append((source.graph, inputs, outputs, handle, source.owners))
+        self._keep.append(held_for(source, inputs, outputs, self._state.watch(source)))
+
+
+def held_for(source: ReplaySource, inputs: tuple, outputs: tuple, handle: Any) -> tuple:
+    """What a replayable keeps of a graph it replays: ``source``'s graph, static arrays, destroy ``handle``, owners.
+
+    Everything the captured kernels touch must outlive every replay,
+    including replays of an XLA command buffer that recorded this graph and
+    keeps replaying it after a reset: the static arrays, the graph's memory
+    pools, the external inputs and kernels of its capture. The graph object
+    itself is held too: a replayable returned without its graph must keep
+    working, so only an explicit reset() retires it, and everything goes when
+    the replayable does.
+    """
+    return (source.graph, inputs, outputs, handle, source.owners)
 
 
 # What replayables that XLA recorded into a command buffer held, kept until exit: the recording
@@ -486,30 +495,15 @@ def _build(graph: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, via: st
            backward: Callable[..., Any] | None = None, bind: str = "auto",
            input_output_aliases: dict[int, int] | None = None, side_effects: bool = False,
            trust_foreign_kernels: bool = False, drop_unreferenced: bool) -> tuple[Replayable, tuple[bool, ...]]:
-    """Check the arguments, register the graph (``via="ffi"``), build the spec once and the replayable."""
-    inputs, outputs, aliases = check_arguments(graph, inputs, outputs, via=via, bind=bind, backward=backward,
+    """Check the arguments (the contract), enter the graph at the boundary, and build the replayable from the parts."""
+    source, inputs, outputs, spec = check_call(graph, inputs, outputs, via=via, bind=bind, backward=backward,
                                                input_output_aliases=input_output_aliases,
-                                               trust_foreign_kernels=trust_foreign_kernels)
-    source = source_of(graph)  # the graph's state, after every argument error
-    check_devices(source.device, inputs, outputs)
-    if via == "ffi":
-        distinct = distinct_aliases(aliases, inputs, outputs)
-        graph_id, kept, info = _replay_boundary.register(source, inputs, outputs, 0, distinct, bind == "auto",
-                                                         trust_foreign=trust_foreign_kernels,
-                                                         drop_unreferenced=drop_unreferenced)
-    else:
-        spec = ReplaySpec.from_arrays(inputs, outputs, aliases=aliases, side_effects=bool(side_effects))
-        return Replayable._create(spec, via=via, host=HostReplay(graph, inputs, outputs), backward=backward,
-                                  source=source, statics=(inputs, outputs)), (True,) * len(inputs)
-    try:  # until the replayable holds the id, a failure must not leave it registered
-        if not all(kept):
-            inputs = tuple(a for a, k in zip(inputs, kept) if k)
-            aliases = alias_pairs(inputs, outputs, renumber_aliases(input_output_aliases, kept))
-        spec = ReplaySpec.from_arrays(inputs, outputs, graph_id, aliases=aliases, side_effects=bool(side_effects),
-                                      uncaptured=info.conditionals > 0)
-        return Replayable._create(spec, via=via, backward=backward, bind=bind == "auto",
-                                  trust_foreign=trust_foreign_kernels, source=source, statics=(inputs, outputs),
-                                  borrowed_exec=info.borrowed_exec), kept
-    except BaseException:
-        _replay_boundary.retire(graph_id)  # detaches and unregisters the id on every device
-        raise
+                                               trust_foreign_kernels=trust_foreign_kernels, side_effects=side_effects)
+    entry = _replay_boundary.enter(source, spec, inputs, outputs, register_graph=via == "ffi", bind=bind == "auto",
+                                   trust_foreign=trust_foreign_kernels, drop_unreferenced=drop_unreferenced)
+    host = HostReplay(graph, inputs, outputs) if via == "callback" else None
+    replay = entry.ffi_call if host is None else callback_call(entry.spec.outputs, host, entry.state)
+    step = Replayable._assemble(entry.spec, via, entry.state, replay, backward, host=host, bind=bind == "auto",
+                                trust_foreign=trust_foreign_kernels,
+                                held=held_for(source, entry.inputs, outputs, entry.handle))
+    return step, entry.kept

@@ -412,8 +412,9 @@ def capture_per_device(fn: Callable[..., Any], in_shapes: Sequence[Any], *, devi
         graph's pool and stay valid as long as the graph). It runs once per
         device; :func:`jaxgraph.current_device` says which, for per-device
         constants made beforehand.
-    in_shapes : sequence of jax.ShapeDtypeStruct (or anything with ``shape`` and ``dtype``)
-        One per static input: the shape of one shard.
+    in_shapes : sequence of jax.ShapeDtypeStruct
+        One per static input: the shape of one shard (anything with ``shape`` and ``dtype``
+        will do).
     devices : sequence of jax.Device or int, or jax.sharding.Mesh, optional
         Where to capture. Default: every local GPU JAX uses
         (``jax.local_devices(backend="gpu")``), or every CUDA device when JAX

@@ -245,7 +245,7 @@ class Kernel(KernelLaunching):
         TypeError
             Wrong number of arguments, something other than an array for a
             pointer, an array of the wrong dtype for a typed pointer, a
-            ``jax.ShapeDtypeStruct`` for a ``const`` pointer or a
+            :class:`jax.ShapeDtypeStruct` for a ``const`` pointer or a
             ``const`` pointer named in ``inout``, a scalar
             that does not fit its C type, or ``grid``, ``block``,
             ``shared_mem`` or ``inout`` of the wrong type.

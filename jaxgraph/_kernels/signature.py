@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .._cuda.array import is_jax_object
+
 __all__ = [
     "Param",
     "access_flags",
@@ -303,7 +305,7 @@ def dim3(value: Any, what: str) -> tuple[int, int, int]:
 def _scalar_slow(kernel: str, p: Param, value: Any) -> Any:
     """:func:`scalar_value` for everything but an in-range int or a float of the right kind."""
     dtype = p.dtype
-    if type(value).__module__.startswith(("jax", "jaxlib")):
+    if is_jax_object(value):
         raise TypeError(
             f"kernel {kernel}: parameter {p.name} ({p.ctype}) is a scalar, which is baked into the "
             f"launch; got a JAX array ({type(value).__name__}). Pass a Python number, or make the "

@@ -31,7 +31,7 @@ from typing import Any
 
 from .cases import load_factory, normalize_cases
 
-__all__ = ["StartError", "count_command_buffers", "main"]
+__all__ = ["StartError", "count_command_buffer_thunks", "count_command_buffers", "main"]
 
 # XLA's command-buffer pass (CommandBufferScheduling) outlines each command buffer into a
 # computation named "command_buffer" (made unique: command_buffer.1, ...) that the schedule
@@ -40,11 +40,22 @@ _COMMAND_BUFFER = re.compile(r"^\s*%?command_buffer[\w.]*\s*\(", re.M)
 # The dump's name for it: module_0004.jit_step.cpu_after_optimizations.txt (on a GPU with the
 # device in it: ...jit_step.sm_9.0_gpu_after_optimizations.txt).
 _DUMPED_MODULE = re.compile(r"^module_\d+\.(?P<rest>.+)_after_optimizations\.txt$")
+# Newer XLA (jax 0.11's, seen on an H200) forms command buffers from the thunk sequence instead, after
+# the HLO passes: the optimized HLO has none, and the thunks after XLA's thunk passes list each one as
+# "000: kCommandBuffer ..." (nested under a while's or conditional's thunk too), in
+# module_0004.jit_step.thunk_sequence_after_thunk_passes.txt.
+_COMMAND_BUFFER_THUNK = re.compile(r"^\s*\d+:\s*kCommandBuffer\b", re.M)
+_DUMPED_THUNKS = re.compile(r"^module_\d+\.(?P<module>.+)\.thunk_sequence_after_thunk_passes\.txt$")
 
 
 def count_command_buffers(hlo_text: str) -> int:
     """How many command buffers an optimized HLO module holds (its ``command_buffer`` computations)."""
     return len(_COMMAND_BUFFER.findall(hlo_text))
+
+
+def count_command_buffer_thunks(thunks_text: str) -> int:
+    """How many command buffers a dumped thunk sequence holds (its ``kCommandBuffer`` thunks)."""
+    return len(_COMMAND_BUFFER_THUNK.findall(thunks_text))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,13 +165,17 @@ def command_buffers(dump_dir: str | None, before: set[str], compiled_text: str |
     """The command-buffer count from the HLO XLA dumped for this compilation (else its compiled text)."""
     if dump_dir is None:
         return {"command_buffers": None, "command_buffers_from": "not counted"}
-    texts = {}
+    texts, thunks = {}, {}
     module = compiled_text.split(",", 1)[0].split()[-1] if compiled_text else None
     for name in sorted(_listing(dump_dir) - before):
-        m = _DUMPED_MODULE.match(name)
+        m, t = _DUMPED_MODULE.match(name), _DUMPED_THUNKS.match(name)
         if m and (module is None or m["rest"].startswith(module + ".")):
-            with open(os.path.join(dump_dir, name), encoding="utf-8", errors="replace") as f:
-                texts[name] = f.read()
+            texts[name] = _read(dump_dir, name)
+        elif t and (module is None or t["module"] == module):
+            thunks[name] = _read(dump_dir, name)
+    if thunks:  # where XLA forms command buffers from thunks, the HLO holds none: count the thunks
+        return {"command_buffers": sum(count_command_buffer_thunks(t) for t in thunks.values()),
+                "command_buffers_from": "XLA dump: " + ", ".join(thunks)}
     if texts:
         return {"command_buffers": sum(count_command_buffers(t) for t in texts.values()),
                 "command_buffers_from": "XLA dump: " + ", ".join(texts)}
@@ -210,6 +225,11 @@ def _device_name(device: Any) -> str:
 
 def _is_jitted(fn: Any) -> bool:
     return hasattr(fn, "lower") and hasattr(fn, "trace") or type(fn).__name__ in ("PjitFunction", "Wrapped")
+
+
+def _read(dump_dir: str, name: str) -> str:
+    with open(os.path.join(dump_dir, name), encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def _listing(dump_dir: str | None) -> set[str]:

@@ -16,7 +16,7 @@ from jaxgraph.compare.cases import factory_spec, normalize_cases
 from jaxgraph.compare.report import Failure, Result, Timing
 from jaxgraph.compare.settings import parse_setting
 from jaxgraph.compare.table import fmt_seconds
-from jaxgraph.compare.worker import command_buffers, count_command_buffers, host_tree
+from jaxgraph.compare.worker import command_buffers, count_command_buffer_thunks, count_command_buffers, host_tree
 
 
 @pytest.fixture
@@ -263,3 +263,27 @@ def test_the_table_rows():
                                            (1.5, "1.50 s"), (1234.0, "1234 s")])
 def test_seconds_are_shown_with_three_digits(seconds, text):
     assert fmt_seconds(seconds) == text
+
+
+# What jax 0.11's XLA dumped on an H200 for a jitted function whose fusions and custom call ran as one
+# command buffer (module_1325.jit_f.thunk_sequence_after_thunk_passes.txt): its optimized HLO had no
+# command_buffer computation. The second sequence nests one under a while loop's thunk.
+THUNKS = "000: kCommandBuffer [source | sink]\n"
+NESTED = "000: kKernel [source]\n001: kWhile [sink]\n  000: kCommandBuffer [source | sink]\n  001: kCopy\n"
+
+
+def test_command_buffers_formed_from_thunks_are_counted_from_the_thunk_sequence(tmp_path):
+    assert count_command_buffer_thunks(THUNKS) == 1 and count_command_buffer_thunks(NESTED) == 1
+    assert count_command_buffer_thunks("000: kKernel [source | sink]\n") == 0
+    files = {
+        "module_0004.jit_step.sm_9.0a_gpu_after_optimizations.txt": "HloModule jit_step\n",  # none in the HLO
+        "module_0004.jit_step.thunk_sequence.txt": THUNKS + THUNKS,  # before the thunk passes: not counted
+        "module_0004.jit_step.thunk_sequence_after_thunk_passes.txt": THUNKS,
+        "module_0005.jit_other.thunk_sequence_after_thunk_passes.txt": NESTED + THUNKS,
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    got = command_buffers(str(tmp_path), set(), "HloModule jit_step, is_scheduled=true\n...")
+    assert got == {"command_buffers": 1,
+                   "command_buffers_from": "XLA dump: module_0004.jit_step.thunk_sequence_after_thunk_passes.txt"}
+    assert command_buffers(str(tmp_path), set(), None)["command_buffers"] == 3  # every module that call compiled

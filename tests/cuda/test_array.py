@@ -169,3 +169,18 @@ def test_the_garbage_collector_waits_for_the_last_capture_to_end(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_jax_objects_are_told_from_jaxgraph_s_own():
+    # jaxgraph's public types say module "jaxgraph", which starts with "jax": only jax, jax.* and jaxlib* are JAX's.
+    import jax.numpy as jnp
+
+    from jaxgraph._cuda.array import is_jax_object
+
+    assert is_jax_object(jnp.zeros(3)) and is_jax_object(jax_tracer_stand_in())
+    for module in ("jaxgraph", "jaxgraph._cuda.array", "jaxtyping"):
+        assert not is_jax_object(type("Thing", (), {"__module__": module})()), module
+
+
+def jax_tracer_stand_in():
+    return type("Tracer", (), {"__module__": "jax._src.interpreters.partial_eval"})()

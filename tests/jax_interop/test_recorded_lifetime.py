@@ -230,7 +230,15 @@ def test_jitted_functions_outlive_their_kernel_and_replayable(mode, tmp_path, rn
     assert set(report["replay_after"]) <= {"exact", "error"}, report
     assert report["replay_after_new_input"] in ("exact", "error"), report
     assert report["junk_untouched"], report
-    assert report["recorded"] == (mode == "on"), report  # min graph size 1: XLA records the replay
+    if mode == "off":
+        assert not report["recorded"], report
+    # Whether XLA records the replay under "on" is XLA's choice (jax 0.11's XLA on an H200 did not, its
+    # command buffers formed from thunks): either way, never freed memory. Recorded: the recording replays
+    # exact (what it held is kept); not recorded: each call reaches the handler, which refuses clearly.
+    if report["recorded"]:
+        assert report["kept_for_recordings"] >= 1 and report["replay_after"] == ["exact"] * 3, report
+    else:
+        assert report["replay_after"] == ["error"] * 3 and report["replay_after_new_input"] == "error", report
     assert (report["kept_for_recordings"] > 0) == (mode == "on"), report
     if mode == "off":  # every call reaches the handler, which refuses the retired graph
         assert report["replay_after"] == ["error"] * 3, report

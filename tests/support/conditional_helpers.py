@@ -24,7 +24,7 @@ import numpy as np
 
 from support import graph_helpers
 import jaxgraph
-import jaxgraph._jax_interop.replayable
+import jaxgraph._jax_interop.replay_contract
 from jaxgraph._kernels.load import node_handles
 from jaxgraph._jax_interop.replay_contract import source_of
 from jaxgraph._kernels.signature import access_flags
@@ -151,7 +151,7 @@ def replayable(g, inputs, outputs, cond: Conditionals | None, *, bodies=True, **
     patched = dataclasses.replace(source, kernels=tuple(kernels.items()),
                                   bodies=tuple(cond.bodies) if bodies else ())
     # What the capture API records itself: the replayable is built from this source.
-    with mock.patch.object(jaxgraph._jax_interop.replayable, "source_of", lambda graph: patched):
+    with mock.patch.object(jaxgraph._jax_interop.replay_contract, "source_of", lambda graph: patched):
         return jaxgraph.replayable(g, inputs, outputs, **options)
 
 

@@ -29,7 +29,7 @@ def spec_replayable(inputs, outputs, graph_id=0, *, via="ffi", uncaptured=False,
     It traces and lowers like a real one (``via="ffi"``), or runs ``host`` from
     ``jax.pure_callback`` (``via="callback"``), without a GPU. ``inputs`` and
     ``outputs`` are ``jax.ShapeDtypeStruct``s; ``options`` go to
-    ``Replayable._create`` (``host``, ``backward``, ``state``).
+    ``Replayable._create`` (``host``, ``backward``).
     """
     spec = ReplaySpec(tuple(inputs), tuple(outputs), graph_id, uncaptured=uncaptured)
     return Replayable._create(spec, via=via, **options)
