@@ -152,7 +152,7 @@ def test_launches_without_driver_do_the_host_work_and_are_put_back(add_one):
 
 
 @pytest.mark.gpu
-def test_captures_pools_and_template_of_a_real_capture(add_one, rng):
+def test_captures_pools_and_template_of_a_real_capture(rng):
     kernel = jaxgraph.Kernel(ADD_ONE, "add_one")
     data = rng.standard_normal(N).astype(np.float32)
     x, y = jaxgraph.asarray(data), jaxgraph.empty(N)
@@ -177,6 +177,7 @@ def test_captures_pools_and_template_of_a_real_capture(add_one, rng):
     g.reset()
     with pytest.raises(RuntimeError, match="holds no captured graph"):
         diagnostics.graph_template(g)
+    del g
     gc.collect()
     assert pool_ref() is None and pool_id not in diagnostics.live_pool_ids()
 
