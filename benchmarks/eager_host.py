@@ -37,24 +37,19 @@ if __package__ in (None, ""):  # run as a file: import the harness as the packag
 from benchmarks.harness.workload import BLOCK, ELEMENTS, GRID, SOURCE  # noqa: E402
 
 
-def stubbed_kernel() -> tuple[Any, Any, Any, Any]:
-    """An ``add_one`` kernel whose launches stop before the driver, two DeviceArrays and a stream."""
+def stand_ins() -> tuple[Any, Any, Any, Any]:
+    """An ``add_one`` kernel compiled for sm_90 (never loaded), a stream and two DeviceArrays at made-up addresses.
+
+    Launched inside ``jaxgraph.diagnostics.launches_without_driver(kernel)``, the
+    launches stop before the driver; nothing is dereferenced.
+    """
     import jaxgraph
-    from jaxgraph._cuda import driver as _driver
-    from jaxgraph._cuda.array import _INTERNAL, DeviceArray
-    from jaxgraph._cuda.stream import Stream
+    from jaxgraph import diagnostics
 
     kernel = jaxgraph.Kernel(SOURCE, "add_one", arch="sm_90")
-    kernel._h_kernel, kernel._function_address = 1, 0xF00  # "loaded": no cubin load
-    kernel._native_launch = lambda *args: 0                # the driver call, stubbed
-    # Device 0's primary context "is" address 0, which is what the native
-    # cuCtxGetCurrent reports on a machine without a driver: no switch, no driver.
-    _driver._primary_context_addresses[0] = 0
-    stream = Stream.__new__(Stream)
-    stream._setup(0x1234, 0, None, False)
-    f32 = np.dtype(np.float32)
-    x = DeviceArray(0x7000_0000, (ELEMENTS,), f32, 0, None, _token=_INTERNAL)
-    y = DeviceArray(0x7000_4000, (ELEMENTS,), f32, 0, None, _token=_INTERNAL)
+    stream = diagnostics.stream_at(0x1234, device=0)
+    x = diagnostics.device_array_at(0x7000_0000, ELEMENTS, np.float32, device=0)
+    y = diagnostics.device_array_at(0x7000_4000, ELEMENTS, np.float32, device=0)
     return kernel, stream, x, y
 
 
@@ -77,22 +72,30 @@ def ways(kernel: Any, stream: Any, x: Any, y: Any) -> dict[str, Callable[[], Non
     }
 
 
+def time_ways(table: dict[str, Callable[[], None]], repeats: int, calls: int) -> dict[str, float]:
+    """Each way's best seconds per call over ``repeats`` interleaved runs of ``calls`` calls."""
+    best = {name: float("inf") for name in table}
+    for fn in table.values():  # warm-up: the first launch of each kind checks and specializes
+        fn()
+    for _ in range(repeats):
+        for name, fn in table.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20000)
     args = parser.parse_args()
-    kernel, stream, x, y = stubbed_kernel()
-    table = ways(kernel, stream, x, y)
-    best = {name: float("inf") for name in table}
-    for fn in table.values():  # warm-up: the first launch of each kind checks and specializes
-        fn()
-    for _ in range(args.repeats):
-        for name, fn in table.items():
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / args.calls)
+    from jaxgraph import diagnostics
+
+    kernel, stream, x, y = stand_ins()
+    with diagnostics.launches_without_driver(kernel):  # loaded as far as jaxgraph can tell; no driver call
+        best = time_ways(ways(kernel, stream, x, y), args.repeats, args.calls)
     best["alternating_kinds"] /= 2
     print("host Python work per eager launch, native launch stubbed (ns, min of "
           f"{args.repeats} interleaved repeats of {args.calls} calls)")

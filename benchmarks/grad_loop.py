@@ -20,7 +20,7 @@ the diffusivity field (``jax.value_and_grad``, jitted):
   and one backward loop on the device (``checkpoint_every`` about sqrt(R)),
   the full segments retargeted (clones of the step and its backward pointed
   at the ring slots, no state copies between steps: jaxgraph's default);
-- ``jaxgraph_copies``: the same with ``loop_grad.RETARGET`` off (the state
+- ``jaxgraph_copies``: the same with ``jaxgraph.diagnostics.loop_settings(retarget_gradients=False)`` (the state
   copied between steps, what runs where a step cannot be cloned); the report
   says which way ran (``mode``).
 
@@ -106,10 +106,7 @@ def _gradient_fn(variant, ex, n, steps):
         def run(u0, kappa):
             u, _ = jax.lax.scan(lambda u, _: (step(u, kappa), None), u0, None, length=steps)
             return u
-    else:
-        from jaxgraph._jax_interop import loop_grad
-
-        loop_grad.RETARGET = variant == "jaxgraph"
+    else:  # "jaxgraph" and "jaxgraph_copies": the worker holds its loop setting (worker())
         loop = ex.make_loop(n, steps)
         held = loop.checkpoint_memory()["device_bytes"]
 
@@ -123,6 +120,19 @@ def _gradient_fn(variant, ex, n, steps):
 
 
 def worker(variant, grids, steps, reps):
+    import contextlib
+
+    settings = contextlib.nullcontext()
+    if variant.startswith("jaxgraph"):  # the gradient is built, with the setting, where fn is first traced
+        from jaxgraph import diagnostics
+
+        settings = diagnostics.loop_settings(retarget_gradients=variant == "jaxgraph")
+    with settings:
+        out = _measure(variant, grids, steps, reps)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _measure(variant, grids, steps, reps):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -154,8 +164,17 @@ def worker(variant, grids, steps, reps):
         out["grids"][str(n)] = {"median_ms": statistics.median(times) * 1e3, "samples_ms": [t * 1e3 for t in times],
                                 "xla_temp_bytes": temp, "xla_peak_bytes": int(stats.get("peak_bytes_in_use", -1)),
                                 "jaxgraph_held_bytes": held, "max_rel_err_vs_jnp": err, "loss": float(value),
-                                "mode": loop._gradient.mode if loop is not None else ""}
-    print("RESULT " + json.dumps(out), flush=True)
+                                "mode": _gradient_mode(loop)}
+    return out
+
+
+def _gradient_mode(loop):
+    """How the jaxgraph variants' gradient ran its full segments (LoopGradient's mode); "" for the others."""
+    if loop is None:
+        return ""
+    from jaxgraph import diagnostics
+
+    return diagnostics.describe_loop(loop).gradient
 
 
 # ----------------------------------------------------------------------------

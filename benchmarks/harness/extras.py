@@ -89,14 +89,17 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         from cuda.core import LaunchConfig, ObjectCode, launch
         from cuda.core import Stream as CoreStream
 
+        from jaxgraph import diagnostics
+
         code = ObjectCode.from_cubin(kernel.cubin, symbol_mapping={"add_one": kernel.lowered_name.encode()})
         core_kernel = code.get_kernel("add_one")
         core_stream = CoreStream.from_handle(int(stream))
         config = LaunchConfig(grid=GRID, block=BLOCK)
         scalar_types = [p.dtype.type for p in kernel.params]
+        checks = diagnostics.argument_checks(kernel)
 
         def launch_checked(y, x, _module=code):
-            values, _ = kernel._packer.values((y, x, ELEMENTS))
+            values, _ = checks((y, x, ELEMENTS))
             launch(core_stream, config, core_kernel, values[0], values[1], scalar_types[2](values[2]))
 
         return _jaxgraph_mode("eager.jaxgraph_checks_cuda_core", launch_checked, stream, rng)

@@ -59,6 +59,7 @@ def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, u
                 until: bool = False, ping_pong: str = "auto", check_every: int | None = None) -> Mode:
     """``graphed_loop(chain.graph, R, feed={0: 0}, unroll=K).replay()`` in a loop, timed by CUDA events."""
     import jaxgraph
+    from jaxgraph import diagnostics
 
     r = fori_trips(chain.n)
     flag = jaxgraph.zeros(1, np.int32) if until else None
@@ -79,7 +80,8 @@ def device_loop(chain: Chain, stream: Any, rng: np.random.Generator, key: str, u
     mode = Mode(key, run, per_call=r * chain.n, clock="cuda_event", check=check + f"; {ran} steps counted")
     mode.info.update(steps=r, unroll=loop.unroll, ping_pong=loop.ping_pong)
     if until:
-        mode.info.update(check_every=check_every, stop=loop.stop, pdl=loop._pdl)
+        mode.info.update(check_every=check_every, stop=loop.stop,
+                         pdl=diagnostics.describe_loop(loop).programmatic_check)
     mode._keep = loop  # type: ignore[attr-defined]
     return mode
 

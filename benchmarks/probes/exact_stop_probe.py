@@ -14,7 +14,7 @@ While the flag stays clear (every launch runs all R steps):
   unguarded steps a WHILE trip, a watch kernel after each (launched through a
   programmatic edge after the one-kernel step on sm_90+);
 - ``exact_plain_watch``: the same with the watch after a child-graph step
-  (``_loop_build.PDL_WATCH = False``);
+  (``jaxgraph.diagnostics.loop_settings(pdl_watch=False)``);
 - ``exact_k8``, ``exact_k32``: ``unroll=8`` / ``32`` steps a trip;
 - ``exact_copy``: ``ping_pong="copy"`` (a memcpy y -> x after each step);
 - ``per_step``: ``check_every=1``, the exact stop without speculation (a WHILE trip a step);
@@ -60,7 +60,7 @@ extern "C" __global__ void add_one_flag(float* y, const float* x, int n, int* co
 def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> dict:
     """``{name: (launchable, steps run per launch)}``, each checked once."""
     import jaxgraph
-    from jaxgraph._graphs import loop_build as _loop_build
+    from jaxgraph import diagnostics
 
     modes, keep = {}, []
     for name, r in (("unrolled", steps), ("unrolled_half", steps // 2)):
@@ -70,17 +70,14 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
 
     def loop(name, watch_pdl=True, **kw):
         chain = Chain(kernel, 1)
-        old = _loop_build.PDL_WATCH
-        _loop_build.PDL_WATCH = watch_pdl
         try:
-            lp = jaxgraph.graphed_loop(chain.graph, steps, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s],
-                                       until=jaxgraph.zeros(1, np.int32), **kw)
-            check(name, lp, chain.x_s, chain.y_s, steps)
+            with diagnostics.loop_settings(pdl_watch=watch_pdl):
+                lp = jaxgraph.graphed_loop(chain.graph, steps, feed={0: 0}, inputs=[chain.x_s], outputs=[chain.y_s],
+                                           until=jaxgraph.zeros(1, np.int32), **kw)
+                check(name, lp, chain.x_s, chain.y_s, steps)
             modes[name] = (lp, steps, None)
         except Exception as exc:  # one way failing must not hide the others' figures
             print(f"  {name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            _loop_build.PDL_WATCH = old
 
     def stopping(name, **kw):
         x, y = jaxgraph.zeros(ELEMENTS), jaxgraph.zeros(ELEMENTS)
@@ -107,8 +104,9 @@ def build_modes(kernel, flag_kernel, steps: int, rng: np.random.Generator) -> di
         check_result(x_s.numpy(), x, r)  # both halves of a fed pair
         ran = int(lp.steps_run.numpy()[0])
         assert ran == r, f"{name}: {ran} steps counted, expected {r}"
+        pdl = diagnostics.describe_loop(lp).programmatic_check
         print(f"  {name}: stop {lp.stop!r}, {lp.ping_pong}, unroll {lp.unroll}, programmatic watch/check "
-              f"{lp._pdl}, snapshot {lp.snapshot_bytes} B; x + {r} checked, {ran} steps counted", flush=True)
+              f"{pdl}, snapshot {lp.snapshot_bytes} B; x + {r} checked, {ran} steps counted", flush=True)
 
     loop("exact")
     loop("exact_plain_watch", watch_pdl=False)

@@ -11,14 +11,14 @@ rounds) and over the floor, R ``add_one`` kernels unrolled in one graph.
 - ``exact_fused``: the default for a step with one small fed pair: a trip is
   ``A ; check`` and the check kernel copies y -> x itself;
 - ``exact_twin``: with the swapped twin: ``A ; check ; IF(g) { B ; check }``
-  (the default above ``_loop_build.FUSED_COPY_BYTES``; forced here with 0);
+  (the default above ``LoopSettings.fused_copy_bytes``; forced here with 0);
 - ``exact_in_place``: a step with no feed (``y = y + 1`` in place): ``step ; check``;
 - ``exact_memcpy``: ``ping_pong="copy"``: ``A ; memcpy ; check``;
 - ``..._pdl`` / ``..._child``: the one-kernel step added as a kernel node of
   the trip with the check launched through a programmatic edge (waiting in
   ``griddepcontrol.wait``), or as a child-graph node with the check after it
-  (``_loop_build.PDL_CHECKS`` says which kinds get the first; the name without a
-  suffix is the default);
+  (``jaxgraph.diagnostics.loop_settings(pdl_checks=...)`` says which kinds get the
+  first; the name without a suffix is the default);
 - ``every_k2`` ... ``every_k32``: ``check_every=K``: K unguarded steps per trip;
 - ``no_flag``: the loop without ``until`` (``default_unroll``'s K).
 
@@ -44,7 +44,7 @@ from benchmarks.harness.workload import SOURCE, Chain, check_result, random_inpu
 def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:
     """``{name: (loop or graph, chain)}``: each mode's launchable, checked once."""
     import jaxgraph
-    from jaxgraph._graphs import loop_build as _loop_build
+    from jaxgraph import diagnostics
 
     modes = {}
     floor = Chain(kernel, steps)
@@ -53,20 +53,16 @@ def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:
 
     def loop(name, fused_bytes=None, pdl=None, **kw):
         chain = kw.pop("chain", None) or Chain(kernel, 1)
-        old = _loop_build.FUSED_COPY_BYTES, _loop_build.PDL_CHECKS
-        if fused_bytes is not None:
-            _loop_build.FUSED_COPY_BYTES = fused_bytes
-        if pdl is not None:
-            _loop_build.PDL_CHECKS = frozenset({"fused", "twin", "in_place"} if pdl else ())
+        pdl_checks = None if pdl is None else {"fused", "twin", "in_place"} if pdl else ()
         try:
             feed = kw.pop("feed", {0: 0})
-            lp = jaxgraph.graphed_loop(chain.graph, steps, feed=feed, inputs=[chain.x_s], outputs=[chain.y_s], **kw)
-            check(name, lp, chain, steps)
+            with diagnostics.loop_settings(fused_copy_bytes=fused_bytes, pdl_checks=pdl_checks):
+                lp = jaxgraph.graphed_loop(chain.graph, steps, feed=feed, inputs=[chain.x_s], outputs=[chain.y_s],
+                                           **kw)
+                check(name, lp, chain, steps)
             modes[name] = (lp, chain, steps)
         except Exception as exc:  # one way failing must not hide the others' figures
             print(f"  {name}: FAILED: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            _loop_build.FUSED_COPY_BYTES, _loop_build.PDL_CHECKS = old
 
     def check(name, lp, chain, r):
         x = random_input(rng)
@@ -81,8 +77,9 @@ def build_modes(kernel, steps: int, rng: np.random.Generator) -> dict:
         if name != "unrolled":
             ran = int(lp.steps_run.numpy()[0])
             assert ran == r, f"{name}: {ran} steps counted, expected {r}"
+            pdl = diagnostics.describe_loop(lp).programmatic_check
             print(f"  {name}: {lp.ping_pong}, unroll {lp.unroll}, step as a kernel node with a programmatic "
-                  f"check: {lp._pdl}; x + {r} checked, {ran} steps counted", flush=True)
+                  f"check: {pdl}; x + {r} checked, {ran} steps counted", flush=True)
 
     flag = jaxgraph.zeros(1, np.int32)
     in_place = Chain(kernel, 1, x_s=(y := jaxgraph.zeros(4096, np.float32)), y_s=y)

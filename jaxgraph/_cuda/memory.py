@@ -39,6 +39,7 @@ __all__ = [
     "graph_pool_handle",
     "hold_frees",
     "hold_reuse",
+    "live_pool_ids",
     "pool_from_token",
     "release_frees",
     "release_reuse",
@@ -239,6 +240,11 @@ class PoolHandle(tuple):
 
 
 _pools: "weakref.WeakValueDictionary[int, MemPool]" = weakref.WeakValueDictionary()
+
+
+def live_pool_ids() -> frozenset[int]:
+    """The ids of the :class:`MemPool` objects alive now (``jaxgraph.diagnostics.live_pool_ids``)."""
+    return frozenset(_pools.keys())
 
 
 def graph_pool_handle(device: int | None = None) -> tuple[int, int]:

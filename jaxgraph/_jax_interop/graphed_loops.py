@@ -70,7 +70,7 @@ from .graphed_callables import GraphedCallable, flat_statics
 from . import loop_grad as _loop_grad
 from .._graphs.cuda_graph import CUDAGraph
 
-__all__ = ["GraphedLoop", "graphed_loop", "default_unroll"]
+__all__ = ["GraphedLoop", "graphed_loop", "default_unroll", "loop_choices"]
 
 # One WHILE trip costs 4.2-4.8 us over the unrolled floor at N=1 on the H100, a kernel
 # node ~1 us (benchmarks/results/nvidia-h100-80gb-hbm3-loops.md: the WHILE trip table,
@@ -395,6 +395,17 @@ def default_unroll(nodes_per_step: int, even: bool = True) -> int:
     k = math.ceil(_TRIP_US / (_TRIP_SHARE * _NODE_US * int(nodes_per_step)))
     k = max(2 if even else 1, min(_MAX_UNROLL, k))
     return k + (k % 2) if even else k
+
+
+def loop_choices(loop: GraphedLoop) -> tuple[bool, str]:
+    """What was chosen for ``loop`` where it was built (``jaxgraph.diagnostics.describe_loop``).
+
+    Whether its check or watch kernel is launched through a programmatic edge
+    after the step, and how its gradient runs the full segments
+    (``LoopGradient.mode``; ``"not built"`` before the first gradient).
+    """
+    gradient = getattr(loop, "_gradient", None)
+    return bool(loop._pdl), gradient.mode if gradient is not None else "not built"
 
 
 # ----------------------------------------------------------------------------

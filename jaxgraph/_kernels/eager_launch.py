@@ -27,9 +27,10 @@ alive; it is a bound method, the cheapest Python callable to make and to call.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from types import MethodType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .._cuda import capture_registry as _captures, driver as _driver
 from .._cuda.array import asarray
@@ -39,7 +40,7 @@ from .packer import ArgumentPacker, geometry, plain_ints, unpack_geometry
 from .._cuda.driver import thread_state
 from .._cuda.stream import Stream, current_stream, thread_streams
 
-__all__ = ["KernelLaunching", "MAX_LAUNCH_CONFIGS"]
+__all__ = ["KernelLaunching", "MAX_LAUNCH_CONFIGS", "reference_checks", "stopped_before_driver"]
 
 MAX_LAUNCH_CONFIGS = 32  # checked launch configurations kept per kernel (and geometries apart from streams)
 
@@ -311,3 +312,45 @@ def _prepared(kernel: KernelLaunching, stream: Stream, config: list) -> tuple:
     if shared_mem <= DEFAULT_SHARED_LIMIT:  # one tuple, replaced whole: a reader sees one stream's values
         config[0] = ready
     return ready
+
+
+# ----------------------------------------------------------------------------
+# For jaxgraph.diagnostics: the argument checks, launches that stop before the driver
+# ----------------------------------------------------------------------------
+
+
+def reference_checks(kernel: KernelLaunching) -> Callable[[tuple], tuple[list, tuple]]:
+    """``kernel``'s reference argument checks, ``(args) -> (values, operands)`` (the packer's ``values``)."""
+    return kernel._packer.values
+
+STAND_IN_FUNCTION = 0xF00  # the "loaded" function's address while launches stop before the driver
+
+
+@contextlib.contextmanager
+def stopped_before_driver(kernel: KernelLaunching) -> Iterator[None]:
+    """Inside the block, ``kernel`` counts as loaded and its native launch returns success untouched.
+
+    Every launch does all of its host work (checks, packing, configurations) and
+    no driver call. The kernel's loaded state is put back on exit; configurations
+    prepared before or inside the block are prepared again at their next launch.
+    """
+    saved = kernel._h_kernel, kernel._function_address, kernel._native_launch
+    _forget_prepared(kernel)
+    kernel._h_kernel, kernel._function_address = 1, STAND_IN_FUNCTION
+    kernel._native_launch = _launched
+    try:
+        yield
+    finally:
+        kernel._h_kernel, kernel._function_address, kernel._native_launch = saved
+        _forget_prepared(kernel)
+
+
+def _launched(*args: Any) -> int:
+    """The native launch while it stops before the driver: success (0)."""
+    return 0
+
+
+def _forget_prepared(kernel: KernelLaunching) -> None:
+    """Each kept configuration looks its stream, context and loaded kernel up again at its next launch."""
+    for config in kernel._launch_configs.values():
+        config[0] = (_no_stream, 0, None, 0, None, config[1])

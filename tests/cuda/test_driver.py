@@ -1,16 +1,19 @@
 """The CUDA layer and the native library: what works with and without a driver.
 
-Tests internals (listed in tests/README.md): ``_cuda.driver``, the extensions ``_launch`` and
-``_replay``; the checked driver layer and the native library, with and without a driver.
+Tests internals (listed in tests/README.md): ``_cuda.driver``, ``_cuda.native`` (the FFI targets'
+registration, the error for a missing extension), the extensions ``_launch`` and ``_replay``; the
+checked driver layer and the native library, with and without a driver.
 """
 
 import importlib
+import pathlib
 
 import numpy as np
 import pytest
 
 import jaxgraph
 from jaxgraph._cuda import driver as _driver
+from jaxgraph._cuda import native as _native
 from conftest import HAS_GPU
 
 
@@ -44,6 +47,23 @@ def test_native_library_has_no_driver_dependency():
         pytest.skip("ldd not available")
     out = subprocess.run(["ldd", ext.__file__], capture_output=True, text=True).stdout
     assert "libcuda.so" not in out and "libcudart.so" not in out, out
+
+
+def test_ffi_targets_register_for_cuda_once():
+    _native.register_ffi_targets()
+    _native.register_ffi_targets()
+    launch, replay = _native.native("launch"), _native.native("replay")
+    assert set(launch.registrations()) == set(launch.cpu_registrations()) == {"jaxgraph_launch"}
+    assert set(replay.registrations()) == set(replay.cpu_registrations()) == {"jaxgraph_replay",
+                                                                            "jaxgraph_replay_uncaptured"}
+
+
+def test_missing_extension_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
+        _native.native("no_such_extension")
+    # The hint is the README's install step, word for word.
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme
 
 
 @pytest.mark.skipif(HAS_GPU, reason="CUDA is available here")

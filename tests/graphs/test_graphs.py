@@ -6,9 +6,8 @@ numpy. Pools shared between graphs and kept inputs are in
 test_graphs_pools.py; exceptions, capture modes, threads and Graph in
 test_graphs_capture_modes.py.
 
-Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_cuda.memory.pool_from_token``),
-``_replay_contract.source_of``, ``_cuda_graph._native_graph_launch`` (patched); a pool's reserved bytes, the template kept for
-splicing, a failing launch.
+Tests internals (listed in tests/README.md): ``_graphs.cuda_graph._native_graph_launch`` (patched): a failing
+launch. A pool's reserved bytes and the template kept for splicing come from ``jaxgraph.diagnostics``.
 """
 
 import gc
@@ -18,9 +17,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import BLOCK, N, blocks, capture_scale, load_kernels, poison, random_floats, replay_and_check
-from support.internals import pool_of
-from jaxgraph._jax_interop.replay_contract import source_of
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +86,7 @@ def test_allocations_during_capture_come_from_the_graph_pool(k, rng):
         out = jaxgraph.empty(N)
         k.add[blocks(N), BLOCK](out, tmp, x, N)
         del tmp
-    pool = pool_of(g)
+    pool = diagnostics.memory_pool(g.pool())
     assert out.owner.pool is pool
     assert pool.reserved_bytes >= 2 * N * 4
     assert isinstance(g.pool(), tuple) and g.pool() == (0, pool.id)
@@ -104,7 +102,7 @@ def test_graph_memory_stays_valid_while_graph_lives_and_returns_when_it_dies(k, 
     with jaxgraph.graph(g):
         out = jaxgraph.empty(N)
         k.scale[blocks(N), BLOCK](out, x, 2.0, N)
-    pool_ref = weakref.ref(pool_of(g))
+    pool_ref = weakref.ref(diagnostics.memory_pool(g.pool()))
     out_ref = weakref.ref(out.owner)
     del out                                  # the graph still writes it: the pool keeps it
     gc.collect()
@@ -170,7 +168,7 @@ def test_keep_graph_false_instantiates_at_capture_end(k, rng):
     with pytest.raises(RuntimeError, match="not live"):
         g.raw_cuda_graph()
     # The template is kept privately for splicing into XLA graphs.
-    assert source_of(g).template != 0
+    assert diagnostics.graph_template(g) != 0
     replay_and_check(g, y, 5.0 * data)
 
 
@@ -194,7 +192,7 @@ def test_keep_graph_true_instantiates_on_first_replay(k, rng):
     np.testing.assert_allclose(y.numpy(), 3.0 * data, rtol=1e-6)
     g.replay()
     assert len(instantiations) == 1
-    assert source_of(g).template == g.raw_cuda_graph()
+    assert diagnostics.graph_template(g) == g.raw_cuda_graph()
 
 
 @pytest.mark.gpu

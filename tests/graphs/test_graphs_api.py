@@ -4,8 +4,7 @@ Signatures, argument validation (which happens before any driver call),
 errors before capture, handles and destroy callbacks, all on the CPU.
 PyTorch's error situations on the GPU are in test_graphs_errors.py.
 
-Tests internals (listed in tests/README.md): ``_replay_contract.source_of``; a graph with no
-captured graph has no template.
+A graph with no captured graph has no template either (``jaxgraph.diagnostics.graph_template``).
 """
 
 import functools
@@ -16,7 +15,7 @@ import weakref
 import pytest
 
 import jaxgraph
-from jaxgraph._jax_interop.replay_contract import source_of
+from jaxgraph import diagnostics
 
 EMPTY = inspect.Parameter.empty
 
@@ -100,7 +99,7 @@ def test_module_functions_exist():
     (lambda g: g.debug_dump("unused.dot"), "debug_dump: nothing has been captured"),
     (lambda g: g.get_graph_data(), "get_graph_data: nothing has been captured"),
     (lambda g: g.pool(), "pool: this graph has no memory pool"),
-    (lambda g: source_of(g).template, "holds no captured graph"),
+    (lambda g: diagnostics.graph_template(g), "holds no captured graph"),
 ])
 @pytest.mark.parametrize("keep_graph", [False, True])
 def test_errors_before_capture(call, match, keep_graph):

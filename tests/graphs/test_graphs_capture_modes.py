@@ -3,8 +3,8 @@
 Every replay runs on fresh random data, outputs are poisoned with NaN first,
 and results are checked against numpy.
 
-Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``,
-``_replay_contract.source_of``; no capture left behind by an exception, the template kept by Graph.
+No capture is left behind by an exception, and Graph keeps its template
+(``jaxgraph.diagnostics.captures_underway``, ``graph_template``).
 """
 
 import threading
@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import BLOCK, N, blocks, driver_call, load_kernels, random_floats, replay_and_check
-from jaxgraph._cuda import capture_registry as _captures
-from jaxgraph._jax_interop.replay_contract import source_of
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_exception_in_body_discards_capture_and_restores_stream(k, rng):
             raise ValueError("boom")
     assert jaxgraph.current_stream() == before
     assert not jaxgraph.is_current_stream_capturing()
-    assert not _captures.any_underway()
+    assert not diagnostics.captures_underway()
     from cuda.bindings import driver
 
     (status,) = driver_call("cuStreamIsCapturing", capture_stream.handle)
@@ -191,7 +190,7 @@ def test_accelerator_graph_keep_graph_and_exception(k, rng, side_stream):
     np.testing.assert_array_equal(x.numpy(), data)   # neither capture ran the work
     g.replay()
     np.testing.assert_allclose(x.numpy(), data + 1.0, rtol=1e-6)
-    assert g.device == jaxgraph.current_device() and source_of(g).template != 0
+    assert g.device == jaxgraph.current_device() and diagnostics.graph_template(g) != 0
 
 
 @pytest.mark.gpu

@@ -3,8 +3,8 @@
 Every error must leave no capture or pool behind and the current stream as it
 was. The errors that need no device are in test_graphs_api.py.
 
-Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``, ``_cuda.memory._pools``,
-``_replay_contract.source_of``; no capture or pool left behind after an error.
+No capture or pool is left behind after an error (``jaxgraph.diagnostics.captures_underway``,
+``live_pool_ids``, ``graph_template``).
 """
 
 import gc
@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import BLOCK, blocks, load_kernels
-from jaxgraph._cuda import capture_registry as _captures, memory as _memory
-from jaxgraph._jax_interop.replay_contract import source_of
 
 N = 1024
 
@@ -51,7 +50,7 @@ def test_capture_on_the_legacy_default_stream_is_refused(k):
     assert jaxgraph.current_stream().is_legacy_default
     with pytest.raises(RuntimeError, match="CUDA graphs must be captured on a non-default stream"):
         g.capture_begin()
-    assert not _captures.any_underway()
+    assert not diagnostics.captures_underway()
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
 
@@ -92,7 +91,7 @@ def test_replay_after_reset_is_refused(k, rng):
     g.reset()
     for call, message in ((g.replay, "nothing has been captured yet"),
                           (g.raw_cuda_graph_exec, "the graph is not instantiated"),
-                          (lambda: source_of(g), "holds no captured graph")):
+                          (lambda: diagnostics.graph_template(g), "holds no captured graph")):
         with pytest.raises(RuntimeError, match=message):
             call()
 
@@ -140,7 +139,7 @@ def test_failed_capture_in_graph_context_restores_stream_and_releases_pool(k, rn
     before = jaxgraph.current_stream()
     g = jaxgraph.CUDAGraph()
     gc.collect()
-    live_pools = len(_memory._pools)
+    live_pools = len(diagnostics.live_pool_ids())
     for _ in range(5):
         with pytest.raises(jaxgraph.CudaError, match="cuStreamSynchronize"):
             with jaxgraph.graph(g):
@@ -150,8 +149,8 @@ def test_failed_capture_in_graph_context_restores_stream_and_releases_pool(k, rn
         assert jaxgraph.current_stream() == before
         assert not jaxgraph.is_current_stream_capturing()
     gc.collect()
-    assert len(_memory._pools) <= live_pools
-    assert not _captures.any_underway()
+    assert len(diagnostics.live_pool_ids()) <= live_pools
+    assert not diagnostics.captures_underway()
     with jaxgraph.graph(g):
         k.scale[blocks(N), BLOCK](y, x, 2.0, N)
     g.replay()
@@ -170,7 +169,7 @@ def test_invalidated_capture_makes_capture_end_raise_and_reset(k, rng, side_stre
             side_stream.synchronize()
         with pytest.raises(jaxgraph.CudaError, match="cuStreamEndCapture.*invalidated"):
             g.capture_end()
-    assert not _captures.any_underway()
+    assert not diagnostics.captures_underway()
     with pytest.raises(RuntimeError, match="no memory pool"):
         g.pool()
     with side_stream:

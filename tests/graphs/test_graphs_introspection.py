@@ -1,6 +1,6 @@
 """Looking inside captured graphs: raw handles with cuda.bindings, get_graph_data, debug_dump.
 
-Tests internals (listed in tests/README.md): ``_replay_contract.source_of``; the private template
+The template jaxgraph keeps for replays inside jit (``jaxgraph.diagnostics.graph_template``)
 outlives `keep_graph=False`.
 """
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import BLOCK, blocks, load_kernels, poison
-from jaxgraph._jax_interop.replay_contract import source_of
 
 N = 2048
 
@@ -80,14 +80,14 @@ def test_raw_handles_work_with_cuda_bindings(k, arrays, driver):
 def test_private_template_stays_usable_after_keep_graph_false(k, arrays, driver):
     _data, x, y, t, z = arrays
     g = _capture_chain(k, x, y, t, z, keep_graph=False)
-    template = driver.CUgraph(source_of(g).template)
+    template = driver.CUgraph(diagnostics.graph_template(g))
     _nodes, count = _ok(driver.cuGraphGetNodes(template, 0))
     assert count == 4
     with pytest.raises(RuntimeError, match="cudaGraph_t is not live: with keep_graph=False"):
         g.raw_cuda_graph()
     g.reset()
     with pytest.raises(RuntimeError, match="holds no captured graph"):
-        source_of(g)
+        diagnostics.graph_template(g)
 
 
 # ---------------------------------------------------------------------------

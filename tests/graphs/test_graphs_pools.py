@@ -4,8 +4,8 @@ Every replay runs on fresh random data, outputs are poisoned with NaN first,
 and results are checked against numpy; memory is checked with the driver's
 free-memory figure and the pools' reserved bytes.
 
-Tests internals (listed in tests/README.md): ``internals.pool_of`` (``_cuda.memory.pool_from_token``),
-``_cuda.memory._pools``; a pool's reserved bytes, no pool left behind by capture and reset cycles.
+A pool's reserved bytes, and no pool left behind by capture and reset cycles, come from
+``jaxgraph.diagnostics.memory_pool`` and ``live_pool_ids``.
 """
 
 import gc
@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import (BLOCK, MiB, N, blocks, capture_scale, free_device_bytes, load_kernels, poison, random_floats,
                            replay_and_check)
-from support.internals import pool_of
-from jaxgraph._cuda import memory as _memory
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     g1, out1 = _capture_temp_chain(k, x, m, 3.0)
     g2, out2 = _capture_temp_chain(k, x, m, 5.0, pool=g1.pool())
     used_shared = base - free_device_bytes()
-    shared_reserved = pool_of(g1).reserved_bytes
+    shared_reserved = diagnostics.memory_pool(g1.pool()).reserved_bytes
     assert g2.pool() == g1.pool()
     assert shared_reserved == 3 * block          # g2's temporary reused g1's
 
@@ -66,7 +65,7 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     np.testing.assert_allclose(out1.numpy(), 4.0 * data, rtol=1e-6)
     np.testing.assert_allclose(out2.numpy(), 6.0 * data, rtol=1e-6)
 
-    pool_ref = weakref.ref(pool_of(g1))
+    pool_ref = weakref.ref(diagnostics.memory_pool(g1.pool()))
     del g1, g2, out1, out2
     gc.collect()
     assert pool_ref() is None
@@ -76,7 +75,8 @@ def test_two_successive_graphs_sharing_a_pool_use_less_memory(k, rng):
     g3, out3 = _capture_temp_chain(k, x, m, 3.0)
     g4, out4 = _capture_temp_chain(k, x, m, 5.0)
     used_separate = base - free_device_bytes()
-    separate_reserved = pool_of(g3).reserved_bytes + pool_of(g4).reserved_bytes
+    separate_reserved = (diagnostics.memory_pool(g3.pool()).reserved_bytes
+                         + diagnostics.memory_pool(g4.pool()).reserved_bytes)
     assert separate_reserved == 4 * block
     assert shared_reserved < separate_reserved
     assert used_separate - used_shared >= 24 * MiB, (used_shared, used_separate)
@@ -161,12 +161,12 @@ def test_thousand_capture_reset_cycles_return_memory(k, rng):
         cycle()
     gc.collect()
     base = free_device_bytes()
-    live_pools = len(_memory._pools)
+    live_pools = len(diagnostics.live_pool_ids())
     for _ in range(1000):
         cycle()
     gc.collect()
     assert base - free_device_bytes() <= 8 * MiB
-    assert len(_memory._pools) <= live_pools
+    assert len(diagnostics.live_pool_ids()) <= live_pools
     np.testing.assert_allclose(y.numpy(), 3.0 * data, rtol=1e-6)
 
 

@@ -5,9 +5,8 @@ its work is recorded into the same graph, and jaxgraph treats it as it treats
 the capture stream (inputs kept alive or watched, allocations from the graph's
 pool). Every replay runs on fresh random data with outputs poisoned first.
 
-Tests internals (listed in tests/README.md): ``_cuda.capture_registry.any_underway``,
-``_cuda.memory.pool_from_token``, ``DeviceArray(..., _token=_INTERNAL)``; a view over memory only the
-graph still holds; pool accounting of forked streams.
+A view over memory only the graph still holds, and pool accounting of forked streams, through
+``jaxgraph.diagnostics`` (``device_array_at``, ``memory_pool``, ``captures_underway``).
 """
 
 import gc
@@ -17,10 +16,9 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from support.graph_helpers import (BLOCK, MiB, N, blocks, driver_call, free_device_bytes, load_kernels, random_floats,
                            replay_and_check)
-from jaxgraph._cuda import capture_registry as _captures, memory as _memory
-from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from support.kernel_sources import SPIN_COPY
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +38,7 @@ def s2():
 
 def _view(allocation, n=N):
     """A new array over memory only the graph still holds (it keeps the allocation alive too)."""
-    return DeviceArray(allocation.ptr, (n,), np.dtype(np.float32), allocation.device, allocation, _token=_INTERNAL)
+    return diagnostics.device_array_at(allocation.ptr, (n,), np.float32, device=allocation.device, owner=allocation)
 
 
 def _capturing(stream) -> bool:
@@ -107,7 +105,7 @@ def test_allocations_on_a_forked_stream_come_from_the_graph_pool(k, rng, s2):
         with s2:
             k.add[blocks(m), BLOCK](out, tmp, x, m)
         s1.wait_stream(s2)
-    pool = _memory.pool_from_token(g.pool())
+    pool = diagnostics.memory_pool(g.pool())
     assert tmp.owner.pool is pool and out.owner.pool is pool
     data = random_floats(rng, m)
     x.copy_(data)
@@ -129,7 +127,7 @@ def test_unjoined_fork_is_a_clear_error_and_leaves_nothing_capturing(k, rng, s2)
                 k.scale[blocks(N), BLOCK](y, x, 2.0, N)
                 tmp = jaxgraph.empty(N)           # from the pool of the failed capture
             # no s1.wait_stream(s2): the fork is left open
-    assert not _captures.any_underway()
+    assert not diagnostics.captures_underway()
     assert not _capturing(s1) and not _capturing(s2)
     del tmp
     gc.collect()

@@ -1,9 +1,9 @@
 """Bind or copy by cost, the executable cache, and what a graph's executables take (ffi/replay/bind_policy.h).
 
-Tests internals: the native policy functions (``internals.native_replay``), the
-replay counters and ``describe_graph`` (``internals``): which decision the
-policy takes on given figures, and how many executables, instantiations,
-rewrites and copies a call cost, are not in the public API.
+Which decision the policy takes on given figures, and how many executables,
+instantiations, rewrites and copies a call cost, are not in the public API: they
+come through ``jaxgraph.diagnostics`` (the native policy functions of
+``native_module("replay")``, the replay counters, ``describe_graph``).
 
 The CPU tests check the policy's decisions on given figures (the native
 functions the handler itself calls); the GPU tests check what the handler does
@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
 from support.graph_helpers import alternate_calls  # noqa: E402
-from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from jaxgraph.diagnostics import counters, describe_graph, native_module  # noqa: E402
 from support.kernel_sources import ADD_ONE, INC  # noqa: E402
 
 N = 1024
@@ -37,7 +37,7 @@ SRC = INC + ADD_ONE
 
 
 def policy():
-    return native_replay()
+    return native_module("replay")
 
 
 # ---------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_in_place_state_whose_address_keeps_changing_is_copied_and_exact(k, rng)
             if left == 0:
                 break
     rows = step.bindings[g.device]
-    priced = native_replay().policy_copy_host_ns()
+    priced = native_module("replay").policy_copy_host_ns()
     assert [r.mode for r in rows] == [BindingMode.COPIED_BY_COST] * 2, (rows, f"a copy priced at {priced:.0f} ns")
     assert "address was new on" in rows[1].reason and "copying it" in rows[1].reason, rows[1].reason
     assert str(rows[1]).startswith("output 0 copied_by_cost (")

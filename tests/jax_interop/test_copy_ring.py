@@ -7,9 +7,10 @@ the CPU; calls queued past the ring's size wait for the device and stay exact, i
 retired with calls in flight; the same on a second device; a bound buffer whose address keeps
 missing switches to copying without a new executable, and from then on a call rewrites nothing.
 
-Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
-(lowered so a graph of a few dozen kernels qualifies), ``set_copy_ring_slots`` (a ring of two
-entries), ``set_max_executables``, ``internals.counters`` and ``internals.describe_graph``.
+Tests internals (listed in tests/README.md): ``_graphs.copy_ring.ring_kernels`` (compiled on the CPU).
+Through ``jaxgraph.diagnostics``: ``native_module("replay").set_device_launch_nodes`` (lowered so a graph
+of a few dozen kernels qualifies), ``set_copy_ring_slots`` (a ring of two entries),
+``set_max_executables``, ``counters`` and ``describe_graph``.
 """
 
 import os
@@ -24,8 +25,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from support.graph_helpers import assert_switched_and_copied_by_nodes  # noqa: E402
-from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from support.graph_helpers import assert_switched_and_copied_by_nodes, driver_call  # noqa: E402
+from jaxgraph.diagnostics import counters, describe_graph, native_module  # noqa: E402
 from support.kernel_sources import ADD_ONE, SPIN_ADD_ONE  # noqa: E402
 
 N = 1024
@@ -41,7 +42,7 @@ def test_the_copy_node_kernels_compile_to_cubin_without_a_device():
 
 
 def test_the_ring_size_is_a_thousand_calls_and_must_be_positive():
-    p = native_replay()
+    p = native_module("replay")
     previous = p.set_copy_ring_slots(8)
     try:
         assert previous == 1024
@@ -94,8 +95,7 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     import threading
     import time
 
-    from jaxgraph._cuda import driver as _driver
-    from jaxgraph._cuda.driver import check
+    from cuda.bindings import driver as drv
 
     if kernels == 4096:
         g, x_s, y_s, step = _spin_chain(kernels, 0)
@@ -106,12 +106,11 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     x0 = rng.integers(-1000, 1000, N).astype(np.float32)
     y = f(jnp.asarray(x0))
     np.testing.assert_array_equal(np.asarray(y), x0 + kernels)  # the ring was used
-    drv = _driver.driver()
     flags = drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE
-    host = int(check(drv.cuMemHostAlloc(8, flags), "cuMemHostAlloc"))
+    host = int(driver_call("cuMemHostAlloc", 8, flags)[0])
     ctypes.memset(host, 0, 8)
     flag = (ctypes.c_int32 * 2).from_address(host)
-    address = int(check(drv.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+    address = int(driver_call("cuMemHostGetDevicePointer", host, 0)[0])
     hold = jaxgraph.Kernel(HOLD_UNTIL, "hold_until")
     other = jaxgraph.Stream()
     hold[1, 1, 0, other](address, 40_000_000_000)  # gives up by itself after ~20 s (then flag[1] = 1)
@@ -120,7 +119,7 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
         closer.start()
         time.sleep(0.5)  # the close reaches the table
         looked = []
-        looker = threading.Thread(target=lambda: looked.append(native_replay().live_graphs()), daemon=True)
+        looker = threading.Thread(target=lambda: looked.append(native_module("replay").live_graphs()), daemon=True)
         start = time.monotonic()
         looker.start()
         looker.join(10)
@@ -134,13 +133,13 @@ def test_retiring_a_large_graph_waits_for_no_other_stream_s_work(kernels, rng):
     assert looked and took < 10, took
     assert not closer.is_alive()
     del f, step
-    assert native_replay().sweep_copy_rings() == 0 and native_replay().retired_copy_rings() == 0
-    check(drv.cuMemFreeHost(host), "cuMemFreeHost")
+    assert native_module("replay").sweep_copy_rings() == 0 and native_module("replay").retired_copy_rings() == 0
+    driver_call("cuMemFreeHost", host)
 
 
 def _large(capture, slots=None):
     """A replayable of `capture()`'s graph, device-launchable from 16 kernels, its ring of `slots` entries."""
-    p = native_replay()
+    p = native_module("replay")
     launch_nodes = p.set_device_launch_nodes(16)
     ring = p.set_copy_ring_slots(slots) if slots else None
     try:
@@ -193,7 +192,7 @@ def test_calls_queued_past_the_ring_wait_for_the_device_and_stay_exact(rng):
     for c, out in enumerate(outs):
         np.testing.assert_array_equal(np.asarray(out), x0 + (c + 1) * kernels, err_msg=f"retired, call {c}")
     # Its calls done, the ring is freed by the next sweep (nothing waited for the device to free it).
-    assert native_replay().sweep_copy_rings() == 0 and native_replay().retired_copy_rings() == 0
+    assert native_module("replay").sweep_copy_rings() == 0 and native_module("replay").retired_copy_rings() == 0
 
 
 @pytest.mark.gpu
@@ -245,7 +244,7 @@ def test_a_one_site_buffer_that_keeps_missing_switches_to_copying_with_no_new_ex
 
     g, x_s, y_s, step = _large(capture)
     assert [r.mode for r in step.bindings[g.device]] == [BindingMode.BOUND] * 2
-    native_replay().set_max_executables(step.graph_id, g.device, 1)
+    native_module("replay").set_max_executables(step.graph_id, g.device, 1)
     made = counters()["instantiate"]
     y_s.fill_(np.float32(np.nan))
     f = jax.jit(step)

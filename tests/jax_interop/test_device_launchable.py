@@ -2,10 +2,9 @@
 their copied buffers are copied by copy nodes of the executable (ffi/replay/copy_nodes.h; their address ring:
 tests/jax_interop/test_copy_ring.py).
 
-Tests internals (listed in tests/README.md): ``internals.native_replay().set_device_launch_nodes``
-(the threshold, lowered here so a graph of a few dozen kernels qualifies), ``set_max_executables``
-(one executable, so every new input address rewrites it in place), ``internals.counters`` and
-``internals.describe_graph``.
+Through ``jaxgraph.diagnostics``: ``native_module("replay").set_device_launch_nodes`` (the threshold,
+lowered here so a graph of a few dozen kernels qualifies), ``set_max_executables`` (one executable, so
+every new input address rewrites it in place), ``counters`` and ``describe_graph``.
 
 Why: ``cudaGraphLaunch`` of a normal executable costs host time per node (7-12 ns on the H100,
 ~1.2 ms at 100k kernels); one instantiated with ``cudaGraphInstantiateFlagDeviceLaunch`` costs a
@@ -25,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
 from support.graph_helpers import assert_switched_and_copied_by_nodes  # noqa: E402
-from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from jaxgraph.diagnostics import counters, describe_graph, native_module  # noqa: E402
 from support.kernel_sources import ADD_ONE  # noqa: E402
 
 N = 1024
@@ -33,7 +32,7 @@ KERNELS = 40
 
 
 def test_the_threshold_is_four_thousand_kernels_and_can_be_changed():
-    p = native_replay()
+    p = native_module("replay")
     previous = p.set_device_launch_nodes(16)
     try:
         assert previous == 4096
@@ -56,7 +55,7 @@ def _chain(kernels):
 
 @pytest.mark.gpu
 def test_a_large_graph_replays_exactly_from_device_launchable_executables(rng):
-    p = native_replay()
+    p = native_module("replay")
     previous = p.set_device_launch_nodes(16)  # "large": at least 16 kernels, for this test
     try:
         g, x_s, y_s = _chain(KERNELS)
@@ -105,14 +104,14 @@ import json, sys
 import numpy as np
 import jax, jax.numpy as jnp
 import jaxgraph
-from support.internals import counters, describe_graph, native_replay, set_capture_policy
+from jaxgraph.diagnostics import counters, describe_graph, native_module, set_capture_policy
 
 from test_device_launchable import KERNELS, N, _chain  # this file's chain (its folder is on the path)
 
 seed, out_path = int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(seed)
 g, x_s, y_s = _chain(KERNELS)
-native_replay().set_device_launch_nodes(16)  # "large" from 16 kernels, for this test
+native_module("replay").set_device_launch_nodes(16)  # "large" from 16 kernels, for this test
 report, failures = {}, []
 
 def check(what, out, want):
@@ -199,7 +198,7 @@ def test_a_buffer_switched_to_copying_is_copied_by_the_copy_nodes_of_its_executa
     # they copy it from then on.
     from jaxgraph import BindingMode
 
-    p = native_replay()
+    p = native_module("replay")
     previous = p.set_device_launch_nodes(16)
     try:
         add_one = jaxgraph.Kernel(ADD_ONE, "add_one")

@@ -1,9 +1,9 @@
 """The replay handler's executables (ffi/replay/exec_cache.h): one replayable, many call sites and address sets.
 
-Tests internals (listed in tests/README.md): ``internals.native_replay``
-(``policy_fresh_pays``, ``set_max_executables``), ``internals.counters`` and
-``internals.describe_graph``: which executable a call takes, and what making,
-rewriting, replacing and refreshing executables cost, are not in the public API.
+Which executable a call takes, and what making, rewriting, replacing and refreshing
+executables cost, are not in the public API: they come through ``jaxgraph.diagnostics``
+(``native_module("replay")``'s ``policy_fresh_pays`` and ``set_max_executables``,
+``counters``, ``describe_graph``).
 
 One replayable of a chain of 100 ``add_one`` kernels (its output held by 199
 kernel arguments, as in the benchmark harness) is called as a program calls
@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode  # noqa: E402
 from support.graph_helpers import launched, path_calls, run_xla_worker  # noqa: E402
-from support.internals import counters, describe_graph, native_replay  # noqa: E402
+from jaxgraph.diagnostics import counters, describe_graph, native_module  # noqa: E402
 from support.kernel_sources import ADD_ONE, AXPB  # noqa: E402
 
 N = 4096
@@ -47,7 +47,7 @@ SRC = ADD_ONE + AXPB
 
 
 def test_a_fresh_executable_pays_against_the_lasting_slowdown_of_a_rewrite():
-    p = native_replay()
+    p = native_module("replay")
     # Replacing an executable: 100 kernels rewritten in place (199 sites) run ~0.23 us slower per launch.
     assert p.policy_fresh_pays(200_000.0, 200_000.0, 100, 1.0)        # no dearer than the rewrite alone
     assert not p.policy_fresh_pays(300_000.0, 50_000.0, 100, 1.0)     # replaced again after one launch
@@ -59,7 +59,7 @@ def test_a_fresh_executable_pays_against_the_lasting_slowdown_of_a_rewrite():
 
 
 def test_a_graph_keeps_many_small_executables_and_one_huge_one():
-    p = native_replay()
+    p = native_module("replay")
     assert p.policy_exec_budget(2 << 20, 100) == 64           # 2 MB each: 64 fill the 128 MB budget
     assert p.policy_exec_budget(230 << 10, 100) == 256        # 100 kernels as measured: the most the cache keeps
     assert p.policy_exec_budget(8 << 20, 4000) == 16
@@ -72,7 +72,7 @@ def test_a_graph_keeps_many_small_executables_and_one_huge_one():
 
 def test_limiting_the_executables_of_an_unknown_graph_says_so():
     with pytest.raises(ValueError, match="is not live on device"):
-        native_replay().set_max_executables(10**9, 0, 2)
+        native_module("replay").set_max_executables(10**9, 0, 2)
 
 
 # ---------------------------------------------------------------------------
@@ -84,7 +84,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from support import internals
+    from jaxgraph import diagnostics
 
     src, seed, out_path = open(sys.argv[1]).read(), int(sys.argv[2]), sys.argv[3]
     n, kernels = 4096, KERNELS
@@ -99,8 +99,8 @@ WORKER = textwrap.dedent(r'''
     step = jaxgraph.replayable(g, [x_s], [y_s])
     # The cap, whatever registration measured: one executable's device memory is read from the
     # free memory around making it, which another process on the GPU can disturb.
-    measured_max = internals.describe_graph(step.graph_id, g.device).max_executables
-    internals.native_replay().set_max_executables(step.graph_id, g.device, 64)
+    measured_max = diagnostics.describe_graph(step.graph_id, g.device).max_executables
+    diagnostics.native_module("replay").set_max_executables(step.graph_id, g.device, 64)
     x_s.fill_(np.nan)
     y_s.fill_(np.nan)
     rng = np.random.default_rng(seed)
@@ -139,11 +139,11 @@ WORKER = textwrap.dedent(r'''
             check(f"round {r} mixed {i}", mixed(xs[i]), mixed_ref(hosts[i]))
 
     for r in range(4):
-        before = internals.counters()
+        before = diagnostics.counters()
         calls(r)
-        after = internals.counters()
+        after = diagnostics.counters()
         report["rounds"].append({k: after[k] - before[k] for k in after if not k.endswith("_ns")})
-    info = internals.describe_graph(step.graph_id, g.device)
+    info = diagnostics.describe_graph(step.graph_id, g.device)
     report["executables"], report["max_executables"] = info.executables, info.max_executables
     report["measured_max_executables"], report["exec_device_bytes"] = measured_max, info.exec_device_bytes
     report["instantiate_ns"], report["rewrite_ns_per_site"] = info.instantiate_ns, info.rewrite_ns_per_site
@@ -196,7 +196,7 @@ def test_a_full_cache_replaces_executables_and_stays_exact(chain, rng):
     x_s.fill_(np.float32(np.nan))
     y_s.fill_(np.float32(np.nan))
     measured = describe_graph(step.graph_id, g.device).max_executables
-    assert native_replay().set_max_executables(step.graph_id, g.device, 3) == measured  # the previous limit
+    assert native_module("replay").set_max_executables(step.graph_id, g.device, 3) == measured  # the previous limit
     f = jax.jit(step)
     hosts = [rng.integers(-1000, 1000, N).astype(np.float32) for _ in range(6)]
     xs = [jnp.asarray(h) for h in hosts]

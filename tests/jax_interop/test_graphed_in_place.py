@@ -7,8 +7,8 @@ XLA carries the loop's state in place (no copy per trip) and jaxgraph binds
 every buffer (no copy in or out). A step that returns new arrays makes XLA
 copy them into the carry on every trip: checked here too, as the contrast.
 
-Tests internals: the copies jaxgraph makes, executables and rebinds per call,
-are read from the native replay counters (``internals.counters``).
+The copies jaxgraph makes, executables and rebinds per call, are read from
+the native replay counters (``jaxgraph.diagnostics.counters``).
 """
 
 import re
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from support.internals import counters
+from jaxgraph.diagnostics import counters
 from support.kernel_sources import NEIGHBOUR_MIX, ZERO_THEN_TOTAL
 
 N, SUBSTEPS, TRIPS, A = 3000, 4, 7, np.float32(0.25)

@@ -8,9 +8,9 @@ into its own CUDA graph once (the handler splices the graph's nodes) and must
 then follow those moves. Every result here is checked exactly against numpy
 (integer-valued floats), with the graph's static arrays poisoned first, and
 the replay counters say which path the calls took, under each capture policy
-(which buffers a recording copies). Tests internals: ``internals.counters`` and
-``internals.set_capture_policy`` (see tests/README.md). Each setting runs in its
-own process (XLA reads XLA_FLAGS once).
+(which buffers a recording copies): ``jaxgraph.diagnostics.counters`` and
+``set_capture_policy``. Each setting runs in its own process (XLA reads XLA_FLAGS
+once).
 """
 
 import textwrap
@@ -35,7 +35,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from support import internals
+    from jaxgraph import diagnostics
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n, kernels = 4096, KERNELS
@@ -66,9 +66,9 @@ WORKER = textwrap.dedent(r'''
         jaxgraph.synchronize()
 
     def counted(name, body):
-        before = internals.counters()
+        before = diagnostics.counters()
         body()
-        after = internals.counters()
+        after = diagnostics.counters()
         report[name] = {k: after[k] - before[k] for k in after if k != "handler_ns"}
 
     # 1. One fixed input, the previous output held: XLA's result alternates between buffers.
@@ -131,7 +131,7 @@ WORKER = textwrap.dedent(r'''
     # 5. The other ways of splicing (capture policies), each on a replayable of its own
     #    (a graph keeps the policy it was first recorded with).
     for policy in ("bind", "copy", "whole", "auto"):
-        previous = internals.set_capture_policy(policy)
+        previous = diagnostics.set_capture_policy(policy)
         try:
             step = jaxgraph.replayable(g, [x_s], [y_s])
             # New function objects: jax reuses the trace of a function it jitted before.
@@ -141,7 +141,7 @@ WORKER = textwrap.dedent(r'''
             counted(f"{policy}_alternating", lambda: alternating(8, 0))
             counted(f"{policy}_mixed", mixed_calls)
         finally:
-            internals.set_capture_policy(previous)
+            diagnostics.set_capture_policy(previous)
     report["failures"] = failures
     np.save(out_path, np.zeros(1))
     print("REPORT " + json.dumps(report))

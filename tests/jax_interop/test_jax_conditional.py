@@ -8,10 +8,9 @@ in ``support/conditional_helpers.py``; every call draws fresh inputs, so kernels
 inside the bodies are rebound between calls, and every expected result comes
 from numpy. Static arrays are poisoned first: a bound buffer is never touched.
 
-Tests internals (listed in tests/README.md): ``internals.counters``,
-``internals.spec_replayable``, ``internals.describe_graph``; calls per replay path; whether
-the CUDAGraph's own executable is shared; a conditional graph forced onto the command-buffer
-target.
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``; a conditional graph
+forced onto the command-buffer target. Calls per replay path and whether the CUDAGraph's own
+executable is shared come from ``jaxgraph.diagnostics`` (``counters``, ``describe_graph``).
 """
 
 import json
@@ -28,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 from support import conditional_helpers as cs  # noqa: E402
 import jaxgraph  # noqa: E402
 from jaxgraph import BindingMode, ReplayPath  # noqa: E402
-from support.internals import counters, describe_graph  # noqa: E402
+from jaxgraph.diagnostics import counters, describe_graph  # noqa: E402
 from support.graph_helpers import launched, path_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -179,7 +178,8 @@ import numpy as np
 import jax, jax.numpy as jnp
 from support import conditional_helpers as cs
 import jaxgraph
-from support.internals import counters, spec_replayable
+from jaxgraph.diagnostics import counters
+from support.internals import spec_replayable
 
 k = cs.load_kernels()
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -5,8 +5,8 @@ in subprocesses (XLA_FLAGS must be set before JAX starts), which also prove
 that the replay is spliced into XLA's own CUDA graph when it records one.
 ``Kernel.jax_call`` is in test_jax_kernel_call.py.
 
-Tests internals (listed in tests/README.md): ``internals.counters``, ``_cuda.native``
-replay tables; calls per replay path in each XLA setting; graphs leave the native tables.
+Calls per replay path in each XLA setting, and graphs leaving the native tables, are read
+through ``jaxgraph.diagnostics`` (``counters``, ``native_module("replay")``).
 """
 
 import gc
@@ -221,7 +221,7 @@ WORKER = textwrap.dedent(r'''
     import numpy as np
     import jax, jax.numpy as jnp
     import jaxgraph
-    from support.internals import counters
+    from jaxgraph.diagnostics import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096

@@ -4,9 +4,9 @@
 on a CPU-only jax, so these tests check the custom calls (targets, operand and
 result types, attributes, aliasing) without a GPU.
 
-Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``ReplaySpec``,
-``_kernel_call.kernel_id``, ``_cuda.native``; replay lowering without a graph; kernel ids; target
-registration.
+Tests internals (listed in tests/README.md): ``internals.spec_replayable``, ``ReplaySpec``; replay
+lowering without a graph. Kernel ids and the native replay table come from ``jaxgraph.diagnostics``
+(the FFI targets' registration is tested in cuda/test_driver.py).
 """
 
 import os
@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
-from jaxgraph._jax_interop import kernel_call as _kernel_call
-from jaxgraph._cuda import native as _native
+from jaxgraph import diagnostics
 from support.internals import ReplaySpec, spec_replayable
 from support.kernel_sources import COPY_BYTES, SAXPY, SCALAR_TYPES, SUM_DIFF_INTERLEAVED
 from conftest import enable_x64
@@ -75,7 +74,7 @@ def test_kernel_call_lowers_to_one_launch_with_its_attributes(saxpy):
     text = lower(lambda y, x: saxpy.jax_call(y, x, 2.5, n, inout=("y",)), f32(n), f32(n))
     (line,) = custom_calls(text, "jaxgraph_launch")
     assert f"(tensor<{n}xf32>, tensor<{n}xf32>) -> tensor<{n}xf32>" in line
-    assert attr(line, "kernel") == [_kernel_call.kernel_id(saxpy)]
+    assert attr(line, "kernel") == [diagnostics.kernel_id(saxpy)]
     assert attr(line, "grid") == [17, 1, 1]          # ceil(4099 / 256)
     assert attr(line, "block") == [256, 1, 1]
     assert attr(line, "shared_mem") == [0]
@@ -139,20 +138,20 @@ def test_kernel_call_under_vmap_runs_sequentially(saxpy):
 
 
 def test_kernel_ids_are_stable_per_kernel_and_distinct_between_kernels(saxpy, sum_diff):
-    assert _kernel_call.kernel_id(saxpy) == _kernel_call.kernel_id(saxpy)
-    assert _kernel_call.kernel_id(saxpy) != _kernel_call.kernel_id(sum_diff)
-    assert _kernel_call.kernel_id(saxpy) > 0
+    assert diagnostics.kernel_id(saxpy) == diagnostics.kernel_id(saxpy)
+    assert diagnostics.kernel_id(saxpy) != diagnostics.kernel_id(sum_diff)
+    assert diagnostics.kernel_id(saxpy) > 0
 
 
 # Builds and traces kernels in the order given by argv, then lowers a jax_call of the one named last.
 ID_ORDER = r'''
 import hashlib, sys
 import jax, jaxgraph
-from jaxgraph._jax_interop import kernel_call as _kernel_call
+from jaxgraph import diagnostics
 from support.kernel_sources import SAXPY, SUM_DIFF_INTERLEAVED
 sources = {"saxpy": SAXPY, "sum_diff_interleaved": SUM_DIFF_INTERLEAVED}
 kernels = {name: jaxgraph.Kernel(sources[name], name, arch="sm_90") for name in sys.argv[1:]}
-ids = {name: _kernel_call.kernel_id(k) for name, k in kernels.items()}
+ids = {name: diagnostics.kernel_id(k) for name, k in kernels.items()}
 y = jax.ShapeDtypeStruct((8,), "float32")
 f = jax.jit(lambda y, x: kernels["saxpy"].jax_call(y, x, 2.0, 8, inout=("y",)))
 text = f.trace(y, y).lower(lowering_platforms=("cuda",)).as_text()
@@ -179,9 +178,9 @@ def test_kernel_ids_depend_on_the_kernel_not_on_the_order_a_process_traced_kerne
 
 def test_kernels_of_the_same_code_share_an_id(saxpy):
     again = jaxgraph.Kernel(SAXPY, "saxpy", arch=ARCH)
-    assert again is not saxpy and _kernel_call.kernel_id(again) == _kernel_call.kernel_id(saxpy)
+    assert again is not saxpy and diagnostics.kernel_id(again) == diagnostics.kernel_id(saxpy)
     other = jaxgraph.Kernel(SAXPY, "saxpy", {"use_fast_math": True}, arch=ARCH)   # other code, other id
-    assert (other.cubin != saxpy.cubin) == (_kernel_call.kernel_id(other) != _kernel_call.kernel_id(saxpy))
+    assert (other.cubin != saxpy.cubin) == (diagnostics.kernel_id(other) != diagnostics.kernel_id(saxpy))
 
 
 @pytest.mark.parametrize("pair, message", [
@@ -193,7 +192,7 @@ def test_kernels_of_the_same_code_share_an_id(saxpy):
 def test_graph_registration_checks_alias_indices_before_using_them(pair, message):
     # The native table renumbers aliased inputs through a table of one entry per input (drop_unreferenced):
     # an index out of range is refused first, before the graph, the device or CUDA is looked at.
-    replay = _native.native("replay")
+    replay = diagnostics.native_module("replay")
     with pytest.raises(ValueError, match=re.escape(message)):
         replay.register_graph(0, 0, 0, [(0, 4)], [(0, 4)], [pair], {}, True, False, True, [], 0, [])
 
@@ -359,20 +358,3 @@ def test_replayable_argument_errors_need_no_device():
         jaxgraph.replayable(NotAGraph(), [], [], bind="never")
     with pytest.raises(TypeError, match="graph must be a captured jaxgraph.CUDAGraph or jaxgraph.Graph, got NotAGraph"):
         jaxgraph.replayable(NotAGraph(), [], [])
-
-
-def test_ffi_targets_register_for_cuda_once():
-    _native.register_ffi_targets()
-    _native.register_ffi_targets()
-    launch, replay = _native.native("launch"), _native.native("replay")
-    assert set(launch.registrations()) == set(launch.cpu_registrations()) == {"jaxgraph_launch"}
-    assert set(replay.registrations()) == set(replay.cpu_registrations()) == {"jaxgraph_replay",
-                                                                            "jaxgraph_replay_uncaptured"}
-
-
-def test_missing_extension_is_a_clear_error():
-    with pytest.raises(RuntimeError, match=r"not built or does not load") as info:
-        _native.native("no_such_extension")
-    # The hint is the README's install step, word for word.
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
-    assert _native._INSTALL in str(info.value) and _native._INSTALL in readme

@@ -6,9 +6,9 @@ poison stays; a copied one is overwritten. Every call draws fresh inputs in new
 buffers, so the graph is rebound between calls. Command buffers on and off are
 compared in subprocesses in test_jax_gpu.py.
 
-Tests internals (listed in tests/README.md): ``internals.counters``,
-``internals.replayable_of_referenced``; calls per replay path, rebinds, copies,
-instantiations; unreferenced inputs left out.
+Tests internals (listed in tests/README.md): ``internals.replayable_of_referenced``;
+unreferenced inputs left out. Calls per replay path, rebinds, copies and instantiations
+come from ``jaxgraph.diagnostics.counters``.
 """
 
 import gc
@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from support.internals import counters  # noqa: E402
+from jaxgraph.diagnostics import counters  # noqa: E402
 from support.kernel_sources import ADD, AXPB, COUNT, INC, SCALE_NONCONST  # noqa: E402
 from support.graph_helpers import alternate_calls, cupy_stream, launched, path_calls, ref_uniform  # noqa: E402
 

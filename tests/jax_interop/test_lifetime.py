@@ -8,8 +8,8 @@ still retires it. Closing or collecting the replayable frees all of it: the
 native table's entry and the graph's memory (closed replayables the caller
 still holds too).
 
-Tests internals (listed in tests/README.md): ``_cuda.native`` live graphs, ``_cuda.memory._pools``; what a
-replayable frees when it goes.
+What a replayable frees when it goes is read through ``jaxgraph.diagnostics``: the native replay
+table's live graphs (``native_module("replay").live_graphs()``) and the pools alive (``live_pool_ids``).
 """
 
 import gc
@@ -82,9 +82,9 @@ def test_reset_of_the_graph_still_retires_the_replayable(rng):
 
 @pytest.mark.parametrize("close_first", [True, False], ids=["close", "collect"])
 def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory(close_first, rng):
-    from jaxgraph._cuda import memory as _memory, native as _native
+    from jaxgraph import diagnostics
 
-    replay = _native.native("replay")
+    replay = diagnostics.native_module("replay")
     x = rng.standard_normal(N).astype(np.float32)
     xj = jnp.asarray(x).block_until_ready()  # JAX's own device memory is taken before measuring
     gc.collect()
@@ -94,7 +94,7 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
     gc.collect()
     held = free_before - free_device_bytes()
     print(f"graph alive: {held / MiB:.0f} MiB held, live graphs {replay.live_graphs()} (was {live})")
-    assert replay.live_graphs() == live + 1 and graph_ref() is not None and pool_id in _memory._pools
+    assert replay.live_graphs() == live + 1 and graph_ref() is not None and pool_id in diagnostics.live_pool_ids()
     assert held >= BIG * 0.95
     if close_first:
         step.close()
@@ -108,7 +108,7 @@ def test_closing_then_collecting_the_replayable_frees_its_entry_graph_and_memory
         jax.clear_caches()
         gc.collect()
     assert replay.live_graphs() == live
-    assert graph_ref() is None and pool_id not in _memory._pools
+    assert graph_ref() is None and pool_id not in diagnostics.live_pool_ids()
     regained = free_device_bytes() - (free_before - held)
     print(f"after collection: {regained / MiB:.0f} MiB of {held / MiB:.0f} MiB back")
     assert regained >= BIG * 0.95

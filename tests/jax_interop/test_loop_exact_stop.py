@@ -19,7 +19,8 @@ every XLA command-buffer setting (each in its own process). A flag that later
 steps clear again is stopped at too (the watch sees each step).
 
 Tests internals (listed in tests/README.md): ``_graphed_loops._check_preserve``, ``_graphed_loops._snapshotted``,
-``_graphed_loops._EXACT_MAX_UNROLL``, ``_loop_build.PDL_WATCH``, ``_loop_build._KERNEL_NAMES``.
+``_graphed_loops._EXACT_MAX_UNROLL``, ``_loop_build._KERNEL_NAMES``; the watch's layout is chosen with
+``jaxgraph.diagnostics.loop_settings`` and read back with ``describe_loop``.
 """
 
 import os
@@ -31,6 +32,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from jaxgraph._cuda import driver as _driver
 from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
@@ -207,10 +209,9 @@ def test_r_read_on_the_device_and_default_unroll(k, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [True, False], ids=["programmatic_watch", "plain_watch"])
-def test_one_kernel_step_with_and_without_programmatic_watch(k, rng, monkeypatch, pdl):
+def test_one_kernel_step_with_and_without_programmatic_watch(k, rng, pdl):
     """A one-kernel step (the benchmark's shape) is added as its kernel node and its watch launched
     through a programmatic edge on sm_90+; both layouts stop exactly."""
-    monkeypatch.setattr(_loop_build, "PDL_WATCH", pdl)
     x, b, y = (jaxgraph.asarray(rng.standard_normal(N).astype(np.float32)) for _ in range(3))
     counter, flag = jaxgraph.zeros(1, np.int32), jaxgraph.zeros(1, np.int32)
     stop = jaxgraph.asarray(np.array([NEVER], np.int32))
@@ -218,9 +219,11 @@ def test_one_kernel_step_with_and_without_programmatic_watch(k, rng, monkeypatch
     with jaxgraph.graph(g):
         k.one[GRID, BLOCK](y, x, b, counter, flag, stop, N)
     for r in (7, 100):
-        loop = jaxgraph.graphed_loop(g, r, feed={0: 0}, until=flag, inputs=[x, b], outputs=[y], preserve=[counter])
+        with diagnostics.loop_settings(pdl_watch=pdl):  # the layout is chosen where the loop is built
+            loop = jaxgraph.graphed_loop(g, r, feed={0: 0}, until=flag, inputs=[x, b], outputs=[y],
+                                         preserve=[counter])
         assert loop.unroll == _graphed_loops._EXACT_MAX_UNROLL
-        assert loop._pdl == (pdl and _driver.compute_capability() >= (9, 0))
+        assert diagnostics.describe_loop(loop).programmatic_check == (pdl and _driver.compute_capability() >= (9, 0))
         for stop_at in (1, 8, 16, 17, 96, 97, 99, NEVER):
             x0 = rng.standard_normal(N).astype(np.float32)
             x.copy_(x0)

@@ -3,8 +3,8 @@ backward against jax.grad of the jnp loop (float64), on fresh random inputs, for
 and checkpoint intervals that do not divide R, eagerly and in jit; counts per call and traced; value_and_grad
 and vjp; integer inputs; a backward that reads the step's outputs; a count beyond max_steps; until= loops.
 
-Tests internals: ``_jax_interop.loop_grad.RETARGET`` (patched, to run both ways of running the full segments)
-and ``LoopGradient.mode`` (which ran).
+Both ways of running the full segments are set with ``jaxgraph.diagnostics.loop_settings`` and which
+one ran is read with ``describe_loop``.
 """
 
 import jax
@@ -14,7 +14,7 @@ import pytest
 
 import jaxgraph
 from conftest import enable_x64
-from jaxgraph._jax_interop import loop_grad
+from jaxgraph import diagnostics
 
 pytestmark = pytest.mark.gpu
 
@@ -59,14 +59,15 @@ def kernels():
 
 
 @pytest.fixture(params=[False, True], ids=["copies", "retargeted"])
-def retarget(request, monkeypatch):
+def retarget(request):
     """Both ways of running the full segments: state copies between steps, or retargeted clones."""
-    monkeypatch.setattr(loop_grad, "RETARGET", request.param)
-    return request.param
+    with diagnostics.loop_settings(retarget_gradients=request.param):
+        yield request.param
 
 
 def check_mode(loop, retarget):
-    assert loop._gradient.mode == ("retargeted" if retarget else "copies"), loop._gradient.mode
+    mode = diagnostics.describe_loop(loop).gradient
+    assert mode == ("retargeted" if retarget else "copies"), mode
 
 
 def _blocks(n):
@@ -213,7 +214,8 @@ def test_backward_that_reads_the_outputs(kernels, rng, steps, every, retarget):
     close(gx, np.asarray(want[0]), "x0")
     close(ga, np.asarray(want[1]), "a")
     want_mode = "copies: the backward reads the step's outputs" if retarget else "copies"
-    assert loop._gradient.mode == want_mode, loop._gradient.mode
+    mode = diagnostics.describe_loop(loop).gradient
+    assert mode == want_mode, mode
 
 
 def test_composed_with_xla_ops_and_memory_reported(kernels, rng, retarget):

@@ -12,8 +12,9 @@ read from a device array and given per call, eagerly and inside ``jax.jit``
 under XLA command buffers off, on and JAX's defaults (each in its own process).
 
 Tests internals (listed in tests/README.md): ``_graphed_loops._check_every``, ``_graphed_loops.GraphedLoop``
-fields (a loop over a spec replayable, to lower without a device; ``_pdl``), ``_loop_build.FUSED_COPY_BYTES``
-and ``PDL_CHECKS`` (each layout of the exact stop), ``_driver.compute_capability``.
+fields (a loop over a spec replayable, to lower without a device), ``_driver.compute_capability``. Each
+layout of the exact stop is chosen with ``jaxgraph.diagnostics.loop_settings`` and read back with
+``describe_loop``.
 """
 
 import threading
@@ -23,8 +24,8 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from jaxgraph import diagnostics
 from jaxgraph._cuda import driver as _driver
-from jaxgraph._graphs import loop_build as _loop_build
 from jaxgraph._jax_interop import graphed_loops as _graphed_loops
 from support.graph_helpers import XLA_MODES
 from support.kernel_sources import LOOP_STEP
@@ -183,21 +184,21 @@ def test_own_count_per_replay_and_copy_ping_pong(k, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [True, False], ids=["kernel_node", "child_graph"])
 @pytest.mark.parametrize("kind", ["fused", "twin", "in_place"])
-def test_each_exact_layout_stops_exactly(k, rng, monkeypatch, kind, pdl):
+def test_each_exact_layout_stops_exactly(k, rng, kind, pdl):
     """Every way the builder lays out the exact stop (the check copying the pair, the swapped twin behind
     an IF, in place; the step as a kernel node with a programmatic check or as a child graph) stops right
     after the step that set the flag, R fixed and read from the device."""
-    if kind == "twin":
-        monkeypatch.setattr(_loop_build, "FUSED_COPY_BYTES", 0)
-    monkeypatch.setattr(_loop_build, "PDL_CHECKS", frozenset({kind}) if pdl else frozenset())
     s = make(k, rng, feed=kind != "in_place")
     r = int(rng.integers(10, 40))
     count = jaxgraph.zeros(1, np.int32)
-    fixed, read = loop_of(s, r, 1), loop_of(s, count, 1)
+    # The layout is chosen where a loop is built.
+    with diagnostics.loop_settings(fused_copy_bytes=0 if kind == "twin" else None, pdl_checks={kind} if pdl else ()):
+        fixed, read = loop_of(s, r, 1), loop_of(s, count, 1)
     assert fixed.ping_pong == {"fused": "copy: by the stop check (exact stop)", "twin": "swap", "in_place": "none"}[kind]
     # The one-kernel step is a kernel node with a programmatic check where asked for and the GPU has
     # griddepcontrol (sm_90+); the builder falls back to a child graph only where the driver refuses.
-    assert fixed._pdl == read._pdl == (pdl and _driver.compute_capability() >= (9, 0))
+    pdl_built = [diagnostics.describe_loop(loop).programmatic_check for loop in (fixed, read)]
+    assert pdl_built == [pdl and _driver.compute_capability() >= (9, 0)] * 2, pdl_built
     for stop_at in {1, 2, r - 1, r, r + 3, *map(int, rng.integers(1, r + 1, 4))}:
         launch_and_check(fixed, s, rng, r, 1, stop_at)
         n = int(rng.integers(0, 45))

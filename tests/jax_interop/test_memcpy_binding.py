@@ -9,9 +9,9 @@ scan computes, against a byte-by-byte reference on fresh random parameters. On
 the GPU: a captured 3-D copy whose offsets land in a static output leaves it
 copied, and the jitted replay is exact.
 
-Tests internals (listed in tests/README.md): ``internals.native_replay`` (``memcpy_ranges``),
-``DeviceArray(..., _token=_INTERNAL)`` (a static output inside a larger allocation); the scan's
-ranges have no public face.
+The scan's ranges have no public face: they come from the native replay extension
+(``jaxgraph.diagnostics.native_module("replay").memcpy_ranges``); the static output inside a larger
+allocation is a ``diagnostics.device_array_at`` view.
 """
 
 import os
@@ -25,8 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph._cuda.array import _INTERNAL, DeviceArray  # noqa: E402
-from support.internals import native_replay  # noqa: E402
+from jaxgraph import diagnostics  # noqa: E402
 from support.kernel_sources import INC  # noqa: E402
 
 HOST, DEVICE, ARRAY, UNIFIED = 1, 2, 3, 4  # CUmemorytype
@@ -34,7 +33,7 @@ FIELDS = ("XInBytes", "Y", "Z", "Pitch", "Height")
 
 
 def ranges(**fields):
-    return native_replay().memcpy_ranges(fields)
+    return diagnostics.native_module("replay").memcpy_ranges(fields)
 
 
 def touched(base, x, y, z, pitch, height, width, rows, depth):
@@ -121,7 +120,7 @@ def test_a_3d_copy_into_a_static_output_by_offsets_leaves_it_copied(rng):
     x_s = jaxgraph.empty(N)
     # Four rows of ROW bytes, seen as slices of two rows: the output is row 1 of slice 1.
     slab = jaxgraph.empty(4 * N)
-    y_s = DeviceArray(slab.ptr + 3 * ROW, (N,), np.dtype(np.float32), slab.device, slab.owner, _token=_INTERNAL)
+    y_s = diagnostics.device_array_at(slab.ptr + 3 * ROW, (N,), np.float32, device=slab.device, owner=slab.owner)
     copy = cu.CUDA_MEMCPY3D()
     copy.srcMemoryType = copy.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
     copy.srcDevice, copy.srcPitch, copy.srcHeight = x_s.ptr, ROW, 1

@@ -5,9 +5,9 @@ sentences); a replayable of a graph with conditional nodes lowers to
 ``jaxgraph_replay_uncaptured``, which XLA keeps out of its command buffers.
 Lowering needs no device: the replayables here are built from a spec.
 
-Tests internals (listed in tests/README.md): ``_cuda.native`` code and counter tables,
-``_jax_interop.replay_boundary.binding_from_row``, ``paths_from_codes``, ``set_capture_policy``,
-``internals.spec_replayable``, ``ReplaySpec``; the typed native boundary itself.
+Tests internals (listed in tests/README.md): ``_jax_interop.replay_boundary.binding_from_row``,
+``paths_from_codes``, ``internals.spec_replayable``, ``ReplaySpec``; the typed native boundary itself
+(the native code and counter tables through ``jaxgraph.diagnostics.native_module("replay")``).
 """
 
 import re
@@ -19,7 +19,7 @@ import pytest
 
 import jaxgraph
 from jaxgraph import BindingMode, BufferBinding, ReplayPath, Replayable
-from jaxgraph._cuda import native as _native
+from jaxgraph import diagnostics
 from support.internals import ReplaySpec, spec_replayable
 
 
@@ -45,7 +45,7 @@ def spec_step(uncaptured: bool, graph_id: int = 5) -> Replayable:
 
 
 def test_native_codes_name_every_binding_mode_and_replay_path():
-    codes = _native.native("replay").codes()
+    codes = diagnostics.native_module("replay").codes()
     assert {BindingMode(name) for name in codes["binding"]} == set(BindingMode)
     native_paths = {ReplayPath(name) for name in codes["path"]}
     assert native_paths == set(ReplayPath) - {ReplayPath.HOST_CALLBACK}  # the host path never reaches C++
@@ -53,7 +53,7 @@ def test_native_codes_name_every_binding_mode_and_replay_path():
 
 
 def test_each_native_replay_path_has_its_own_counter():
-    counters = _native.native("replay").counters()
+    counters = diagnostics.native_module("replay").counters()
     for path in set(ReplayPath) - {ReplayPath.HOST_CALLBACK}:
         assert counters[path.value] >= 0
     assert "splice" not in counters  # the lumped counter is gone: tests name the path
@@ -63,7 +63,7 @@ def test_each_native_replay_path_has_its_own_counter():
 def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
     from jaxgraph.diagnostics import CapturePolicy, set_capture_policy
 
-    codes = _native.native("replay").codes()["capture"]
+    codes = diagnostics.native_module("replay").codes()["capture"]
     assert set(codes) == {p.value for p in CapturePolicy} and len(set(codes.values())) == 4
     previous = set_capture_policy("whole")
     try:
@@ -72,7 +72,7 @@ def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
         with pytest.raises(ValueError, match="'sometimes' is not a valid CapturePolicy"):
             set_capture_policy("sometimes")
         with pytest.raises(ValueError, match="capture policy must be a code"):
-            _native.native("replay").set_capture_policy(7)
+            diagnostics.native_module("replay").set_capture_policy(7)
     finally:
         set_capture_policy(previous)
     assert set_capture_policy(previous) is CapturePolicy.BIND
@@ -81,7 +81,7 @@ def test_capture_policies_cross_as_codes_and_bad_ones_are_refused():
 def test_binding_rows_are_typed_and_read_as_before():
     from jaxgraph._jax_interop.replay_boundary import binding_from_row
 
-    codes = _native.native("replay").codes()["binding"]
+    codes = diagnostics.native_module("replay").codes()["binding"]
     bound = binding_from_row(("output", 0, codes["bound"], 3, ""))
     unused = binding_from_row(("input", 1, codes["unused"], 0, "no kernel argument points at it"))
     assert bound.mode is BindingMode.BOUND and bound.mode == "bound"  # a str enum: old comparisons hold
@@ -174,7 +174,7 @@ def test_replay_path_values_are_the_counter_names():
 def test_stubs_declare_every_function_the_extension_exports(name):
     import pathlib
 
-    extension = _native.native(name)
+    extension = diagnostics.native_module(name)
     stub = (pathlib.Path(jaxgraph.__file__).parent / f"_{name}.pyi").read_text()
     exported = {n for n in dir(extension) if not n.startswith("_") and callable(getattr(extension, n))}
     assert set(re.findall(r"^def (\w+)\(", stub, re.M)) == exported

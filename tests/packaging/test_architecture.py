@@ -15,6 +15,9 @@
   another layer gets it under a name without an underscore.
 - The docs' "What lives where" (docs/architecture.md) names every module of
   ``jaxgraph/`` and every file of ``ffi/``, and nothing that does not exist.
+- Outside the package, benchmarks and examples use the public API and
+  ``jaxgraph.diagnostics`` only; so do the tests, except the unit tests of
+  internal modules named in ``INTERNAL_UNIT_TESTS``.
 
 Tests internals (listed in tests/README.md): the module names of ``jaxgraph/``, read as
 source and never imported; the layering is a property of the source tree.
@@ -289,3 +292,145 @@ def test_ffi_includes_stay_in_their_extension():
                 assert owner is None, f"shared header ffi/{source} includes ffi/{header} of an extension"
             else:
                 assert owner in (None, home), f"ffi/{source} includes ffi/{header}, another extension's header"
+
+
+# ----------------------------------------------------------------------------
+# Outside the package: jaxgraph.diagnostics is the door to the internals
+# ----------------------------------------------------------------------------
+
+# Tests that unit-test an internal module (its own functions, or one stood in for) and so import
+# jaxgraph's private modules, each with what for. Anything else a test, benchmark or example needs
+# of the internals (counters, the capture policy, native handles, live pools, a graph's template,
+# kernel ids, the loop settings, stand-ins for a machine without a GPU) is jaxgraph.diagnostics.
+INTERNAL_UNIT_TESTS = {
+    "tests/cuda/test_array.py": "_cuda.memory's deferred frees (hold_frees, when_no_capture, release_frees)",
+    "tests/cuda/test_driver.py": "_cuda.driver and _cuda.native themselves, the extensions as modules",
+    "tests/graphs/test_capture_end_errors.py": "capture bookkeeping with the driver stood in for",
+    "tests/graphs/test_capture_threads.py": "per-thread streams and captures, a capture faked",
+    "tests/graphs/test_conditional_errors.py": "conditional predicates and views, NVRTC stood in for",
+    "tests/graphs/test_generator.py": "the generator's own CUDA source compiled on a CPU",
+    "tests/graphs/test_graph_views.py": "_graphs.inspect_render on made-up node data",
+    "tests/graphs/test_graphs.py": "the native graph launch stood in for (a failing launch)",
+    "tests/jax_interop/test_agreement.py": "_jax_interop.processes' agreement on a fake key-value store",
+    "tests/jax_interop/test_copy_ring.py": "_graphs.copy_ring's kernels compiled on a CPU",
+    "tests/jax_interop/test_graphed.py": "graphed callables' JAX plumbing (_vjp_backward)",
+    "tests/jax_interop/test_jax_callback.py": "the host-callback path over a stand-in ReplaySource",
+    "tests/jax_interop/test_loop_counts.py": "_graphed_loops._check_count",
+    "tests/jax_interop/test_loop_exact_stop.py": "the exact stop's checks, snapshot and watch kernels",
+    "tests/jax_interop/test_loop_grad.py": "_graphs.checkpoint_loop and _jax_interop.loop_grad themselves",
+    "tests/jax_interop/test_loop_stops.py": "_graphed_loops._check_every, a loop over a spec replayable",
+    "tests/jax_interop/test_loops.py": "_graphed_loops' argument checks, _graphs.loop_build's kernels",
+    "tests/jax_interop/test_multiprocess.py": "_jax_interop.processes, sharded.device_ordinals",
+    "tests/jax_interop/test_replay_boundary.py": "replay_boundary's typed codes (binding_from_row, paths_from_codes)",
+    "tests/jax_interop/test_replay_state.py": "replay_boundary.ReplayState",
+    "tests/jax_interop/test_sharded.py": "sharded.cuda_ordinal, device_ordinals, replay_boundary.varying_axes",
+    "tests/kernels/test_arguments.py": "_kernels.signature.scalar_word",
+    "tests/kernels/test_kernel.py": "_kernels.signature's parser",
+    "tests/kernels/test_kernel_cache.py": "_kernels.cubin_cache, its NVRTC identity replaced",
+    "tests/kernels/test_kernel_errors.py": "_kernels.compile with NVRTC patched, _kernels.cubin",
+    "tests/kernels/test_kernel_launch.py": "eager launches' kept configurations, the driver call stubbed",
+    "tests/kernels/test_launch_limits.py": "_kernels.launch_limits, device limits stood in for",
+    "tests/kernels/test_packer.py": "_kernels.packer, the driver call stubbed",
+    "tests/kernels/test_signature_properties.py": "_kernels.signature's parser on generated signatures",
+    "tests/support/conditional_helpers.py": "hand-made conditional nodes patched into a replay",
+    "tests/support/internals.py": "replayables and sharded graphs from specs, with no graph behind them",
+    "tests/support/launch_stubs.py": "the stubbed launch of test_kernel_launch.py and test_launch_limits.py",
+    "tests/support/loop_grad_helpers.py": "checkpoint_loop's programs on a numpy machine",
+}
+# Files being edited elsewhere while this list was made; what they read of the internals moves to
+# jaxgraph.diagnostics (or they join the list above) once they settle.
+INTERNAL_UNIT_TESTS_PENDING = {
+    "tests/kernels/test_launch_devices.py",
+    "tests/jax_interop/test_sharded_gpu.py",
+    "tests/jax_interop/test_recorded_lifetime.py",
+    "tests/jax_interop/test_jax_kernel_call.py",
+    "tests/jax_interop/test_loop_devices.py",
+}
+
+_DOTTED_PRIVATE = re.compile(r"jaxgraph\._[a-z]\w*(\.\w+)*")
+_CODE_IMPORTING_PRIVATE = re.compile(r"^\s*(from|import)\s+jaxgraph\._[a-z]", re.M)
+
+
+def private_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` for each use of a private jaxgraph module in a file outside the package.
+
+    An import of one (``import jaxgraph._x``, ``from jaxgraph._x import y``,
+    ``from jaxgraph import _x``), an attribute ``jaxgraph._x``, a name
+    ``"jaxgraph._x..."`` handed to a call (``monkeypatch.setattr``,
+    ``importlib.import_module``, ``parametrize``), or Python source in a string
+    (for a subprocess) that imports one. Docstrings and comments that name a
+    private module are no use of it.
+    """
+    tree = ast.parse(source)
+    call_arguments = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                      for arg in [*node.args, *(k.value for k in node.keywords)] for sub in ast.walk(arg)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names
+                      if a.name.split(".")[0] == "jaxgraph" and "." in a.name and is_private(a.name.split(".")[1])]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            parts = node.module.split(".")
+            if parts[0] == "jaxgraph" and len(parts) > 1 and is_private(parts[1]):
+                found.append((node.lineno, f"from {node.module} import"))
+            elif node.module == "jaxgraph":
+                found += [(node.lineno, f"from jaxgraph import {a.name}") for a in node.names if is_private(a.name)]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "jaxgraph"
+              and is_private(node.attr)):
+            found.append((node.lineno, f"jaxgraph.{node.attr}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) in call_arguments and _DOTTED_PRIVATE.fullmatch(node.value):
+                found.append((node.lineno, repr(node.value)))
+            elif _CODE_IMPORTING_PRIVATE.search(node.value):
+                found.append((node.lineno, "source in a string that imports jaxgraph._*"))
+    return sorted(set(found))
+
+
+def files_using_internals(*folders: str) -> dict[str, list[tuple[int, str]]]:
+    """Repository-relative path -> its private uses, for every Python file under ``folders`` that has any."""
+    found = {}
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            uses = private_uses(path.read_text())
+            if uses:
+                found[path.relative_to(ROOT).as_posix()] = uses
+    return found
+
+
+def test_the_private_use_scanner_finds_what_it_looks_for():
+    source = "\n".join([
+        '"""A docstring naming jaxgraph._cuda.driver is no use of it."""',  # 1
+        "import jaxgraph",                                                 # 2
+        "import jaxgraph._launch as ext",                                  # 3
+        "from jaxgraph._cuda import driver",                               # 4
+        "from jaxgraph import _replay, diagnostics",                       # 5
+        "from jaxgraph.diagnostics import counters",                       # 6
+        "x = jaxgraph._graphs.cuda_graph",                                 # 7
+        "monkeypatch.setattr('jaxgraph._kernels.compile.nvrtc_version', f)",  # 8
+        "SCRIPT = 'import sys\\nfrom jaxgraph._jax_interop import kernel_call\\n'",  # 9
+        "NAMES = ('jaxgraph._cuda.driver.CudaError',)  # data, not handed to a call",  # 10
+        "y = jaxgraph.__version__, jaxgraph.diagnostics.counters()",       # 11
+        "",
+    ])
+    assert [line for line, _ in private_uses(source)] == [3, 4, 5, 7, 8, 9]
+    assert private_uses("import jaxgraph\nfrom jaxgraph import diagnostics\n") == []
+
+
+def test_benchmarks_and_examples_use_only_the_public_api_and_diagnostics():
+    found = files_using_internals("benchmarks", "examples")
+    assert found == {}, (f"benchmarks and examples reach into jaxgraph's private modules: {found}; use the public "
+                         "API, or jaxgraph.diagnostics for what only the internals show or set (add it there, "
+                         "documented, if it is missing)")
+
+
+def test_only_unit_tests_of_internal_modules_import_them():
+    found = files_using_internals("tests")
+    found.pop(pathlib.Path(__file__).resolve().relative_to(ROOT).as_posix())  # its scanner test's sources: data
+    listed = set(INTERNAL_UNIT_TESTS) | INTERNAL_UNIT_TESTS_PENDING
+    unlisted = {name: uses for name, uses in found.items() if name not in listed}
+    assert unlisted == {}, (f"tests that reach into jaxgraph's private modules: {unlisted}; read or set what they "
+                            "need through jaxgraph.diagnostics, or, for a unit test of an internal module, add the "
+                            "file to INTERNAL_UNIT_TESTS with what it tests")
+    stale = sorted(name for name in INTERNAL_UNIT_TESTS if name not in found)
+    assert stale == [], f"INTERNAL_UNIT_TESTS names files that no longer import jaxgraph's internals: {stale}"
+    assert not set(INTERNAL_UNIT_TESTS) & INTERNAL_UNIT_TESTS_PENDING

@@ -97,9 +97,9 @@ def test_a_replay_on_jax_s_cpu_suggests_via_callback_only_where_a_gpu_exists():
 
 
 def test_a_conditional_graph_s_instantiation_failure_says_what_cuda_said():
-    from support.internals import native_replay
+    from jaxgraph.diagnostics import native_module
 
-    failure = native_replay().conditional_instantiate_failure
+    failure = native_module("replay").conditional_instantiate_failure
     not_supported, invalid_value, out_of_memory = 801, 1, 2  # cudaError_t
     assert failure(not_supported, True) == ""  # CUDA's one-executable rule: the CUDAGraph's executable is shared
     assert "CUDA allows one executable of such a graph" in failure(not_supported, False)

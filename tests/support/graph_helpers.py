@@ -1,7 +1,7 @@
 """Kernels, references and helpers shared by the graph and generator tests.
 
-Tests internals (listed in tests/README.md): ``internals.counters``; the counters' change
-over jitted calls whose result addresses alternate (``alternate_calls``).
+The replay counters' change over jitted calls whose result addresses alternate
+(``alternate_calls``) comes from ``jaxgraph.diagnostics.counters``.
 """
 
 import json
@@ -131,7 +131,7 @@ def driver_call(name, *args):
 
 
 def path_calls(before: dict, after: dict) -> dict:
-    """Calls per native replay path between two ``internals.counters()`` snapshots.
+    """Calls per native replay path between two ``jaxgraph.diagnostics.counters()`` snapshots.
 
     One key per :class:`jaxgraph.ReplayPath` that the extension counts, so a test asserts
     exactly which path ran: ``path_calls(b, a) == {"launch": 4, "splice_nodes": 0, ...}``;
@@ -150,7 +150,7 @@ def alternate_calls(f, xj, calls=12, settle=6):
     """Call ``f(xj)`` ``calls`` times, each result alive while XLA allocates the next (so result
     addresses alternate); return the last result, the result addresses seen and the counters'
     change over the calls after ``settle``."""
-    from support.internals import counters
+    from jaxgraph.diagnostics import counters
 
     out, seen, before = None, set(), None
     for i in range(calls):
@@ -167,7 +167,7 @@ def assert_switched_and_copied_by_nodes(step, device, call, calls=4):
     ``COPIED_BY_COST``, copied by the two copy nodes of its one executable, and each of ``calls``
     more calls (``call(i)`` returns the result and numpy's) is exact, launches, copies by those
     nodes alone and rewrites or makes nothing. Returns the counters before those calls."""
-    from support.internals import counters, describe_graph
+    from jaxgraph.diagnostics import counters, describe_graph
 
     rows = step.bindings[device]
     assert [r.mode for r in rows] == [jaxgraph.BindingMode.COPIED_BY_COST] * 2, rows

@@ -1,37 +1,26 @@
-"""The tests' one door into jaxgraph's private replay modules.
+"""The tests' door into jaxgraph's private replay modules: replayables and sharded graphs from specs.
 
 The public API makes a replayable only from a captured graph
 (``jaxgraph.replayable(g, ...)``), which needs a GPU. The CPU tests of
 lowering, sharding, argument checks and the host-callback path build
 replayables and sharded graphs from a spec instead, with no graph behind
-them; the GPU tests read the native replay counters, graph table and a
-graph's memory pool. What they take from jaxgraph's private modules for that
-comes through here, so a rename inside jaxgraph costs one edit. ``tests/README.md`` lists every test file that
-tests internals, and what for.
+them. What they take from jaxgraph's private modules for that comes through
+here, so a rename inside jaxgraph costs one edit. ``tests/README.md`` lists
+every test file that tests internals, and what for.
+
+What tests only read or set (the native replay counters and graph table, the
+capture policy, a graph's memory pool, ...) is ``jaxgraph.diagnostics``, the
+documented door. ``counters`` below is that door's, for
+``jax_interop/test_sharded_gpu.py`` until it imports it from there.
 """
 
-__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "describe_graph",
-           "native_replay", "pool_of", "replayable_of_referenced", "set_capture_policy", "spec_replayable",
-           "spec_sharded"]
+__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "replayable_of_referenced",
+           "spec_replayable", "spec_sharded"]
 
-from jaxgraph.diagnostics import counters, describe_graph, native_module, set_capture_policy
-from jaxgraph._cuda.memory import pool_from_token
+from jaxgraph.diagnostics import counters
 from jaxgraph._jax_interop.replay_contract import ReplaySpec
 from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
 from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
-
-
-def native_replay():
-    """The native replay extension (``ffi/replay/replay.cc``): its code tables, the bind-or-copy and
-    executable-cache policies' decisions on given figures (``policy_*``), the bytes binding counts as
-    touched by a memcpy node (``memcpy_ranges``), and ``set_max_executables`` (a graph's cache held
-    small, for tests of a full cache)."""
-    return native_module("replay")
-
-
-def pool_of(graph):
-    """The memory pool behind ``graph.pool()``'s token, for its reserved bytes and its lifetime."""
-    return pool_from_token(graph.pool())
 
 
 def spec_replayable(inputs, outputs, graph_id=0, *, via="ffi", uncaptured=False, **options):
