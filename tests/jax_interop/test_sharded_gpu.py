@@ -8,8 +8,8 @@ buffers on every call, and static outputs are poisoned (NaN) before each run.
 Command buffers on and off are compared in subprocesses (XLA_FLAGS must be set
 before JAX starts).
 
-Tests internals (listed in tests/README.md): ``internals.counters``, ``_cuda.native`` live graphs,
-``_cuda.memory.pool_from_token``; calls per replay path on each device; what is freed.
+Reads through ``jaxgraph.diagnostics``: the calls per replay path on each device (``counters``), live
+graphs (``native_module``) and pools (``memory_pool``), to check what is freed.
 """
 
 import gc
@@ -28,8 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxgraph  # noqa: E402
-from jaxgraph._cuda import memory as _memory, native as _native  # noqa: E402
-from support.internals import counters  # noqa: E402
+from jaxgraph.diagnostics import counters, memory_pool, native_module  # noqa: E402
 from support.kernel_sources import ADD, AXPB, INC  # noqa: E402
 from support.graph_helpers import driver_call, jax_gpus, launched, path_calls, run_xla_worker  # noqa: E402
 
@@ -118,7 +117,7 @@ def free_bytes(device):
 
 def live_graphs():
     gc.collect()
-    return _native.native("replay").live_graphs()
+    return native_module("replay").live_graphs()
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +295,7 @@ def test_destroying_the_sharded_graph_frees_every_devices_memory(k, gpus, rng):
 
 def test_pools_go_with_the_last_reference_after_jit(k, gpus, mesh, rng):
     sg = jaxgraph.capture_per_device(chain(k), [f32(N)], devices=gpus)
-    pools = [weakref.ref(_memory.pool_from_token(sg.graph(d).pool())) for d in sg.devices]
+    pools = [weakref.ref(memory_pool(sg.graph(d).pool())) for d in sg.devices]
     assert len({p().device for p in pools}) == 2  # one pool per device
     f = sg.shard_map(mesh, P("x"), P("x"))
     x = ints(rng, 2 * N)
@@ -335,7 +334,6 @@ WORKER = textwrap.dedent(r'''
     import jax, jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import jaxgraph
-    from support.internals import counters
 
     src, seed, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     n = 4096

@@ -314,12 +314,14 @@ INTERNAL_UNIT_TESTS = {
     "tests/jax_interop/test_agreement.py": "_jax_interop.processes' agreement on a fake key-value store",
     "tests/jax_interop/test_copy_ring.py": "_graphs.copy_ring's kernels compiled on a CPU",
     "tests/jax_interop/test_graphed.py": "graphed callables' JAX plumbing (_vjp_backward)",
+    "tests/jax_interop/test_jax_kernel_call.py": "kernel_call's raw jaxgraph_launch binding (a wrong parameter count)",
     "tests/jax_interop/test_jax_callback.py": "the host-callback path over a stand-in ReplaySource",
     "tests/jax_interop/test_loop_counts.py": "_graphed_loops._check_count",
     "tests/jax_interop/test_loop_exact_stop.py": "the exact stop's checks, snapshot and watch kernels",
     "tests/jax_interop/test_loop_grad.py": "_graphs.checkpoint_loop and _jax_interop.loop_grad themselves",
     "tests/jax_interop/test_loop_stops.py": "_graphed_loops._check_every, a loop over a spec replayable",
     "tests/jax_interop/test_loops.py": "_graphed_loops' argument checks, _graphs.loop_build's kernels",
+    "tests/jax_interop/test_recorded_lifetime.py": "what replayable and kernel_call keep for XLA's recordings",
     "tests/jax_interop/test_multiprocess.py": "_jax_interop.processes, sharded.device_ordinals",
     "tests/jax_interop/test_replay_boundary.py": "replay_boundary's typed codes (binding_from_row, paths_from_codes)",
     "tests/jax_interop/test_replay_state.py": "replay_boundary.ReplayState",
@@ -329,6 +331,7 @@ INTERNAL_UNIT_TESTS = {
     "tests/kernels/test_kernel_cache.py": "_kernels.cubin_cache, its NVRTC identity replaced",
     "tests/kernels/test_kernel_errors.py": "_kernels.compile with NVRTC patched, _kernels.cubin",
     "tests/kernels/test_kernel_launch.py": "eager launches' kept configurations, the driver call stubbed",
+    "tests/kernels/test_launch_devices.py": "eager launches' device checks with arrays and streams made by hand",
     "tests/kernels/test_launch_limits.py": "_kernels.launch_limits, device limits stood in for",
     "tests/kernels/test_packer.py": "_kernels.packer, the driver call stubbed",
     "tests/kernels/test_signature_properties.py": "_kernels.signature's parser on generated signatures",
@@ -336,15 +339,6 @@ INTERNAL_UNIT_TESTS = {
     "tests/support/internals.py": "replayables and sharded graphs from specs, with no graph behind them",
     "tests/support/launch_stubs.py": "the stubbed launch of test_kernel_launch.py and test_launch_limits.py",
     "tests/support/loop_grad_helpers.py": "checkpoint_loop's programs on a numpy machine",
-}
-# Files being edited elsewhere while this list was made; what they read of the internals moves to
-# jaxgraph.diagnostics (or they join the list above) once they settle.
-INTERNAL_UNIT_TESTS_PENDING = {
-    "tests/kernels/test_launch_devices.py",
-    "tests/jax_interop/test_sharded_gpu.py",
-    "tests/jax_interop/test_recorded_lifetime.py",
-    "tests/jax_interop/test_jax_kernel_call.py",
-    "tests/jax_interop/test_loop_devices.py",
 }
 
 _DOTTED_PRIVATE = re.compile(r"jaxgraph\._[a-z]\w*(\.\w+)*")
@@ -426,11 +420,10 @@ def test_benchmarks_and_examples_use_only_the_public_api_and_diagnostics():
 def test_only_unit_tests_of_internal_modules_import_them():
     found = files_using_internals("tests")
     found.pop(pathlib.Path(__file__).resolve().relative_to(ROOT).as_posix())  # its scanner test's sources: data
-    listed = set(INTERNAL_UNIT_TESTS) | INTERNAL_UNIT_TESTS_PENDING
+    listed = set(INTERNAL_UNIT_TESTS)
     unlisted = {name: uses for name, uses in found.items() if name not in listed}
     assert unlisted == {}, (f"tests that reach into jaxgraph's private modules: {unlisted}; read or set what they "
                             "need through jaxgraph.diagnostics, or, for a unit test of an internal module, add the "
                             "file to INTERNAL_UNIT_TESTS with what it tests")
     stale = sorted(name for name in INTERNAL_UNIT_TESTS if name not in found)
     assert stale == [], f"INTERNAL_UNIT_TESTS names files that no longer import jaxgraph's internals: {stale}"
-    assert not set(INTERNAL_UNIT_TESTS) & INTERNAL_UNIT_TESTS_PENDING

@@ -10,14 +10,12 @@ every test file that tests internals, and what for.
 
 What tests only read or set (the native replay counters and graph table, the
 capture policy, a graph's memory pool, ...) is ``jaxgraph.diagnostics``, the
-documented door. ``counters`` below is that door's, for
-``jax_interop/test_sharded_gpu.py`` until it imports it from there.
+documented door.
 """
 
-__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "counters", "replayable_of_referenced",
+__all__ = ["DeviceCapture", "ReplaySpec", "Replayable", "ShardedGraph", "replayable_of_referenced",
            "spec_replayable", "spec_sharded"]
 
-from jaxgraph.diagnostics import counters
 from jaxgraph._jax_interop.replay_contract import ReplaySpec
 from jaxgraph._jax_interop.replayable import Replayable, replayable_of_referenced
 from jaxgraph._jax_interop.sharded import DeviceCapture, ShardedGraph
