@@ -27,6 +27,8 @@ PROBES = {  # script: (tiny arguments, a line it prints on the GPU)
                             "TILING 48="),
     "ode_geometry.py": (["--sizes", "40,300", "--geometries", "64x1", "--t-end", "0.5", "--repeats", "1"],
                         "N=   300     64x1 (  7 blocks): loop"),
+    "xla_while_probe.py": (["--n", "12", "--max-iter", "3", "--timeout", "60", "--variants", "jacobi"],
+                           "jacobi: ended, count"),
 }
 
 
