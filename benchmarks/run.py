@@ -148,12 +148,20 @@ def run_worker(setting: config.Setting, cfg: config.RunConfig | None, tmp: Path,
     finally:
         timer.cancel()
     why = f"timed out after {timeout_s:.0f} s" if killed.is_set() else f"exit code {code}"
-    if json_path.exists() and not killed.is_set():
+    failed = {"setting": setting.key, "xla_flags": setting.xla_flags, "failed": why,
+              "output_tail": "".join(tail)[-3000:]}
+    if not json_path.exists():
+        return failed
+    try:
         record = json.loads(json_path.read_text())
-        record["exit_code"] = code
-        return record
-    return {"setting": setting.key, "xla_flags": setting.xla_flags, "failed": why,
-            "output_tail": "".join(tail)[-3000:]}
+    except ValueError:  # stopped while writing
+        return failed
+    if record.get("partial"):  # a worker that records as it goes, stopped before its end
+        return {**record, **failed, "failed": f"{why}; the groups measured before are kept"}
+    if killed.is_set():
+        return failed
+    record["exit_code"] = code
+    return record
 
 
 def shared_seed(seed: int | None, argv: list[str]) -> tuple[int, list[str]]:

@@ -391,6 +391,17 @@ def worker(args: argparse.Namespace) -> dict:
         groups[key] = {"modes": timing.measure_group(f"[{args.worker} {key}]", factories, repeats, target_s,
                                                       10_000)}
         groups[key]["wall_s"] = round(time.perf_counter() - start, 1)
+        # What is measured so far, after each group: a process the driver stops at its time limit (a case
+        # that never ends) keeps the groups before it.
+        partial = args.json.with_suffix(".partial")
+        partial.write_text(json.dumps(stats.json_ready(record(groups, partial=True))))
+        partial.replace(args.json)  # whole or not at all, if the driver stops this process
+
+    def record(groups: dict, partial: bool = False) -> dict:
+        ps = example_loader.load("poisson_solver")
+        return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
+                "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every(),
+                **({"partial": True} if partial else {})}
 
     if "gray_scott" in args.cases:
         for nx in args.grids:
@@ -404,9 +415,7 @@ def worker(args: argparse.Namespace) -> dict:
             if n > 64 and args.worker in args.jacobi_big_settings:
                 measure(f"poisson_jacobi/{n}", poisson_factories(args, n, "jacobi"),
                         args.repeats if n <= 128 else min(3, args.repeats))
-    ps = example_loader.load("poisson_solver")
-    return {"setting": args.worker, "xla_flags": os.environ.get("XLA_FLAGS"), "groups": groups,
-            "device": {"name": jax.devices()[0].device_kind}, "check_every": ps.has_check_every()}
+    return record(groups)
 
 
 # ----------------------------------------------------------------------------

@@ -181,3 +181,28 @@ def test_a_place_one_run_lacks_is_never_called_met():
         r["processes"]["on"]["modes"]["mixed"]["by_n"]["10"]["stats"]["median"] = 2.0
     rows = {(t, r[:9]): (m, v) for t, r, m, v in targets_over_runs.rows({"quick": [full, partial, full]})}
     assert rows[T[2], "quick run"][1] == "met in runs 1 and 3; not measured in run 2 at off N=100 rotating"
+
+
+# A worker that records its groups as it goes (vs_idiomatic.py's), then hangs or fails: the driver keeps them.
+PARTIAL_WORKER = """
+import json, sys, time
+path = sys.argv[sys.argv.index("--json") + 1]
+json.dump({"setting": "on", "partial": True, "groups": {"gray_scott/64": {"modes": {}}}}, open(path, "w"))
+print("measured gray_scott/64", flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(60)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how, why", [("hang", "timed out after 2 s"), ("fail", "exit code 3")])
+def test_a_stopped_worker_keeps_the_groups_it_recorded(tmp_path, how, why):
+    record = run.run_worker(config.SETTINGS["on"], None, tmp_path, 2.0, [sys.executable, "-c", PARTIAL_WORKER, how])
+    assert record["failed"] == f"{why}; the groups measured before are kept", record
+    assert list(record["groups"]) == ["gray_scott/64"] and "measured gray_scott/64" in record["output_tail"]
+
+
+def test_a_stopped_worker_without_a_record_is_a_failure(tmp_path):
+    record = run.run_worker(config.SETTINGS["off"], None, tmp_path, 2.0,
+                            [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert record["failed"] == "timed out after 2 s" and "groups" not in record
