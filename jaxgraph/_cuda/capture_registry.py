@@ -94,7 +94,7 @@ class Capture:
     """
 
     __slots__ = ("stream", "capture_id", "streams", "pool", "mode", "thread", "watch", "operands", "kernels",
-                 "held", "regions", "conditionals", "retained", "broken", "_allocated", "_seen")
+                 "held", "regions", "conditionals", "retained", "broken", "written", "_allocated", "_seen")
 
     def __init__(self, stream: Any, pool: MemPool, mode: str, watch: bool) -> None:
         self.stream = stream
@@ -111,6 +111,8 @@ class Capture:
         self.conditionals: list[tuple[int, str, tuple]] = []
         self.retained: list[Any] = []
         self.broken: str | None = None
+        # (ptr, nbytes) -> (label, where, description) of external memory a kernel may write
+        self.written: dict[tuple[int, int], tuple[str, str, str]] = {}
         self._allocated: "weakref.WeakSet[Allocation]" = weakref.WeakSet()
         self._seen: set[int] = set()   # id() of each recorded owner (kept alive by operands)
 
@@ -120,11 +122,17 @@ class Capture:
         self._allocated.add(alloc)
         return alloc
 
-    def note(self, label: str, where: str, array: Any) -> None:
-        """Record ``array`` (a DeviceArray) unless this capture allocated it or it is recorded."""
+    def note(self, label: str, where: str, array: Any, written: bool = False) -> None:
+        """Record ``array`` (a DeviceArray) unless this capture allocated it or it is recorded.
+
+        ``written``: the launch may write it (a pointer parameter without ``const``): external
+        memory a step writes, which a speculative device stop must know of.
+        """
         owner = array.owner
         if isinstance(owner, Allocation) and owner in self._allocated:
             return  # lives in the graph's pool: valid as long as the graph
+        if written and array.nbytes > 0:
+            self.written.setdefault((int(array.ptr), int(array.nbytes)), (label, where, _describe(array)))
         if id(owner) not in self._seen:
             self._seen.add(id(owner))
             self.operands.append((label, where, array))
@@ -162,7 +170,8 @@ class Capture:
             if pool is not None and all(p is not pool for p in pools):
                 pools.append(pool)  # an input from another graph's pool (or an embedded graph's) keeps that pool
         return CaptureInputs(tuple(keep), tuple(watched), tuple(pools), tuple(self.kernels.items()),
-                             tuple(self.held.values()), tuple(self.conditionals))
+                             tuple(self.held.values()), tuple(self.conditionals),
+                             tuple((ptr, nbytes, *what) for (ptr, nbytes), what in self.written.items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +197,10 @@ class CaptureInputs:
         The conditional nodes of the graph (at any depth): node address, kind
         (``"IF"``, ``"WHILE"``, ``"SWITCH"``) and body graph addresses. Empty
         for a graph without branches or loops.
+    written : tuple of (int, int, str, str, str)
+        External memory (not the graph's pool) that jaxgraph kernels of the
+        capture may write, through pointer parameters without ``const``:
+        address, bytes, parameter, launch and a description of the array.
     """
 
     keep: tuple = ()
@@ -196,6 +209,7 @@ class CaptureInputs:
     kernels: tuple = ()
     held: tuple = ()
     conditionals: tuple = ()
+    written: tuple = ()
 
     def check_watched(self) -> None:
         """Raise naming the first watched input that was freed."""

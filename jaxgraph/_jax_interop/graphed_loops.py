@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -68,7 +69,7 @@ from .._cuda.array import DeviceArray, asarray
 from .._cuda.checks import device_arrays
 from .graphed_callables import GraphedCallable, flat_statics
 from . import loop_grad as _loop_grad
-from .._graphs.cuda_graph import CUDAGraph
+from .._graphs.cuda_graph import CUDAGraph, handles_of
 
 __all__ = ["GraphedLoop", "graphed_loop", "default_unroll", "loop_choices"]
 
@@ -300,7 +301,10 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         whose contents must be as if no step ran after the one that set the
         flag (a counter, an accumulator that is no static array of the
         step). They are snapshotted with the static arrays on the stopping
-        step and restored after the loop.
+        step and restored after the loop. Memory that a jaxgraph kernel of
+        the step may write (a pointer parameter without ``const``) and that
+        is neither a static array nor named here is named in a
+        ``UserWarning`` when the loop is built.
     checkpoint_every : int, optional
         For ``jax.grad`` of the loop (a step captured with ``backward=``): C,
         the steps between two checkpoints of the fed state (1 to 256).
@@ -325,6 +329,13 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
         without the default exact stop.
     RuntimeError
         The step is not captured, or the driver lacks conditional nodes (CUDA 12.3+).
+
+    Warns
+    -----
+    UserWarning
+        With the default exact stop, when the step's kernels may write memory
+        that is not snapshotted (no static array, not in ``preserve``): steps
+        run past the flag leave their writes there.
 
     Notes
     -----
@@ -379,6 +390,7 @@ def graphed_loop(step: GraphedCallable | CUDAGraph, steps: int | DeviceArray | N
     if speculative:
         k = k or min(_EXACT_MAX_UNROLL, default_unroll(max(1, _loop_build.step_nodes(graph)), even=even))
         kept = _snapshotted(graph, ins, outs, until, kept)
+        _warn_unpreserved(graph, kept, k)
     grad_options = _loop_grad.check_checkpoint_options(checkpoint_every, max_steps, fixed)
     return _build(graph, owner, ins, outs, pairs, fixed, count, until, flag_bytes, every or k, dict(feed or {}),
                   ping_pong == "auto", every, kept if speculative else None,
@@ -535,6 +547,32 @@ def _snapshotted(graph: CUDAGraph, ins: tuple, outs: tuple, until: DeviceArray, 
             seen.add((a.ptr, a.nbytes))
             out.append(a)
     return tuple(out)
+
+
+def _warn_unpreserved(graph: CUDAGraph, snapshotted: tuple, k: int) -> None:
+    """Warn of memory the step's kernels may write that the exact stop does not snapshot.
+
+    A speculative trip runs its K steps before their flags are read; steps past
+    the stopping one are undone only in what is snapshotted. Memory a jaxgraph
+    kernel of the step writes elsewhere (a counter, an accumulator) keeps their
+    effect: say so, naming it, where the capture saw it (launches of other
+    libraries' kernels are not seen).
+    """
+    if k <= 1:  # a trip of one step: none runs past the flag
+        return
+    covered = [(a.ptr, a.ptr + a.nbytes) for a in snapshotted]
+    missing = [(label, where, what) for ptr, nbytes, label, where, what in handles_of(graph).inputs.written
+               if not any(lo <= ptr and ptr + nbytes <= hi for lo, hi in covered)]
+    if not missing:
+        return
+    named = "; ".join(f"argument '{label}' of {where} ({what})" for label, where, what in missing[:4])
+    more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+    warnings.warn(
+        f"graphed_loop: the step writes memory that is no static input or output and not in preserve=: "
+        f"{named}{more}. With the default exact stop, up to {k - 1} steps past the one that sets the flag "
+        "run before it is read, and their writes there stay. Name it in preserve= to keep it as if they never "
+        "ran (a counter, an accumulator), or pass check_every=1 (no step past the flag); scratch memory no "
+        "caller reads needs neither", UserWarning, stacklevel=3)
 
 
 def _check_unroll(unroll: Any, even: bool) -> int:

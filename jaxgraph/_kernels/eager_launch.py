@@ -189,7 +189,7 @@ class KernelLaunching(KernelLoading):
         where = f"kernel {self.name}"
         for p, a in zip(self.params, args):
             if p.is_pointer:
-                capture.note(p.name, where, asarray(a))
+                capture.note(p.name, where, asarray(a), written=not p.is_const_pointer)
         capture.note_kernel(self._handles_on(stream.device), self._flags, self)
 
     def _raise_launch_error(self, err: int) -> None:

@@ -337,3 +337,49 @@ def test_odd_unroll_with_feed_is_refused_for_the_exact_stop_before_device_work(m
     with pytest.raises(ValueError, match="unroll must be even with feed= \\(got 5\\)"):
         _graphed_loops._check_unroll(5, True)
     assert _graphed_loops._check_unroll(5, False) == 5
+
+
+# ---------------------------------------------------------------------------
+# Memory a step writes outside the snapshot: named in a warning (CPU, stand-ins)
+# ---------------------------------------------------------------------------
+
+
+def _stand_in_array(ptr, nbytes, owner=None):
+    import types
+
+    return types.SimpleNamespace(ptr=ptr, nbytes=nbytes, owner=owner if owner is not None else object(),
+                                 shape=(nbytes // 4,), dtype=np.dtype(np.int32))
+
+
+def test_a_capture_records_the_external_memory_its_kernels_may_write():
+    from jaxgraph._cuda.capture_registry import Capture
+
+    stream = type("Stream", (), {"__int__": lambda self: 7, "device": 0})()
+    capture = Capture(stream, None, "global", False)
+    counter, x, y = _stand_in_array(0x1000, 4), _stand_in_array(0x2000, 64), _stand_in_array(0x3000, 64)
+    capture.note("counter", "kernel step", counter, written=True)
+    capture.note("x", "kernel step", x)                      # only read
+    capture.note("y", "kernel step", y, written=True)
+    capture.note("y", "kernel other", y, written=True)       # the same memory once
+    assert [(ptr, n, label) for ptr, n, label, where, what in capture.settle().written] == [
+        (0x1000, 4, "counter"), (0x3000, 64, "y")]
+
+
+def test_the_exact_stop_warns_of_written_memory_it_does_not_snapshot():
+    import types
+    import warnings
+
+    from jaxgraph._cuda.capture_registry import CaptureInputs
+    from jaxgraph._jax_interop import graphed_loops
+
+    written = ((0x1000, 4, "counter", "kernel step", "DeviceArray shape (1,) int32 at 0x1000"),
+               (0x3010, 16, "y", "kernel step", "DeviceArray shape (4,) float32 at 0x3010"))
+    graph = types.SimpleNamespace(_handles=types.SimpleNamespace(inputs=CaptureInputs(written=written)))
+    y = _stand_in_array(0x3000, 64)  # a static output holding the second range
+    with pytest.warns(UserWarning, match=r"argument 'counter' of kernel step \(DeviceArray shape \(1,\) int32 "
+                                         r"at 0x1000\)\. With the default exact stop, up to 7 steps past"):
+        graphed_loops._warn_unpreserved(graph, (y,), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graphed_loops._warn_unpreserved(graph, (y, _stand_in_array(0x1000, 4)), 8)  # preserved: quiet
+        graphed_loops._warn_unpreserved(graph, (y,), 1)  # a trip of one step: nothing runs past the flag

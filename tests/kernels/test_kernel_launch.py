@@ -212,8 +212,8 @@ class FakeCapture:
     def __init__(self):
         self.notes, self.kernels = [], []
 
-    def note(self, label, where, array):
-        self.notes.append((label, where, array.ptr))
+    def note(self, label, where, array, written=False):
+        self.notes.append((label, where, array.ptr, written))
 
     def note_kernel(self, handles, flags, kernel=None):
         self.kernels.append((tuple(handles), flags, kernel))
@@ -239,7 +239,8 @@ def test_while_a_capture_is_underway_each_form_tells_it_what_the_launch_uses(stu
     FORMS[form](kernel, 4, 32, 0, stream, (y, x, 4))
     assert [words(y, x, n) for n in (1, 2, 3, 4)] == [call[4] for call in launched]
     assert [call[3] for call in launched] == [geo(4, 32), geo(4, 32), geo(8, 32), geo(4, 32)]
-    assert capture.notes == [("y", "kernel add_one", 0x1000), ("x", "kernel add_one", 0x2000)] * 2
+    # add_one(float* y, const float* x, int n): y may be written, x only read
+    assert capture.notes == [("y", "kernel add_one", 0x1000, True), ("x", "kernel add_one", 0x2000, False)] * 2
     assert capture.kernels == [((0xF00, 0xF0F), kernel._flags, kernel)] * 2
 
 
