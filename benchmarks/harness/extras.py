@@ -66,15 +66,20 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
             kernel.launch(y, x, ELEMENTS, grid=GRID, block=BLOCK, stream=stream)
         return _jaxgraph_mode("eager.jaxgraph_launch", launch, stream, rng)
 
-    def cuda_core() -> Mode:
-        from cuda.core import LaunchConfig, ObjectCode, launch
+    def core_parts() -> tuple:
+        """Our own module load of the same cubin (as jaxgraph's Kernel loads it), the stream and the geometry
+        as cuda.core takes them: ``(module, kernel, stream, config)``."""
+        from cuda.core import LaunchConfig, ObjectCode
         from cuda.core import Stream as CoreStream
 
-        # Our own module load of the same cubin, as jaxgraph's Kernel loads it.
         code = ObjectCode.from_cubin(kernel.cubin, symbol_mapping={"add_one": kernel.lowered_name.encode()})
-        core_kernel = code.get_kernel("add_one")
-        core_stream = CoreStream.from_handle(int(stream))
-        config = LaunchConfig(grid=GRID, block=BLOCK)
+        return code, code.get_kernel("add_one"), CoreStream.from_handle(int(stream)), LaunchConfig(grid=GRID,
+                                                                                                   block=BLOCK)
+
+    def cuda_core() -> Mode:
+        from cuda.core import launch
+
+        code, core_kernel, core_stream, config = core_parts()
         n32 = np.int32(ELEMENTS)  # pre-typed; Python ints pass as pointers
 
         def launch_core(y, x, _module=code):  # the module stays loaded while the mode lives
@@ -86,15 +91,11 @@ def eager_factories(kernel: Any, stream: Any, rng: np.random.Generator) -> list[
         # Would jaxgraph's launch be faster through cuda.core? The same checks
         # and encoding as kernel[grid, block](...), then cuda.core's launch
         # with arguments typed from the kernel's parameters.
-        from cuda.core import LaunchConfig, ObjectCode, launch
-        from cuda.core import Stream as CoreStream
+        from cuda.core import launch
 
         from jaxgraph import diagnostics
 
-        code = ObjectCode.from_cubin(kernel.cubin, symbol_mapping={"add_one": kernel.lowered_name.encode()})
-        core_kernel = code.get_kernel("add_one")
-        core_stream = CoreStream.from_handle(int(stream))
-        config = LaunchConfig(grid=GRID, block=BLOCK)
+        code, core_kernel, core_stream, config = core_parts()
         scalar_types = [p.dtype.type for p in kernel.params]
         checks = diagnostics.argument_checks(kernel)
 

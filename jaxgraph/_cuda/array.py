@@ -304,7 +304,7 @@ def asarray(obj: Any, dtype: Any = None, *, stream: Stream | None = None) -> Dev
             raise TypeError(f"asarray: device array has dtype {arr.dtype}, asked for "
                             f"{np.dtype(dtype)}; zero-copy wrapping cannot convert")
         return arr
-    if _is_jax_array(obj):
+    if is_jax_object(obj):
         raise TypeError(f"asarray: a jax.Array on the CPU cannot be wrapped as device memory; {HOST_JAX_ARRAY_FIX}")
     host = np.ascontiguousarray(obj, dtype=dtype)
     if host.dtype == object:
@@ -368,7 +368,7 @@ HOST_JAX_ARRAY_FIX = ("put it on a GPU with jax.device_put(x, jax.devices('gpu')
 
 def is_host_jax_array(obj: Any) -> bool:
     """Whether ``obj`` is a JAX array without device memory to share (e.g. on JAX's CPU backend)."""
-    return _is_jax_array(obj) and not hasattr(obj, "__cuda_array_interface__")
+    return is_jax_object(obj) and not hasattr(obj, "__cuda_array_interface__")
 
 
 def is_jax_object(obj: Any) -> bool:
@@ -380,8 +380,6 @@ def is_jax_object(obj: Any) -> bool:
     return module == "jax" or module.startswith(("jax.", "jaxlib"))
 
 
-_is_jax_array = is_jax_object
-
 
 def _foreign_device(obj: Any, ptr: int) -> int:
     """The CUDA ordinal of the device holding a foreign array's memory.
@@ -391,7 +389,7 @@ def _foreign_device(obj: Any, ptr: int) -> int:
     may be attributed to the current context by the driver's pointer query
     (XLA's on device 1 answered 0 on an H200); that query is the last resort.
     """
-    if _is_jax_array(obj) and hasattr(obj, "devices"):
+    if is_jax_object(obj) and hasattr(obj, "devices"):
         devices = obj.devices()
         if len(devices) == 1:
             hardware_id = getattr(next(iter(devices)), "local_hardware_id", None)
@@ -410,7 +408,7 @@ def _foreign_device(obj: Any, ptr: int) -> int:
 
 
 def _wrap_cuda_array_interface(obj: Any, consumer: Stream | None) -> DeviceArray:
-    if _is_jax_array(obj):
+    if is_jax_object(obj):
         obj.block_until_ready()  # the pointer is only meaningful once XLA wrote it
     cai = obj.__cuda_array_interface__
     ptr = int(cai["data"][0])

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jaxgraph
+from support.graph_helpers import on_device
 from support.kernel_sources import LOOP_STEP
 from support.loop_helpers import ref
 
@@ -19,15 +20,6 @@ pytestmark = pytest.mark.gpu
 
 N = 1000
 BLOCK = 256
-
-
-def on_device(device, make):
-    """``make()`` with ``device`` current, then device 0 current again."""
-    jaxgraph.set_device(device)
-    try:
-        return make()
-    finally:
-        jaxgraph.set_device(0)
 
 
 def step_on(device, rng, stop_at):

@@ -32,6 +32,7 @@ from jaxgraph._cuda.array import _INTERNAL, DeviceArray
 from jaxgraph._cuda.stream import Stream
 from jaxgraph._kernels import load as _kernel_load
 from jaxgraph._kernels.launch_limits import CUDA_LIMITS
+from support.graph_helpers import on_device
 from support.kernel_sources import ADD_ONE, REVERSE_BLOCK
 from support.launch_stubs import add_one, stub_launches  # noqa: F401  (add_one: a fixture)
 
@@ -152,15 +153,6 @@ def test_jax_call_s_reservation_leaves_no_device_behind(two_devices, set_attribu
 def needs_two_devices():
     if jaxgraph.device_count() < 2:
         pytest.skip(f"needs 2 CUDA devices (this machine has {jaxgraph.device_count()})")
-
-
-def on_device(device, make):
-    """``make()`` with ``device`` current, then device 0 current again."""
-    jaxgraph.set_device(device)
-    try:
-        return make()
-    finally:
-        jaxgraph.set_device(0)
 
 
 @pytest.mark.gpu

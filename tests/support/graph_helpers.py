@@ -282,3 +282,12 @@ def cupy_stream(cupy, stream):
     if from_external is not None:
         return from_external(stream)
     return cupy.cuda.ExternalStream(int(stream), stream.device)
+
+
+def on_device(device, make):
+    """``make()`` with ``device`` current, then device 0 current again."""
+    jaxgraph.set_device(device)
+    try:
+        return make()
+    finally:
+        jaxgraph.set_device(0)
